@@ -17,6 +17,9 @@ from labkube.tasks.gaia2.scenarios import (
     resolve_scenarios,
 )
 from labkube.tasks.gaia2.world_client import (
+    AgentLogEntry,
+    AreAgentReport,
+    AreAgentRun,
     ClockResumed,
     ClockState,
     Health,
@@ -42,12 +45,16 @@ from labkube.tasks.gaia2.world_env import (
     world_env_dir,
     world_python,
 )
+from labkube.tasks.gaia2.world_llm import WorldLLM, WorldLLMError, world_llm
 from labkube.tasks.gaia2.world_process import WorldPool, WorldProcess, WorldStartError, start_world
 
 __all__ = [
     "ARE_VERSION",
     "BUNDLED_DIR",
     "CAPABILITIES",
+    "AgentLogEntry",
+    "AreAgentReport",
+    "AreAgentRun",
     "ClockResumed",
     "ClockState",
     "Gaia2Scenario",
@@ -65,6 +72,8 @@ __all__ = [
     "WorldDied",
     "WorldEnvError",
     "WorldError",
+    "WorldLLM",
+    "WorldLLMError",
     "WorldPool",
     "WorldProcess",
     "WorldRequestError",
@@ -78,5 +87,6 @@ __all__ = [
     "setup_world_env",
     "start_world",
     "world_env_dir",
+    "world_llm",
     "world_python",
 ]

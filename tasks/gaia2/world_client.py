@@ -146,6 +146,35 @@ class ValidationResult(_Reply):
     wall_seconds: float = 0.0
 
 
+class AgentLogEntry(_Reply):
+    """One entry of ARE's agent log (`type`: system_prompt, task, llm_output, tool_call, observation, ...)."""
+
+    type: str
+    timestamp: float  # simulated
+    content: Any = None
+    tool: str | None = None
+    arguments: Any = None
+    messages: int | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    completion_duration: float | None = None
+
+
+class AreAgentReport(_Reply):
+    name: str
+    model: str
+    output: str | None = None
+    error: str | None = None  # the agent stopped on an error or ran out of time; it is judged as it stands
+    logs: list[AgentLogEntry] = []
+
+
+class AreAgentRun(ValidationResult):
+    """ARE's verdict on a run of ARE's own default agent, with what that agent did."""
+
+    agent: AreAgentReport
+
+
 # Every call has a timeout. The world answers slow operations itself within its own deadlines
 # (load 180 s, validation 300 s): the client waits a little longer than that, never forever.
 DEFAULT_TIMEOUT = 30.0
@@ -183,9 +212,17 @@ class WorldClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None, slow: bool = False) -> Any:
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        slow: bool = False,
+        timeout: httpx.Timeout | None = None,
+    ) -> Any:
         read = self._slow_timeout if slow else self._timeout
-        timeout = httpx.Timeout(read, connect=CONNECT_TIMEOUT)
+        timeout = timeout or httpx.Timeout(read, connect=CONNECT_TIMEOUT)
+        read = timeout.read or read
         endpoint = f"{method} {path}"
         try:
             response = await self._http.request(method, path, json=body, timeout=timeout)
@@ -216,14 +253,18 @@ class WorldClient:
         noise: bool | dict[str, Any] | None = None,
         judge: dict[str, Any] | None = None,
         duration: float | None = None,
+        agent2agent: dict[str, Any] | None = None,
     ) -> ScenarioInfo:
         """Load a scenario (an ARE registry id, a JSON file path or JSON text), replacing the current one.
 
-        `judge` ({"model", "provider", "endpoint"}) turns on ARE's soft (LLM) checks; without it the
-        judge runs its hard checks only. `oracle=True` prepares `run_oracle()` instead of an agent run.
+        `judge` (an LLM spec: {"model", "provider", "endpoint", "api_key"}) turns on ARE's soft (LLM)
+        checks; without it the judge runs its hard checks only. `agent2agent` ({"proportion", "llm"})
+        turns that share of the apps into ARE app agents. `oracle=True` prepares `run_oracle()` instead
+        of an agent run.
         """
         body: dict[str, Any] = {"source": source, "oracle": oracle}
-        for key, value in (("seed", seed), ("noise", noise), ("judge", judge), ("duration", duration)):
+        optional = {"seed": seed, "noise": noise, "judge": judge, "duration": duration, "agent2agent": agent2agent}
+        for key, value in optional.items():
             if value is not None:
                 body[key] = value
         return ScenarioInfo.model_validate(await self._call("POST", "/scenario", body, slow=True))
@@ -273,6 +314,29 @@ class WorldClient:
     async def finish(self) -> ValidationResult:
         """End the run and get ARE's verdict."""
         return ValidationResult.model_validate(await self._call("POST", "/finish", slow=True))
+
+    async def run_are_agent(
+        self,
+        llm: dict[str, Any],
+        *,
+        think_time: float | None = None,
+        timeout: float = 3600.0,
+        max_iterations: int | None = None,
+    ) -> AreAgentRun:
+        """Run ARE's own default agent on the loaded scenario (agent mode) with `llm`, then judge it.
+
+        Think time is measured per model call, or `think_time` simulated seconds each. The agent gets
+        `timeout` wall seconds; on running out it is stopped and judged on what it did."""
+        body: dict[str, Any] = {
+            "llm": llm,
+            "timeout": timeout,
+            "think_time": {"mode": "measured"} if think_time is None else {"mode": "fixed", "seconds": think_time},
+        }
+        if max_iterations is not None:
+            body["max_iterations"] = max_iterations
+        read = timeout + self._slow_timeout  # the agent's own time, then judging
+        timeouts = httpx.Timeout(read, connect=CONNECT_TIMEOUT)
+        return AreAgentRun.model_validate(await self._call("POST", "/are_agent", body, timeout=timeouts))
 
     async def run_oracle(self) -> ValidationResult:
         """Run the loaded scenario's oracle events (load it with `oracle=True`) and get ARE's verdict."""

@@ -67,7 +67,8 @@ HIDDEN_TOOLS = {
 }
 SEND_TO_USER = "AgentUserInterface__send_message_to_user"
 HARD_CHECKS = ["tool_call_counts", "hard_argument_checks", "causality", "time_window"]
-DEADLINES = {"load": 180.0, "tool": 60.0, "wait": 60.0, "finish": 300.0, "oracle": 180.0}
+DEADLINES = {"load": 180.0, "tool": 60.0, "wait": 60.0, "finish": 300.0, "oracle": 180.0, "app_agent": 300.0}
+ARE_AGENT_DEADLINE = 3600.0  # POST /are_agent: the caller may ask for less (its wall budget)
 
 UTC = timezone.utc  # noqa: UP017 (datetime.UTC is 3.11+; ARE also runs on 3.10)
 log = logging.getLogger("labkube.world")
@@ -266,16 +267,85 @@ def _judge_config(judge: dict[str, Any] | None) -> tuple[Any, str, list[str]]:
     if not judge:
         config = ScriptedGraphPerEventJudgeConfig(engine=_no_llm, event_id_to_checker_params={})
         return config, "hard checks only", list(HARD_CHECKS)
-    from are.simulation.agents.are_simulation_agent_config import LLMEngineConfig
-    from are.simulation.validation.configs import GraphPerEventJudgeConfig, create_judge_engine
+    from are.simulation.validation.configs import GraphPerEventJudgeConfig
 
-    if not judge.get("model"):
-        raise ProtocolError(400, 'judge: needs a model, e.g. {"model": "gpt-4o", "provider": "openai"}')
-    engine = create_judge_engine(
-        LLMEngineConfig(model_name=judge["model"], provider=judge.get("provider"), endpoint=judge.get("endpoint"))
-    )
+    engine = llm_engine(judge, "judge")
     label = f"hard and soft checks (LLM judge {judge['model']})"
     return GraphPerEventJudgeConfig(engine=engine), label, [*HARD_CHECKS, "soft_llm_checks"]
+
+
+LLM_KEYS = {"model", "provider", "endpoint", "api_key"}
+
+
+def _llm_spec(spec: Any, what: str) -> dict[str, Any]:
+    example = '{"model": "gpt-4o", "provider": "openai", "endpoint": null, "api_key": "..."}'
+    if not isinstance(spec, dict) or not isinstance(spec.get("model"), str) or not spec["model"]:
+        raise ProtocolError(400, f"{what}: needs a model, e.g. {example}")
+    unknown = set(spec) - LLM_KEYS
+    if unknown:
+        raise ProtocolError(400, f"{what}: unknown keys {sorted(unknown)} (known: {sorted(LLM_KEYS)})")
+    return spec
+
+
+def llm_engine(spec: Any, what: str) -> Any:
+    """ARE's LiteLLM engine for a model: the judge's soft checks, agent2agent app agents, ARE's own agent.
+
+    Built directly rather than through ARE's LLMEngineBuilder, which sends provider "openai" to the Hugging
+    Face client (no endpoint) and reads keys only from the environment; the key comes with the request."""
+    from are.simulation.agents.llm.litellm.litellm_engine import LiteLLMEngine, LiteLLMModelConfig
+
+    spec = _llm_spec(spec, what)
+    return LiteLLMEngine(
+        model_config=LiteLLMModelConfig(
+            model_name=spec["model"],
+            provider=spec.get("provider") or "openai",
+            endpoint=spec.get("endpoint"),
+            api_key=spec.get("api_key"),
+        )
+    )
+
+
+def _engine_builder(spec: dict[str, Any], what: str) -> Any:
+    """ARE's agent builders take an LLMEngineBuilder: this one always builds the engine for `spec`."""
+    from are.simulation.agents.llm.llm_engine_builder import LLMEngineBuilder
+
+    class Builder(LLMEngineBuilder):
+        def _create_concrete_engine(self, engine_config: Any) -> Any:
+            return llm_engine(spec, what)
+
+    return Builder()
+
+
+def _a2a_params(a2a: Any) -> tuple[float, dict[str, Any]]:
+    if not isinstance(a2a, dict) or set(a2a) - {"proportion", "llm"}:
+        raise ProtocolError(400, 'agent2agent must be {"proportion": 0..1, "llm": {"model": ..., ...}}')
+    proportion = a2a.get("proportion", 1.0)
+    if not isinstance(proportion, (int, float)) or not 0 < proportion <= 1:
+        raise ProtocolError(400, "agent2agent.proportion is the share of apps that become agents: (0, 1]")
+    return float(proportion), _llm_spec(a2a.get("llm"), "agent2agent.llm")
+
+
+def _apply_agent2agent(scenario: Any, env: Environment, proportion: float, llm: dict[str, Any]) -> None:
+    """ARE's agent2agent augmentation (`--a2a_app_prop`): a share of the apps, sampled with the scenario's
+    seed, become app agents, each reached through one `expert_agent` tool and run by ARE's default app
+    agent on the given model."""
+    from are.simulation.agents.agent_builder import AppAgentBuilder
+    from are.simulation.agents.agent_config_builder import AppAgentConfigBuilder
+    from are.simulation.scenario_runner import _apply_a2a_config
+    from are.simulation.scenarios.config import ScenarioRunnerConfig
+
+    config = ScenarioRunnerConfig(
+        model=llm["model"],
+        model_provider=llm.get("provider"),
+        endpoint=llm.get("endpoint"),
+        a2a_app_prop=proportion,
+        a2a_model=llm["model"],
+    )
+    _apply_a2a_config(
+        config, scenario, env, AppAgentConfigBuilder(), AppAgentBuilder(_engine_builder(llm, "agent2agent.llm"))
+    )
+    if not getattr(scenario, "has_a2a_augmentation", False):
+        raise ProtocolError(422, f"agent2agent: a share of {proportion} turns none of the scenario's apps into agents")
 
 
 def _no_llm(*_: Any, **__: Any) -> Any:
@@ -453,8 +523,12 @@ class WorldSession:
             raise ProtocolError(400, "POST /scenario needs source: an ARE registry id, a JSON file path or JSON text")
         if req.get("judge") is not None and not isinstance(req["judge"], dict):
             raise ProtocolError(400, 'judge must be an object: {"model": ..., "provider": ..., "endpoint": ...}')
+        if req.get("agent2agent") and req.get("oracle"):
+            raise ProtocolError(400, "agent2agent augments an agent run; the oracle replays its events without agents")
         if req.get("agent2agent"):
-            raise ProtocolError(422, "agent2agent needs LLM app agents inside the world; this world does not run them")
+            _a2a_params(req["agent2agent"])
+        if req.get("judge") is not None:
+            _llm_spec(req["judge"], "judge")
         with self.lock:
             self._unload()
             self.finished = False
@@ -511,8 +585,11 @@ class WorldSession:
             self._call_are(scenario.initialize, "initializing the scenario")
             if not self.oracle and not any(isinstance(a, SystemApp) for a in scenario.apps or []):
                 scenario.apps.append(SystemApp())  # wait_for_notification / get_current_time, as Gaia2 has
-        self.scenario = scenario
-        self.env = _environment(scenario, self.oracle)
+        env = _environment(scenario, self.oracle)
+        if req.get("agent2agent"):
+            proportion, llm = _a2a_params(req["agent2agent"])
+            self._call_are(lambda: _apply_agent2agent(scenario, env, proportion, llm), "agent2agent")
+        self.scenario, self.env = scenario, env
         if self.oracle:
             return
         self.env.run(scenario, wait_for_end=False)
@@ -572,7 +649,8 @@ class WorldSession:
                     return tool(**arguments)
 
             try:
-                result = self._deadline(run, "tool", f"tool {name}")
+                kind = "app_agent" if name.endswith("__expert_agent") else "tool"
+                result = self._deadline(run, kind, f"tool {name}")
             except ProtocolError:
                 raise
             except Exception as exc:
@@ -750,6 +828,66 @@ class WorldSession:
             env.stop()
             return body
 
+    def run_are_agent(self, req: dict[str, Any]) -> dict[str, Any]:
+        """ARE's own default agent (the reference scaffold) runs the loaded scenario, then the judge decides."""
+        llm = _llm_spec(req.get("llm"), "llm")
+        think = req.get("think_time") or {"mode": "measured"}
+        timeout = req.get("timeout", ARE_AGENT_DEADLINE)
+        max_iterations = req.get("max_iterations")
+        if not isinstance(think, dict) or think.get("mode") not in ("measured", "fixed"):
+            raise ProtocolError(400, 'think_time is {"mode": "measured"} or {"mode": "fixed", "seconds": N}')
+        if think["mode"] == "fixed" and not isinstance(think.get("seconds"), (int, float)):
+            raise ProtocolError(400, "think_time mode fixed needs seconds: the simulated time charged per model call")
+        if not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise ProtocolError(400, "timeout is the wall-clock seconds ARE's agent may run (> 0)")
+        if max_iterations is not None and (not isinstance(max_iterations, int) or max_iterations < 1):
+            raise ProtocolError(400, "max_iterations is a positive integer (ARE's default is 80 per turn)")
+        from are.simulation.agents.agent_builder import AgentBuilder
+        from are.simulation.agents.agent_config_builder import AgentConfigBuilder
+        from are.simulation.agents.are_simulation_agent_config import LLMEngineConfig
+        from are.simulation.types import SimulatedGenerationTimeConfig
+
+        with self.lock:
+            env = self._require(agent=True, running=True)
+            if self.paused_at is not None:
+                raise ProtocolError(409, "the clock is paused: resume it before starting ARE's agent")
+            scenario = self.scenario
+            config = AgentConfigBuilder().build(agent_name="default")
+            base = config.get_base_agent_config()
+            base.llm_engine_config = LLMEngineConfig(
+                model_name=llm["model"], provider=llm.get("provider"), endpoint=llm.get("endpoint")
+            )
+            base.simulated_generation_time_config = SimulatedGenerationTimeConfig(
+                mode=think["mode"], seconds=think.get("seconds", 1.0)
+            )
+            if max_iterations is not None:
+                base.max_iterations = max_iterations
+            agent = self._call_are(
+                lambda: AgentBuilder(_engine_builder(llm, "llm")).build(agent_config=config, env=env),
+                "building ARE's agent",
+            )
+            output, error = None, None
+            try:
+                output = _with_deadline(
+                    lambda: agent.run_scenario(scenario=scenario, notification_system=env.notification_system),
+                    float(timeout),
+                    "ARE's agent",
+                ).output
+            except ProtocolError as exc:  # out of time: stop it and judge what it did
+                agent.stop()
+                error = str(exc).split(";")[0]
+            except Exception as exc:  # a model or agent failure: judged as it stands, the error reported
+                error = _one_line(exc)
+            body = self.finish()
+            body["agent"] = {
+                "name": "are-default",
+                "model": llm["model"],
+                "output": None if output is None else str(output),
+                "error": error,
+                "logs": [_agent_log(log) for log in agent.react_agent.logs],
+            }
+            return body
+
     def run_oracle(self) -> dict[str, Any]:
         with self.lock:
             env = self._require(agent=False, running=True)
@@ -821,6 +959,25 @@ class WorldSession:
         }
 
 
+def _agent_log(log: Any) -> dict[str, Any]:
+    """One entry of ARE's agent log, as JSON: what it is, when (simulated), what it says, and tokens."""
+    entry: dict[str, Any] = {"type": log.get_type(), "timestamp": log.timestamp}
+    if log.get_type() == "tool_call":
+        entry["tool"] = log.tool_name
+        entry["arguments"] = make_serializable(log.tool_arguments)
+    elif log.get_type() == "llm_input":
+        entry["messages"] = len(log.content)  # the whole prompt again each step: counted, not copied
+    elif log.get_type() == "error":
+        entry["content"] = f"{log.error}: {log.exception}"
+    else:
+        content = log.get_content_for_llm()
+        entry["content"] = content[:20000] if isinstance(content, str) else content
+    for key in ("prompt_tokens", "completion_tokens", "reasoning_tokens", "completion_duration"):
+        if hasattr(log, key):
+            entry[key] = getattr(log, key)
+    return entry
+
+
 # ---------------------------------------------------------------------------------------------------
 # HTTP
 
@@ -869,6 +1026,7 @@ class Handler(BaseHTTPRequestHandler):
             ("POST", "/message_to_user"): s.message_to_user,
             ("POST", "/finish"): lambda _: s.finish(),
             ("POST", "/oracle"): lambda _: s.run_oracle(),
+            ("POST", "/are_agent"): s.run_are_agent,
         }
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
         try:
