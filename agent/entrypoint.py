@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from labkube.agent.are_default import run_are_default
 from labkube.agent.budget import BudgetTracker
 from labkube.agent.checkpoint import Checkpoint
 from labkube.agent.jobs import JobManager
@@ -27,7 +28,7 @@ from labkube.agent.loop import AgentRun, estimate_tokens, run_loop
 from labkube.agent.messages import Message
 from labkube.agent.prompts import GAIA_SYSTEM, SYSTEM, task_prompt
 from labkube.agent.provider import ModelClient, ProviderError
-from labkube.agent.registry import make_provider
+from labkube.agent.registry import api_key_for, make_provider
 from labkube.agent.telemetry import RunTelemetry, start_telemetry
 from labkube.agent.tools import ToolContext, tools_for
 from labkube.agent.transcript import JsonlLog, now_iso, read_jsonl
@@ -42,7 +43,7 @@ from labkube.run_spec import RunPhase, RunSpec, RunStatus
 from labkube.store import RunDir, read_model, utcnow, write_model
 from labkube.task_card import TaskCard
 from labkube.tasks import card_for_run, grade_run, prepare_run_workspace
-from labkube.tasks.gaia2 import WorldError
+from labkube.tasks.gaia2 import WorldError, WorldLLMError, world_llm
 from labkube.tasks.workspace import run_git
 
 
@@ -124,7 +125,8 @@ async def start_gaia2(
             seed=spec.seed,
             oracle=oracle,
             noise=True if spec.gaia2_noise else None,
-            judge=judge_config(spec.judge_model),
+            judge=world_model(spec, spec.judge_model, "the Gaia2 judge"),
+            agent2agent=None if oracle else agent2agent_config(spec),
         )
         world.nb_turns = info.nb_turns
         transcript.append({"type": "world", "ts": now_iso(), "scenario": info.model_dump(mode="json")})
@@ -140,14 +142,28 @@ async def start_gaia2(
             await world.close()
         transcript.append({"type": "world_error", "ts": now_iso(), "error": str(exc)})
         return None, (StopReason.world_error, f"the Gaia2 world failed: {exc}")
+    except (ProviderError, WorldLLMError) as exc:  # a judge or app-agent model without a key, or scripted
+        if world is not None:
+            await world.close()
+        transcript.append({"type": "model_error", "ts": now_iso(), "error": str(exc)})
+        reason = exc.reason if isinstance(exc, ProviderError) else StopReason.error
+        return None, (reason, str(exc))
 
 
-def judge_config(judge_model: str | None) -> dict[str, Any] | None:
-    """ARE's soft (LLM) checks need a judge model; without one the judge runs its hard checks only."""
-    if not judge_model:
+def world_model(spec: RunSpec, model: str | None, what: str) -> dict[str, Any] | None:
+    """A model the world itself calls (ARE's soft judge, app agents), with its key, as ARE's LLM spec."""
+    if not model:
         return None
-    ref = parse_model(judge_model)
-    return {"model": ref.name, "provider": ref.provider, "endpoint": ref.base_url}
+    ref = parse_model(model)
+    return world_llm(ref, api_key_for(ref, spec), what).model_dump()
+
+
+def agent2agent_config(spec: RunSpec) -> dict[str, Any] | None:
+    """ARE's agent2agent: a seeded share of the apps become app agents on the a2a model (default: the run's)."""
+    if not spec.gaia2_a2a:
+        return None
+    llm = world_model(spec, spec.gaia2_a2a_model or spec.model, "agent2agent's app agents")
+    return {"proportion": spec.gaia2_a2a, "llm": llm}
 
 
 def initial_messages(card: TaskCard, spec: RunSpec, workspace: Path) -> list[Message]:
@@ -241,6 +257,20 @@ async def run_agent(run_dir: Path, resume: bool = False) -> RunResult:
             transcript.close()
             conversation.close()
             return finalize(rd, spec, card, ckpt, error_, telemetry)
+        if spec.agent == "are-default":
+            assert world is not None
+            try:
+                ckpt.stop_reason, error_ = await run_are_default(spec, ckpt, world, transcript)
+            finally:
+                await world.close()
+            transcript.close()
+            conversation.close()
+            return finalize(rd, spec, card, ckpt, error_, telemetry)
+    elif spec.agent != "rg-agent":
+        ckpt.stop_reason = StopReason.error
+        transcript.close()
+        conversation.close()
+        return finalize(rd, spec, card, ckpt, f"agent {spec.agent} runs Gaia2 scenarios only", telemetry)
     try:
         provider = make_provider(ref, card, spec)
     except ProviderError as exc:  # a missing key or an unusable model: graded as it stands
@@ -370,6 +400,18 @@ async def run_agent(run_dir: Path, resume: bool = False) -> RunResult:
     return finalize(rd, spec, card, ckpt, error, telemetry)
 
 
+def run_capabilities(card: TaskCard, spec: RunSpec) -> list[str]:
+    """The scenario's capabilities, plus the augmentations this run applied (reported as their own)."""
+    if card.gaia2 is None:
+        return []
+    tags = set(card.gaia2.capabilities)
+    if spec.gaia2_noise:
+        tags.add("noise")
+    if spec.gaia2_a2a and spec.model != "oracle":
+        tags.add("agent2agent")
+    return sorted(tags)
+
+
 def finalize(
     rd: RunDir,
     spec: RunSpec,
@@ -396,6 +438,7 @@ def finalize(
         run_id=spec.run_id,
         task=spec.task,
         model=spec.model,
+        agent=spec.agent,
         seed=spec.seed,
         status=RunPhase.failed if failed else RunPhase.finished,
         stop_reason=reason,
@@ -407,7 +450,7 @@ def finalize(
         spend=ckpt.spend,
         score_curve=ckpt.score_curve,
         started_at=ckpt.started_at,
-        capabilities=card.gaia2.capabilities if card.gaia2 else [],
+        capabilities=run_capabilities(card, spec),
         details={"gaia2": ckpt.world_verdict} if card.gaia2 and ckpt.world_verdict else {},
         finished_at=utcnow(),
         resumes=ckpt.resumes,
@@ -419,7 +462,7 @@ def finalize(
     if telemetry is not None:
         telemetry.grade(final.score, result.completion)
         if card.gaia2 is not None and ckpt.world_verdict is not None:
-            telemetry.gaia2(bool(ckpt.world_verdict.get("success")), card.gaia2.capabilities)
+            telemetry.gaia2(bool(ckpt.world_verdict.get("success")), result.capabilities)
         telemetry.finished()
     return result
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 from itertools import product
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from labkube.budgets import Budgets
-from labkube.model_ref import parse_model
-from labkube.run_spec import RunSpec, make_run_id
-from labkube.task_card import TaskCard
+from labkube.model_ref import API_PROVIDERS, parse_model
+from labkube.run_spec import DEFAULT_AGENT, AgentName, RunSpec, make_run_id
+from labkube.task_card import TaskCard, TaskFamily
 
 MAX_SEEDS = 10_000
 
@@ -23,6 +23,11 @@ class CampaignSpec(BaseModel):
     name: str = Field(default="campaign", pattern=r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$")
     tasks: list[str] = Field(min_length=1)
     models: list[str] = Field(default_factory=lambda: ["oracle"], min_length=1)
+    agents: list[AgentName] = Field(
+        default_factory=lambda: [DEFAULT_AGENT],
+        min_length=1,
+        description="Scaffolds to run every task x model with: rg-agent, are-default (ARE's own agent; Gaia2).",
+    )
     seeds: int | list[int] = Field(default=1, description="A count (0..N-1) or explicit seeds.")
     budgets: Budgets = Field(default_factory=Budgets)
     concurrency: int = Field(default=4, ge=1, le=10_000)
@@ -36,7 +41,15 @@ class CampaignSpec(BaseModel):
         gt=0,
         description="Hand off when the context passes this many tokens (default: 3/4 of the window).",
     )
-    gaia2_noise: bool = Field(default=False, description="Gaia2: ARE's noise augmentation (tool failures), seeded.")
+    gaia2_noise: bool = Field(
+        default=False, description="Gaia2: ARE's noise augmentation (tool failures, extra events), seeded."
+    )
+    gaia2_a2a: float = Field(
+        default=0.0, ge=0, le=1, description="Gaia2: share of apps ARE turns into app agents (agent2agent), seeded."
+    )
+    gaia2_a2a_model: str | None = Field(
+        default=None, description="Gaia2: model for the agent2agent app agents (default: the run's model)."
+    )
     think_time_s: float | None = Field(
         default=None, ge=0, description="Gaia2: simulated seconds charged per model call (default: as measured)."
     )
@@ -69,6 +82,32 @@ class CampaignSpec(BaseModel):
             parse_model(model)
         return model
 
+    @field_validator("agents")
+    @classmethod
+    def _distinct_agents(cls, agents: list[str]) -> list[str]:
+        if len(set(agents)) != len(agents):
+            raise ValueError("each agent at most once")
+        return agents
+
+    @model_validator(mode="after")
+    def _models_for_world_agents(self) -> CampaignSpec:
+        """ARE's agent and agent2agent's app agents run on a model API: a scripted model cannot play them."""
+        scripted = [m for m in self.models if parse_model(m).provider not in API_PROVIDERS]
+        if "are-default" in self.agents and scripted:
+            raise ValueError(
+                f"agent are-default runs ARE's own agent on a model API; {scripted[0]} is scripted "
+                "(run scripted models with rg-agent in another campaign)"
+            )
+        if self.gaia2_a2a_model is not None and parse_model(self.gaia2_a2a_model).provider not in API_PROVIDERS:
+            raise ValueError(f"gaia2_a2a_model {self.gaia2_a2a_model} is scripted: app agents need a model API")
+        without_oracle = [m for m in scripted if m != "oracle"]  # the oracle replays events: no app agents
+        if self.gaia2_a2a > 0 and self.gaia2_a2a_model is None and without_oracle:
+            raise ValueError(
+                f"agent2agent's app agents need a model API and {without_oracle[0]} is scripted: "
+                "pass --gaia2-a2a-model (gaia2_a2a_model)"
+            )
+        return self
+
     @field_validator("seeds")
     @classmethod
     def _valid_seeds(cls, seeds: int | list[int]) -> int | list[int]:
@@ -89,17 +128,22 @@ def expand_runs(spec: CampaignSpec, cards: dict[str, list[TaskCard]]) -> list[Ru
     """One RunSpec per task x model x seed (a dataset reference brings one task per question);
     the campaign's budgets override the task's defaults."""
     runs = []
-    for ref, model, seed in product(spec.tasks, spec.models, spec.seed_list):
+    for ref, model, agent, seed in product(spec.tasks, spec.models, spec.agents, spec.seed_list):
         for card in cards[ref]:
+            if agent != DEFAULT_AGENT and card.family is not TaskFamily.gaia2:
+                raise ValueError(f"agent {agent} runs Gaia2 scenarios only; {card.ref} is a {card.family.value} task")
             runs.append(
                 RunSpec(
-                    run_id=make_run_id(card.ref, model, seed),
+                    run_id=make_run_id(card.ref, model, seed, agent),
+                    agent=agent,
                     campaign=spec.name,
                     task=card.ref,
                     task_path=card.path,
                     task_id=card.gaia.task_id if card.gaia else None,
                     family=card.family,
                     gaia2_noise=spec.gaia2_noise,
+                    gaia2_a2a=spec.gaia2_a2a,
+                    gaia2_a2a_model=spec.gaia2_a2a_model,
                     think_time_s=spec.think_time_s,
                     group=card.group or card.ref,
                     model=model,

@@ -29,7 +29,7 @@ from labkube.model_ref import UnknownModel
 from labkube.passk import Attempt, capability_scores, macro_average
 from labkube.report import aggregate, report_rows
 from labkube.result import RunResult
-from labkube.run_spec import RunSpec, RunStatus, slug
+from labkube.run_spec import RunSpec, RunStatus, scaffold_label, slug
 from labkube.store import CampaignDir, StoreError
 from labkube.task_card import LabkubeYaml, TaskCard
 from labkube.views import aggregate_table, report_table, status_table
@@ -171,7 +171,25 @@ def budgets_from(hours: float | None, usd: float | None, tokens: int | None, ste
 @click.option("--idea-hint", is_flag=True, help="Show the task's idea_hint.txt to the agent.")
 @click.option("--grade-interval", type=float, default=None, help="Grade every N seconds during a run.")
 @click.option("--judge-model", default=None, help="Model for the LLM integrity inspector (rule checks always run).")
-@click.option("--gaia2-noise", is_flag=True, help="Gaia2: ARE's noise augmentation (tool failures), seeded per run.")
+@click.option(
+    "--agent",
+    "agents",
+    type=click.Choice(["rg-agent", "are-default"]),
+    multiple=True,
+    default=("rg-agent",),
+    show_default=True,
+    help="Scaffold; repeat to compare: are-default is ARE's own agent, in the world, on the same model (Gaia2).",
+)
+@click.option(
+    "--gaia2-noise", is_flag=True, help="Gaia2: ARE's noise augmentation (tool failures, extra events), seeded per run."
+)
+@click.option(
+    "--gaia2-a2a",
+    type=click.FloatRange(0, 1, min_open=True),
+    default=None,
+    help="Gaia2 agent2agent: this share of the apps become ARE app agents (seeded per run).",
+)
+@click.option("--gaia2-a2a-model", default=None, help="Gaia2: model for the app agents (default: the run's model).")
 @click.option(
     "--think-time",
     type=float,
@@ -200,7 +218,10 @@ def run(
     idea_hint: bool,
     grade_interval: float | None,
     judge_model: str | None,
+    agents: tuple[str, ...],
     gaia2_noise: bool,
+    gaia2_a2a: float | None,
+    gaia2_a2a_model: str | None,
     think_time: float | None,
     ray_address: str | None,
     metrics_port: int | None,
@@ -208,7 +229,9 @@ def run(
     namespace: str | None = None,
 ) -> None:
     """Run TASK... (bundled names like researchgym/NAME, or task directories) as one campaign."""
-    default_name = slug("-".join(t.rstrip("/").split("/")[-1] for t in tasks))[:40].strip("-.") or "campaign"
+    # a campaign name is a Kubernetes name: no underscores (Gaia2 scenario ids have them)
+    joined = slug("-".join(t.rstrip("/").split("/")[-1] for t in tasks)).replace("_", "-")
+    default_name = joined[:40].strip("-.") or "campaign"
     try:
         spec = CampaignSpec(
             name=name or default_name,
@@ -220,7 +243,10 @@ def run(
             idea_hint=idea_hint,
             grade_interval_s=grade_interval,
             judge_model=judge_model,
+            agents=list(agents),
             gaia2_noise=gaia2_noise,
+            gaia2_a2a=gaia2_a2a or 0.0,
+            gaia2_a2a_model=gaia2_a2a_model,
             think_time_s=think_time,
             backend=backend,
         )
@@ -503,7 +529,7 @@ def gaia2_attempts(cdir: CampaignDir) -> list[Attempt]:
         attempts.append(
             Attempt(
                 scenario=result.task,
-                model=result.model,
+                model=scaffold_label(result.agent, result.model),
                 seed=result.seed,
                 passed=result.score == 1.0,
                 capabilities=result.capabilities,

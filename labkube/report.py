@@ -6,7 +6,7 @@ import statistics
 
 from pydantic import BaseModel, Field
 
-from labkube.run_spec import RunPhase
+from labkube.run_spec import RunPhase, scaffold_label
 from labkube.store import CampaignDir
 
 
@@ -56,7 +56,7 @@ def report_rows(cdir: CampaignDir) -> list[ReportRow]:
                     run_id=run_id,
                     task=result.task,
                     group=spec.group or spec.task,
-                    model=result.model,
+                    model=scaffold_label(spec.agent, result.model),
                     seed=result.seed,
                     status=result.status.value,
                     stop_reason=result.stop_reason.value if result.stop_reason else None,
@@ -79,7 +79,7 @@ def report_rows(cdir: CampaignDir) -> list[ReportRow]:
                 run_id=run_id,
                 task=spec.task,
                 group=spec.group or spec.task,
-                model=spec.model,
+                model=scaffold_label(spec.agent, spec.model),
                 seed=spec.seed,
                 status=(status.phase if status else RunPhase.pending).value,
                 score=status.score if status else None,

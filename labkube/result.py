@@ -44,6 +44,7 @@ class RunResult(BaseModel):
     run_id: str
     task: str
     model: str
+    agent: str = Field(default="rg-agent", description="The scaffold that ran: rg-agent or are-default.")
     seed: int
     status: RunPhase
     stop_reason: StopReason | None = None

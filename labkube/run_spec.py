@@ -5,11 +5,15 @@ from __future__ import annotations
 import re
 from datetime import datetime
 from enum import StrEnum
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from labkube.budgets import Budgets, Spend, StopReason
 from labkube.task_card import TaskFamily
+
+AgentName = Literal["rg-agent", "are-default"]
+DEFAULT_AGENT = "rg-agent"
 
 
 class RunSpec(BaseModel):
@@ -25,6 +29,9 @@ class RunSpec(BaseModel):
     family: TaskFamily = Field(default=TaskFamily.researchgym, description="Task family; gaia2 runs get a world.")
     group: str = Field(default="", description="What reports aggregate by: the task, or a GAIA level.")
     model: str
+    agent: AgentName = Field(
+        default=DEFAULT_AGENT, description="The scaffold: rg-agent, or ARE's own default agent (Gaia2 only)."
+    )
     seed: int = Field(ge=0)
     budgets: Budgets = Field(default_factory=Budgets)
     idea_hint: bool = False
@@ -33,7 +40,15 @@ class RunSpec(BaseModel):
         default_factory=dict, description="Per-model USD per million (input, output) tokens; overrides."
     )
     gpus: int = Field(default=0, ge=0)
-    gaia2_noise: bool = Field(default=False, description="Gaia2: ARE's noise augmentation (tool failures), seeded.")
+    gaia2_noise: bool = Field(
+        default=False, description="Gaia2: ARE's noise augmentation (tool failures, extra events), seeded."
+    )
+    gaia2_a2a: float = Field(
+        default=0.0, ge=0, le=1, description="Gaia2: share of apps ARE turns into app agents (agent2agent), seeded."
+    )
+    gaia2_a2a_model: str | None = Field(
+        default=None, description="Gaia2: model for the agent2agent app agents (default: the run's model)."
+    )
     think_time_s: float | None = Field(
         default=None, ge=0, description="Gaia2: simulated seconds charged per model call (default: as measured)."
     )
@@ -85,7 +100,13 @@ def slug(text: str) -> str:
     return _SLUG.sub("-", text).strip("-.").lower()[:60] or "x"
 
 
-def make_run_id(task: str, model: str, seed: int) -> str:
+def make_run_id(task: str, model: str, seed: int, agent: str = DEFAULT_AGENT) -> str:
     parts = [p for p in task.rstrip("/").split("/") if p]
     name = "-".join(parts[-2:]) if parts and parts[0] == "gaia" else (parts[-1] if parts else task)
-    return f"{slug(name)}--{slug(model)}--s{seed}"
+    scaffold = "" if agent == DEFAULT_AGENT else f"--{agent}"
+    return f"{slug(name)}--{slug(model)}{scaffold}--s{seed}"
+
+
+def scaffold_label(agent: str, model: str) -> str:
+    """What reports compare: the model, and the scaffold when it is not rg-agent."""
+    return model if agent == DEFAULT_AGENT else f"{model} ({agent})"

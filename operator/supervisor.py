@@ -75,6 +75,7 @@ def _harness_failure(rd: RunDir, message: str) -> RunResult:
         run_id=spec.run_id,
         task=spec.task,
         model=spec.model,
+        agent=spec.agent,
         seed=spec.seed,
         status=RunPhase.failed,
         stop_reason=StopReason.error,

@@ -23,8 +23,11 @@ and their stream helpers (`client.responses.stream(...).get_final_response()`,
         server.requests[0].body["model"]; server.unscripted_calls; server.remaining
 
 Replies are consumed in order by whichever endpoint is called next and rendered in that endpoint's wire
-format. With the script empty the server answers `Reply.text("done")` and counts `unscripted_calls`, so a
-runaway agent loop ends.
+format. With the script empty the server asks `responder(path, body)` when one is given (`FakeLLM(responder=
+...)`: the request path and parsed JSON body; it returns a Reply or None), else or on None answers
+`default` (`FakeLLM(default=...)`, `Reply.text("done")` unless given) and counts every such reply in
+`unscripted_calls`, so a runaway agent loop ends. A responder suits callers whose order of requests is not
+fixed (e.g. a judge asked several questions at once): it answers from what each request says.
 
 Usage mapping (the numbers given in `Usage` come back exactly; `input` counts every prompt token,
 `output` every generated token including reasoning):
@@ -570,7 +573,11 @@ class FakeLLM:
     `thread` is the serving thread while the server runs; on exit it and every connection thread are joined.
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self, *, default: Reply | None = None, responder: Callable[[str, Json], Reply | None] | None = None
+    ) -> None:
+        self._default = default or Reply.text("done")
+        self._responder = responder
         self._script: deque[Reply] = deque()
         self._requests: list[Recorded] = []
         self._unscripted = 0
@@ -640,8 +647,10 @@ class FakeLLM:
                 reply = self._script.popleft()
             else:
                 self._unscripted += 1
-                reply = Reply.text("done")
+                reply = None
         request = body if isinstance(body, dict) else {}
+        if reply is None:  # the responder runs outside the lock: it may look at `requests`
+            reply = (self._responder(path, request) if self._responder else None) or self._default
         ctx = _Ctx(model=str(request.get("model", "fake-model")), new_id=self._new_id)
         fmt = _FORMATS[path] if known else _FORMATS["/v1/chat/completions"]  # unknown paths: OpenAI's 404
         self._answer(handler, fmt, reply, request, ctx)

@@ -292,17 +292,69 @@ def llm_engine(spec: Any, what: str) -> Any:
 
     Built directly rather than through ARE's LLMEngineBuilder, which sends provider "openai" to the Hugging
     Face client (no endpoint) and reads keys only from the environment; the key comes with the request."""
-    from are.simulation.agents.llm.litellm.litellm_engine import LiteLLMEngine, LiteLLMModelConfig
+    from are.simulation.agents.llm.litellm.litellm_engine import LiteLLMModelConfig
 
     spec = _llm_spec(spec, what)
-    return LiteLLMEngine(
-        model_config=LiteLLMModelConfig(
-            model_name=spec["model"],
-            provider=spec.get("provider") or "openai",
-            endpoint=spec.get("endpoint"),
-            api_key=spec.get("api_key"),
-        )
+    config = LiteLLMModelConfig(
+        model_name=spec["model"],
+        provider=spec.get("provider") or "openai",
+        endpoint=spec.get("endpoint"),
+        api_key=spec.get("api_key"),
     )
+    engine = _metered_engine_class()(model_config=config)
+    engine.json_booleans = what != "judge"
+    return engine
+
+
+@functools.cache
+def _metered_engine_class() -> type:
+    import litellm
+    from are.simulation.agents.llm.litellm.litellm_engine import LiteLLMEngine
+    from are.simulation.agents.llm.llm_engine import LLMEngineException
+
+    class MeteredLiteLLMEngine(LiteLLMEngine):
+        """ARE's LiteLLM engine, but returning each call's token usage and duration as metadata: ARE's own
+        returns none, so its agent logs zero tokens and "measured" think time charges nothing.
+
+        ARE's engine also rewrites True/False to true/false in every reply, for its agents' JSON actions;
+        done to the judge's replies it turns "[[True]]" into "[[true]]", which the signature and sanity
+        checkers never accept, so here it applies to agents only (`json_booleans`)."""
+
+        json_booleans = True
+
+        def chat_completion(
+            self, messages: list[dict[str, Any]], stop_sequences: list[str] | None = None, **_: Any
+        ) -> tuple[str, dict[str, Any]]:
+            cfg = self.model_config
+            started = time.monotonic()
+            try:
+                response = litellm.completion(
+                    model=cfg.model_name,
+                    custom_llm_provider=cfg.provider if cfg.provider != "local" else None,
+                    messages=[self._convert_message_to_litellm_format(m) for m in messages],
+                    api_base=cfg.endpoint,
+                    api_key=cfg.api_key,
+                )
+            except (litellm.exceptions.AuthenticationError, litellm.exceptions.APIError) as exc:
+                raise LLMEngineException(f"the model call failed: {_one_line(exc)}") from exc
+            text = response.choices[0].message.content
+            if text is None:
+                raise LLMEngineException("the model returned no text")
+            if self.json_booleans:
+                text = text.replace("False", "false").replace("True", "true")
+            for stop in stop_sequences or []:
+                text = text.split(stop)[0]
+            usage = getattr(response, "usage", None)
+            details = getattr(usage, "completion_tokens_details", None)
+            return text, {
+                "prompt_tokens": getattr(usage, "prompt_tokens", 0) or 0,
+                "completion_tokens": getattr(usage, "completion_tokens", 0) or 0,
+                "total_tokens": getattr(usage, "total_tokens", 0) or 0,
+                "reasoning_tokens": getattr(details, "reasoning_tokens", 0) or 0,
+                "completion_duration": time.monotonic() - started,
+            }
+
+    return MeteredLiteLLMEngine
 
 
 def _engine_builder(spec: dict[str, Any], what: str) -> Any:
@@ -866,6 +918,10 @@ class WorldSession:
                 lambda: AgentBuilder(_engine_builder(llm, "llm")).build(agent_config=config, env=env),
                 "building ARE's agent",
             )
+            if max_iterations is not None:
+                # ARE's AgentBuilder drops the config's max_iterations: its ARESimulationAgent resets the
+                # ReAct agent to its own default (80). Set it where the termination check reads it.
+                agent.max_iterations = agent.react_agent.max_iterations = max_iterations
             output, error = None, None
             try:
                 output = _with_deadline(
@@ -878,6 +934,7 @@ class WorldSession:
                 error = str(exc).split(";")[0]
             except Exception as exc:  # a model or agent failure: judged as it stands, the error reported
                 error = _one_line(exc)
+            error = error or _gave_up(agent.react_agent)
             body = self.finish()
             body["agent"] = {
                 "name": "are-default",
@@ -957,6 +1014,18 @@ class WorldSession:
             "simulated_seconds": simulated,
             "wall_seconds": time.monotonic() - self.loaded_wall,
         }
+
+
+def _gave_up(react_agent: Any) -> str | None:
+    """Why ARE's agent ended a turn without finishing it: it ran out of iterations (every model call failing
+    ends there too, as ARE counts a failed step as an iteration). ARE then sends the user a message itself and
+    returns normally, so this is only in its log."""
+    errors = [log for log in react_agent.logs if log.get_type() == "error"]
+    if not any(log.error == "MaxIterationsAgentError" for log in errors):
+        return None
+    reason = f"ARE's agent reached max_iterations ({react_agent.max_iterations}) without finishing the task"
+    other = [log for log in errors if log.error != "MaxIterationsAgentError"]
+    return f"{reason}; last error: {other[-1].error}: {other[-1].exception}"[:2000] if other else reason
 
 
 def _agent_log(log: Any) -> dict[str, Any]:

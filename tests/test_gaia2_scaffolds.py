@@ -1,0 +1,252 @@
+"""Gaia2 through labkube beyond rg-agent's plain runs: ARE's own agent as a reference scaffold
+(`--agent are-default`), agent2agent and noise augmentation, the soft (LLM) judge and fixed think time.
+
+Every model here is a FakeLLM on 127.0.0.1 reached through `openai-compatible:URL#MODEL`: rg-agent calls
+it through the openai SDK, ARE's agent, app agents and judge through LiteLLM in the world's virtualenv.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli_helpers import labkube
+from fakellm import FakeLLM, Reply
+
+from labkube.agent.entrypoint import run_agent
+from labkube.run_spec import RunSpec, make_run_id
+from labkube.store import write_model
+from labkube.task_card import TaskFamily
+from labkube.tasks import resolve_tasks
+from labkube.tasks.gaia2 import setup_world_env
+
+pytestmark = pytest.mark.gaia2
+
+SCENARIO = "gaia2/execution_budget_email"
+WHITFIELD, WELLS, MARCO = (
+    "dana.whitfield@northwind.example",
+    "dana.wells@mailbox.example",
+    "marco.bianchi@northwind.example",
+)
+RIGHT_EMAIL = {"recipients": [WHITFIELD], "cc": [MARCO], "subject": "Q3 budget final", "content": "Final."}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def world_env() -> None:
+    setup_world_env()
+
+
+def model_of(llm: FakeLLM) -> str:
+    return f"openai-compatible:{llm.base_url}/v1#fake-model"
+
+
+def run_dir_for(root: Path, model: str, ref: str = SCENARIO, **spec: Any) -> Path:
+    (card,) = resolve_tasks(ref)
+    run = RunSpec(
+        run_id=make_run_id(card.ref, model, 0, spec.get("agent", "rg-agent")),
+        campaign="g2",
+        task=card.ref,
+        task_path=card.path,
+        model=model,
+        seed=0,
+        family=TaskFamily.gaia2,
+        **spec,
+    )
+    run_dir = root / run.run_id
+    write_model(run_dir / "run.json", run)
+    return run_dir
+
+
+def replay(path: Path, calls: list[tuple[str, dict]]) -> str:
+    lines = [
+        json.dumps({"type": "model_call", "message": {"tool_calls": [{"name": n, "arguments": a}]}}) for n, a in calls
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return f"replay:{path}"
+
+
+def react(tool: str, arguments: dict[str, Any]) -> Reply:
+    """A step of ARE's ReAct agents, in the text format they parse."""
+    action = json.dumps({"action": tool, "action_input": arguments}, indent=2)
+    return Reply.text(f"Thought: next, {tool}.\nAction:\n{action}<end_action>")
+
+
+def transcript(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "transcript.jsonl").read_text().splitlines()]
+
+
+# -- ARE's own agent -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("recipient", "passes"), [(WHITFIELD, True), (WELLS, False)])
+async def test_are_default_agent_runs_in_the_world_and_is_judged_by_ares_judge(
+    tmp_path: Path, recipient: str, passes: bool
+) -> None:
+    with FakeLLM() as llm:
+        llm.script(
+            react("EmailClientV2__send_email", {**RIGHT_EMAIL, "recipients": [recipient]}),
+            react("AgentUserInterface__send_message_to_user", {"content": "Sent."}),
+        )
+        run_dir = run_dir_for(tmp_path, model_of(llm), agent="are-default")
+        result = await run_agent(run_dir)
+        prompts = [r.body["messages"][0]["content"] for r in llm.requests]
+    assert result.status.value == "Finished" and result.agent == "are-default"
+    assert result.score == (1.0 if passes else 0.0), result.details
+    verdict = result.details["gaia2"]
+    assert verdict["success"] is passes and verdict["agent"]["name"] == "are-default"
+    if not passes:
+        assert "EmailClientV2__send_email" in verdict["rationale"]
+    assert len(prompts) == 2 and all("<end_action>" in p for p in prompts)  # ARE's ReAct system prompt
+    entries = transcript(run_dir)
+    calls = [e for e in entries if e["type"] == "are_agent" and e.get("tool") == "EmailClientV2__send_email"]
+    assert calls and calls[0]["arguments"]["recipients"] == [recipient]
+    assert result.spend.steps == 2 and result.spend.usage.total > 0
+
+
+async def test_are_default_with_a_failing_model_fails_with_the_models_error(tmp_path: Path) -> None:
+    with FakeLLM(default=Reply.error(400, message="model fake-model does not exist")) as llm:
+        result = await run_agent(run_dir_for(tmp_path, model_of(llm), agent="are-default"))
+    assert result.status.value == "Failed" and result.score == 0.0
+    assert result.stop_reason.value == "model_error"
+    assert "the model never answered ARE's agent" in (result.error or "") and "does not exist" in result.error
+
+
+async def test_are_default_needs_the_models_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    result = await run_agent(run_dir_for(tmp_path, "openai:gpt-4o", agent="are-default"))
+    assert result.status.value == "Failed" and result.stop_reason.value == "auth"
+    assert "OPENAI_API_KEY is not set" in (result.error or "")
+
+
+def responder_for_both_scaffolds(path: str, body: dict[str, Any]) -> Reply:
+    """One model for rg-agent (tool calls) and ARE's agent (ReAct text), whatever order their calls come in:
+    rg-agent does the right write, ARE's agent emails the other Dana."""
+    done = sum(1 for m in body.get("messages", []) if m["role"] == "assistant")
+    send, reply = (
+        ("EmailClientV2__send_email", RIGHT_EMAIL),
+        ("AgentUserInterface__send_message_to_user", {"content": "Sent."}),
+    )
+    if body.get("tools"):  # rg-agent
+        return Reply.tool_call(*(send, reply)[done]) if done < 2 else Reply.text("done")
+    wrong = (send[0], {**RIGHT_EMAIL, "recipients": [WELLS]})
+    return react(*(wrong, reply)[min(done, 1)])
+
+
+def test_one_campaign_compares_rg_agent_and_ares_agent_on_the_same_model(tmp_path: Path) -> None:
+    with FakeLLM(responder=responder_for_both_scaffolds) as llm:
+        model = model_of(llm)
+        out = tmp_path / "cmp"
+        args = ("run", SCENARIO, "--model", model, "--agent", "rg-agent", "--agent", "are-default", "--out", str(out))
+        ran = labkube(*args, cwd=tmp_path, timeout=900)
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+    results = {json.loads(p.read_text())["agent"]: json.loads(p.read_text()) for p in out.glob("runs/*/result.json")}
+    assert set(results) == {"rg-agent", "are-default"}
+    assert results["rg-agent"]["score"] == 1.0 and results["are-default"]["score"] == 0.0
+    report = labkube("report", str(out), cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    rows = [line for line in report.stdout.splitlines() if line.startswith("│ execution ")]  # by capability
+    assert any("(are-default)" in r and re.search(r"\b0\.000\b", r) for r in rows), report.stdout
+    assert any("(are-default)" not in r and re.search(r"\b1\.000\b", r) for r in rows), report.stdout
+
+
+# -- augmentations, judge and think time through labkube ----------------------------------------------
+
+
+async def test_agent2agent_run_talks_to_app_agents_and_counts_as_agent2agent(tmp_path: Path) -> None:
+    task = "Email Dana Whitfield (cc Marco Bianchi) that the Q3 budget is final."
+    model = replay(
+        tmp_path / "a2a.jsonl",
+        [
+            ("EmailClientV2__expert_agent", {"task": task}),
+            ("AgentUserInterface__send_message_to_user", {"content": "Done."}),
+        ],
+    )
+    with FakeLLM() as app_llm:
+        app_llm.script(react("EmailClientV2__send_email", RIGHT_EMAIL), react("final_answer", {"answer": "sent"}))
+        run_dir = run_dir_for(tmp_path, model, gaia2_a2a=1.0, gaia2_a2a_model=model_of(app_llm))
+        result = await run_agent(run_dir)
+        asked = [r.body for r in app_llm.requests]
+    assert result.score == 1.0, result.details
+    assert result.capabilities == ["agent2agent", "execution"]
+    assert asked and task in json.dumps(asked[0])  # the app agent got rg-agent's task
+    world = next(e for e in transcript(run_dir) if e["type"] == "world")
+    assert "agent2agent" in world["scenario"]["capabilities"]
+
+
+async def test_noise_run_is_reported_under_noise_too(tmp_path: Path) -> None:
+    model = replay(
+        tmp_path / "noise.jsonl",
+        [
+            ("EmailClientV2__send_email", RIGHT_EMAIL),
+            ("AgentUserInterface__send_message_to_user", {"content": "Sent."}),
+        ],
+    )
+    run_dir = run_dir_for(tmp_path, model, gaia2_noise=True)
+    result = await run_agent(run_dir)
+    assert result.status.value == "Finished" and result.capabilities == ["execution", "noise"]
+    world = next(e for e in transcript(run_dir) if e["type"] == "world")
+    assert "noise" in world["scenario"]["capabilities"]
+
+
+@pytest.mark.parametrize(("says", "passes"), [("[[True]] [[Success]]", True), ("[[False]] [[Failure]]", False)])
+async def test_judge_model_turns_on_ares_soft_checks(tmp_path: Path, says: str, passes: bool) -> None:
+    paraphrase = {**RIGHT_EMAIL, "content": "Hello Dana - quick note: Q3's budget numbers are now locked."}
+    model = replay(
+        tmp_path / "soft.jsonl",
+        [
+            ("EmailClientV2__send_email", paraphrase),
+            ("AgentUserInterface__send_message_to_user", {"content": "Sent."}),
+        ],
+    )
+    with FakeLLM(default=Reply.text(f"Evaluation: {says}")) as judge:
+        result = await run_agent(run_dir_for(tmp_path, model, judge_model=model_of(judge)))
+        asked = json.dumps([r.body for r in judge.requests])
+    verdict = result.details["gaia2"]
+    assert verdict["judge"].startswith("hard and soft checks") and verdict["soft_checks"] == "judged"
+    assert verdict["success"] is passes and result.score == (1.0 if passes else 0.0), verdict
+    assert "locked" in asked  # the judge was shown the agent's own words
+
+
+async def test_fixed_think_time_is_charged_in_simulated_time(tmp_path: Path) -> None:
+    calls = [("get_current_time", {}), ("get_current_time", {}), ("end_task", {})]
+
+    async def clock_readings(think_time: float | None, name: str) -> list[float]:
+        run_dir = run_dir_for(tmp_path / name, replay(tmp_path / f"{name}.jsonl", calls), think_time_s=think_time)
+        await run_agent(run_dir)
+        outputs = [e["output"] for e in transcript(run_dir) if e.get("tool") == "get_current_time"]
+        return [float(re.search(r"\d{9,}(\.\d+)?", o).group()) for o in outputs]  # type: ignore[union-attr]
+
+    fixed = await clock_readings(45.0, "fixed")
+    measured = await clock_readings(None, "measured")
+    assert 45.0 <= fixed[1] - fixed[0] < 50.0  # one model call between the two readings
+    assert measured[1] - measured[0] < 5.0
+
+
+# -- the CLI refuses what cannot run, before anything is written --------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--model", "oracle", "--agent", "are-default"), "agent are-default runs ARE's own agent on a model API"),
+        (("--model", "noop", "--gaia2-a2a", "0.5"), "pass --gaia2-a2a-model"),
+        (("--model", "oracle", "--gaia2-a2a", "0.5", "--gaia2-a2a-model", "noop"), "app agents need a model API"),
+    ],
+)
+def test_cli_refuses_scripted_models_where_the_world_needs_a_real_one(
+    tmp_path: Path, args: tuple[str, ...], says: str
+) -> None:
+    ran = labkube("run", SCENARIO, *args, "--out", str(tmp_path / "c"), cwd=tmp_path)
+    assert ran.returncode == 2 and says in ran.stderr, ran.stderr
+    assert not (tmp_path / "c").exists()
+
+
+def test_cli_refuses_are_default_on_a_paper_task(tmp_path: Path) -> None:
+    model = "openai-compatible:http://127.0.0.1:9/v1#m"
+    ran = labkube(
+        "run", "researchgym/continual-learning-lite", "--model", model, "--agent", "are-default", cwd=tmp_path
+    )
+    assert ran.returncode == 2 and "runs Gaia2 scenarios only" in ran.stderr, ran.stderr
