@@ -243,6 +243,14 @@ def _event(index: int, record: dict[str, Any], step: int | None) -> EventView:
         title = f"Resumed from the checkpoint after step {record.get('step', '?')}"
     elif kind == "start":
         title = f"Run started: model {record.get('model', '?')}, seed {record.get('seed', '?')}"
+    elif kind == "are_agent":  # ARE's own agent (--agent are-default): its log, entry by entry
+        log = str(record.get("log", "?"))
+        if log == "tool_call":
+            title = f"ARE's agent calls {record.get('tool', '?')}"
+            detail = clip(as_text(record.get("arguments")))
+        else:
+            title = f"ARE's agent: {log.replace('_', ' ')}"
+            detail = clip(str(record["content"])) if record.get("content") else None
     elif kind == "grade":
         score = record.get("score")
         error = record.get("error")
