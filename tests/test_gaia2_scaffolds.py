@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from cli_helpers import labkube
 from fakellm import FakeLLM, Reply
 
 from labkube.agent.entrypoint import run_agent
+from labkube.budgets import Budgets
 from labkube.run_spec import RunSpec, make_run_id
 from labkube.store import write_model
 from labkube.task_card import TaskFamily
@@ -112,6 +114,22 @@ async def test_are_default_with_a_failing_model_fails_with_the_models_error(tmp_
     assert result.status.value == "Failed" and result.score == 0.0
     assert result.stop_reason.value == "model_error"
     assert "the model never answered ARE's agent" in (result.error or "") and "does not exist" in result.error
+
+
+async def test_are_default_out_of_time_is_stopped_and_judged_on_what_it_did(tmp_path: Path) -> None:
+    with FakeLLM() as llm:
+        llm.script(
+            react("EmailClientV2__send_email", RIGHT_EMAIL),
+            Reply.delay(60, then=react("AgentUserInterface__send_message_to_user", {"content": "Sent."})),
+        )
+        started = time.monotonic()
+        run_dir = run_dir_for(tmp_path, model_of(llm), agent="are-default", budgets=Budgets(wall_hours=4 / 3600))
+        result = await run_agent(run_dir)
+        took = time.monotonic() - started
+    assert took < 40, took  # the 4 s budget, the world's start, the judge: not the model's 60 s
+    assert result.status.value == "Finished" and result.stop_reason.value == "time"
+    assert "did not finish within 4 s" in result.details["gaia2"]["agent"]["error"]
+    assert result.details["gaia2"]["turns_completed"] == 0  # judged as it stood: the email sent, no reply
 
 
 async def test_are_default_needs_the_models_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
