@@ -124,7 +124,7 @@ async def start_gaia2(
             card.gaia2.source,
             seed=spec.seed,
             oracle=oracle,
-            noise=True if spec.gaia2_noise else None,
+            noise={"env_events_seed": spec.seed} if spec.gaia2_noise else None,  # ARE's --noise, seeded per run
             judge=world_model(spec, spec.judge_model, "the Gaia2 judge"),
             agent2agent=None if oracle else agent2agent_config(spec),
         )

@@ -370,6 +370,42 @@ def test_empty_script_answers_done_and_counts(server: FakeLLM, oai: openai.OpenA
     assert server.unscripted_calls == 2
 
 
+def test_default_replaces_done_when_the_script_is_empty() -> None:
+    with (
+        FakeLLM(default=Reply.error(500, message="always down")) as down,
+        openai.OpenAI(api_key="k", base_url=down.base_url + "/v1", max_retries=0) as client,
+    ):
+        down.script(Reply.text("scripted"))
+        assert client.chat.completions.create(model="m", messages=USER).choices[0].message.content == "scripted"
+        for _ in range(2):
+            with pytest.raises(openai.InternalServerError, match="always down"):
+                client.chat.completions.create(model="m", messages=USER)
+        assert down.unscripted_calls == 2 and len(down.requests) == 3
+
+
+def test_responder_answers_from_the_request_and_falls_through_to_default() -> None:
+    seen: list[tuple[str, object]] = []
+
+    def respond(path: str, body: dict) -> Reply | None:
+        seen.append((path, body.get("model")))
+        text = body["messages"][-1]["content"] if "messages" in body else ""
+        return Reply.text(f"echo: {text}") if text.startswith("say") else None
+
+    with (
+        FakeLLM(responder=respond, default=Reply.text("fallback")) as fake,
+        openai.OpenAI(api_key="k", base_url=fake.base_url + "/v1", max_retries=0) as client,
+    ):
+        fake.script(Reply.text("scripted first"))
+        ask = [{"role": "user", "content": "say hi"}]
+        assert client.chat.completions.create(model="a", messages=ask).choices[0].message.content == "scripted first"
+        assert seen == []  # the script goes first: the responder is not asked
+        assert client.chat.completions.create(model="b", messages=ask).choices[0].message.content == "echo: say hi"
+        assert client.chat.completions.create(model="c", messages=USER).choices[0].message.content == "fallback"
+        assert client.responses.create(model="d", input="x").output_text == "fallback"
+        assert seen == [("/v1/chat/completions", "b"), ("/v1/chat/completions", "c"), ("/v1/responses", "d")]
+        assert fake.unscripted_calls == 3
+
+
 def test_replies_are_shared_across_endpoints_in_order(
     server: FakeLLM, oai: openai.OpenAI, claude: anthropic.Anthropic
 ) -> None:

@@ -45,15 +45,15 @@ def model_of(llm: FakeLLM) -> str:
     return f"openai-compatible:{llm.base_url}/v1#fake-model"
 
 
-def run_dir_for(root: Path, model: str, ref: str = SCENARIO, **spec: Any) -> Path:
+def run_dir_for(root: Path, model: str, ref: str = SCENARIO, seed: int = 0, **spec: Any) -> Path:
     (card,) = resolve_tasks(ref)
     run = RunSpec(
-        run_id=make_run_id(card.ref, model, 0, spec.get("agent", "rg-agent")),
+        run_id=make_run_id(card.ref, model, seed, spec.get("agent", "rg-agent")),
         campaign="g2",
         task=card.ref,
         task_path=card.path,
         model=model,
-        seed=0,
+        seed=seed,
         family=TaskFamily.gaia2,
         **spec,
     )
@@ -194,19 +194,22 @@ async def test_agent2agent_run_talks_to_app_agents_and_counts_as_agent2agent(tmp
     assert "agent2agent" in world["scenario"]["capabilities"]
 
 
-async def test_noise_run_is_reported_under_noise_too(tmp_path: Path) -> None:
-    model = replay(
-        tmp_path / "noise.jsonl",
-        [
-            ("EmailClientV2__send_email", RIGHT_EMAIL),
-            ("AgentUserInterface__send_message_to_user", {"content": "Sent."}),
-        ],
-    )
-    run_dir = run_dir_for(tmp_path, model, gaia2_noise=True)
-    result = await run_agent(run_dir)
-    assert result.status.value == "Finished" and result.capabilities == ["execution", "noise"]
-    world = next(e for e in transcript(run_dir) if e["type"] == "world")
-    assert "noise" in world["scenario"]["capabilities"]
+async def test_noise_runs_fail_tools_where_their_seed_says_and_count_under_noise(tmp_path: Path) -> None:
+    calls = [("Contacts__get_contacts", {})] * 40 + [("AgentUserInterface__send_message_to_user", {"content": "."})]
+    model = replay(tmp_path / "noise.jsonl", calls)
+
+    async def failures(seed: int, name: str) -> str:
+        run_dir = run_dir_for(tmp_path / name, model, gaia2_noise=True, seed=seed)
+        result = await run_agent(run_dir)
+        assert result.status.value == "Finished" and result.capabilities == ["execution", "noise"]
+        world = next(e for e in transcript(run_dir) if e["type"] == "world")
+        assert "noise" in world["scenario"]["capabilities"]
+        outputs = [e["output"] for e in transcript(run_dir) if e.get("tool") == "Contacts__get_contacts"]
+        assert len(outputs) == 40
+        return "".join("x" if "Internal error - Retry again later" in o else "." for o in outputs)
+
+    first, again, other = await failures(0, "a"), await failures(0, "b"), await failures(1, "c")
+    assert "x" in first and first == again and first != other, (first, again, other)
 
 
 @pytest.mark.parametrize(("says", "passes"), [("[[True]] [[Success]]", True), ("[[False]] [[Failure]]", False)])

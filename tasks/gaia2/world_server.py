@@ -21,11 +21,13 @@ import functools
 import json
 import logging
 import os
+import random
 import signal
 import sys
 import threading
 import time
 import traceback
+import zlib
 from collections.abc import Callable
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -400,6 +402,20 @@ def _apply_agent2agent(scenario: Any, env: Environment, proportion: float, llm: 
         raise ProtocolError(422, f"agent2agent: a share of {proportion} turns none of the scenario's apps into agents")
 
 
+def _seed_tool_failures(scenario: Any) -> None:
+    """Seed the noise's tool failures from the scenario seed and the tool's name. ARE leaves `AppTool.seed`
+    unset, so each tool draws from `Random(None)` and the same seed fails different calls on every run."""
+    tools = []
+    for app in scenario.apps or []:
+        tools += app.get_tools()
+        inner = getattr(getattr(app, "app_agent", None), "tools", None) or {}  # agent2agent: the app's own tools
+        tools += [t.app_tool for t in inner.values() if hasattr(t, "app_tool")]
+    for tool in tools:
+        if tool.failure_probability is not None:
+            tool.seed = zlib.crc32(f"{scenario.seed}:{tool.name}".encode())
+            tool.rng = random.Random(tool.seed)
+
+
 def _no_llm(*_: Any, **__: Any) -> Any:
     raise RuntimeError("no judge model is configured (hard checks only)")
 
@@ -642,6 +658,7 @@ class WorldSession:
             proportion, llm = _a2a_params(req["agent2agent"])
             self._call_are(lambda: _apply_agent2agent(scenario, env, proportion, llm), "agent2agent")
         self.scenario, self.env = scenario, env
+        _seed_tool_failures(scenario)
         if self.oracle:
             return
         self.env.run(scenario, wait_for_end=False)
@@ -1017,13 +1034,18 @@ class WorldSession:
 
 
 def _gave_up(react_agent: Any) -> str | None:
-    """Why ARE's agent ended a turn without finishing it: it ran out of iterations (every model call failing
-    ends there too, as ARE counts a failed step as an iteration). ARE then sends the user a message itself and
-    returns normally, so this is only in its log."""
-    errors = [log for log in react_agent.logs if log.get_type() == "error"]
+    """Why ARE's agent ended a turn without finishing it: it ran out of iterations. ARE counts a failed model
+    call as an iteration, so a model that only answers errors ends there too. ARE then sends the user a
+    message itself and returns normally, so this is only in its log."""
+    logs = react_agent.logs
+    errors = [log for log in logs if log.get_type() == "error"]
     if not any(log.error == "MaxIterationsAgentError" for log in errors):
         return None
-    reason = f"ARE's agent reached max_iterations ({react_agent.max_iterations}) without finishing the task"
+    cap = react_agent.max_iterations
+    if any(log.get_type() == "llm_output" for log in logs):
+        reason = f"ARE's agent reached max_iterations ({cap}) without finishing the task"
+    else:
+        reason = f"the model never answered ARE's agent: all of its max_iterations ({cap}) model calls failed"
     other = [log for log in errors if log.error != "MaxIterationsAgentError"]
     return f"{reason}; last error: {other[-1].error}: {other[-1].exception}"[:2000] if other else reason
 
