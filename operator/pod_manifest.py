@@ -284,6 +284,9 @@ def _prepare_container(run: RunResourceSpec, image: str, options: PodOptions, ru
     }
 
 
+WORLD_PROBE = "import socket, sys; socket.create_connection(('127.0.0.1', int(sys.argv[1])), 2).close()"
+
+
 def _world_container(run: RunResourceSpec, options: PodOptions, run_dir: str) -> dict[str, Any]:
     world = options.world
     assert world is not None
@@ -297,9 +300,10 @@ def _world_container(run: RunResourceSpec, options: PodOptions, run_dir: str) ->
             {"name": "LABKUBE_RUN_DIR", "value": run_dir},
             {"name": "LABKUBE_WORLD_PORT", "value": str(world.port)},
         ],
-        "ports": [{"name": "world", "containerPort": world.port, "protocol": "TCP"}],
+        # The world listens on 127.0.0.1 only (the agent is in the same pod; nothing else may drive it), which a
+        # tcpSocket probe (to the pod's IP) cannot reach: the probe connects from inside the container.
         "startupProbe": {
-            "tcpSocket": {"port": "world"},
+            "exec": {"command": ["python", "-c", WORLD_PROBE, str(world.port)]},
             "periodSeconds": 2,
             "failureThreshold": max(1, math.ceil(world.startup_seconds / 2)),
         },

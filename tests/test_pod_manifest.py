@@ -296,7 +296,9 @@ def test_world_sidecar_only_for_gaia2_runs() -> None:
     world = init[1]
     assert world["restartPolicy"] == "Always"  # a native sidecar: the pod completes when the agent exits
     assert world["image"] == "ghcr.io/labkube/world:0.1.0" and world["command"] == ["labkube-world"]
-    assert world["startupProbe"]["tcpSocket"]["port"] == "world"
+    probe = world["startupProbe"]["exec"]["command"]
+    assert probe[:2] == ["python", "-c"] and probe[-1] == "8765" and "127.0.0.1" in probe[2]
+    assert "ports" not in world  # it listens on 127.0.0.1: the agent's, nobody else's
     assert env_of(containers(gaia2)["agent"])["LABKUBE_WORLD_URL"]["value"] == "http://127.0.0.1:8765"
     assert {"name": "runs", "mountPath": "/runs", "readOnly": True} in world["volumeMounts"]
 

@@ -1171,8 +1171,14 @@ def serve(host: str, port: int, announce: Callable[[str], None]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Serve ARE Gaia2 scenarios over HTTP (labkube world process).")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0, help="0 picks a free port (printed as LISTENING <port>)")
+    # A pod's world sidecar gets its port from LABKUBE_WORLD_PORT (the chart's runs.world.port).
+    parser.add_argument("--host", default=os.environ.get("LABKUBE_WORLD_HOST", "127.0.0.1"))
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=int(os.environ.get("LABKUBE_WORLD_PORT", "0")),
+        help="0 picks a free port (printed as LISTENING <port>); default: $LABKUBE_WORLD_PORT",
+    )
     parser.add_argument("--log-level", default=os.environ.get("LABKUBE_WORLD_LOG_LEVEL", "WARNING"))
     args = parser.parse_args(argv)
     # ARE starts some tool servers (MCP) as a bare `python`: make that this virtualenv's python.
