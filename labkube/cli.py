@@ -709,6 +709,32 @@ def worlds_setup(force: bool) -> None:
     console.print(f"ARE {ARE_VERSION} world environment ready: {venv}")
 
 
+@worlds.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    envvar="LABKUBE_WORLD_PORT",
+    default=0,
+    help="Port (0: a free one). Default: $LABKUBE_WORLD_PORT, as the chart sets it in the world sidecar.",
+)
+@click.option("--log-level", default="WARNING", show_default=True)
+def worlds_serve(host: str, port: int, log_level: str) -> None:
+    """Serve Gaia2 scenarios over HTTP (the world process; the sidecar image's entrypoint).
+
+    The first line on stdout is `LISTENING <port>`; the protocol is in docs/gaia2-world-protocol.md."""
+    from labkube.tasks.gaia2 import WorldEnvError, world_python
+    from labkube.tasks.gaia2.world_process import SERVER_SCRIPT
+
+    try:
+        python = world_python()
+    except WorldEnvError as exc:
+        raise UsageFailure(str(exc)) from None
+    sys.stdout.flush()
+    args = ["--host", host, "--port", str(port), "--log-level", log_level]
+    os.execv(python, [str(python), str(SERVER_SCRIPT), *args])
+
+
 # -- the sandbox entrypoint, schemas, tools ------------------------------------------------------
 
 

@@ -226,6 +226,33 @@ def test_pool_reuses_warm_worlds_and_replaces_dead_ones(are_python: Path):
     assert not third.alive()
 
 
+def test_labkube_worlds_serve_listens_where_the_sidecar_env_says(tmp_path: Path):
+    """The world image's entrypoint: `labkube worlds serve`, on $LABKUBE_WORLD_PORT, loopback only."""
+    import socket
+    import subprocess
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "LABKUBE_WORLD_PORT": str(port)}
+    proc = subprocess.Popen(
+        [sys.executable, "-P", "-m", "labkube", "worlds", "serve"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().decode().split() == ["LISTENING", str(port)]
+        health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).json()
+        assert health["status"] == "ok" and health["pid"] == proc.pid  # exec'd: the world is this process
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def test_world_python_says_how_to_set_up(tmp_path: Path):
     with pytest.raises(WorldEnvError, match="setup_world_env"):
         world_python(tmp_path / "missing")
