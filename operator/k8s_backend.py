@@ -138,6 +138,9 @@ def finalize_manifest(pod: dict[str, Any], reason: StopReason, deadline_s: int) 
     pod = copy.deepcopy(pod)
     agent = next(c for c in pod["spec"]["containers"] if c["name"] == "agent")
     agent["command"] = [a for a in agent["command"] if a != "--resume"] + ["--finalize", reason.value]
+    # Grading needs no Gaia2 world (the verdict is in the checkpoint), and a world that failed would fail it too.
+    pod["spec"]["initContainers"] = [c for c in pod["spec"].get("initContainers", []) if c["name"] != "world"]
+    agent["env"] = [e for e in agent.get("env", []) if e["name"] != "LABKUBE_WORLD_URL"]
     pod["spec"]["activeDeadlineSeconds"] = max(60, deadline_s)
     pod["metadata"]["labels"][LABEL_FINALIZE] = reason.value
     return pod
@@ -146,6 +149,29 @@ def finalize_manifest(pod: dict[str, Any], reason: StopReason, deadline_s: int) 
 def _statuses(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
     status = pod.get("status") or {}
     return [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+
+
+def stuck_condition(pod: Mapping[str, Any]) -> tuple[str, bool, str, str] | None:
+    """What keeps a pod from ever starting by itself: an image that cannot be pulled, or a container (the
+    Gaia2 world sidecar, say) that keeps crashing. Given `image_pull_timeout_s`, the run fails with it."""
+    return next(
+        (
+            c
+            for c in pod_conditions(pod)
+            if not c[1] and (c[0] == "ImagePulled" or (c[0] == "PodReady" and c[2] == "CrashLoopBackOff"))
+        ),
+        None,
+    )
+
+
+def failed_init_container(pod: Mapping[str, Any]) -> str | None:
+    """The first init container that terminated with an error, as `container NAME: reason: message`."""
+    for cs in (pod.get("status") or {}).get("initContainerStatuses") or []:
+        terminated = (cs.get("state") or {}).get("terminated") or {}
+        if terminated and int(terminated.get("exitCode", 0)) != 0:
+            detail = terminated.get("message") or terminated.get("reason") or f"exit code {terminated['exitCode']}"
+            return f"container {cs.get('name')}: {detail}"
+    return None
 
 
 def pod_exit_code(pod: Mapping[str, Any]) -> int | None:
@@ -442,7 +468,7 @@ class PodEnd:
     gave_up: str | None = None  # a reason to stop without retrying
 
 
-Outcome = Literal["deadline", "disk_full", "lost"]
+Outcome = Literal["deadline", "disk_full", "lost", "world"]
 
 
 class PodRun:
@@ -653,14 +679,14 @@ class PodRun:
                 return PodEnd(pod)
             self.refresh(pod)
             await self.publish()
-            pull = next((c for c in pod_conditions(pod) if c[0] == "ImagePulled" and not c[1]), None)
-            if pull is None:
+            stuck = stuck_condition(pod)
+            if stuck is None:
                 stuck_since = None
             else:
                 stuck_since = stuck_since or time.monotonic()
                 if time.monotonic() - stuck_since > self.backend.image_pull_timeout_s:
                     await self.delete_pod(name)
-                    return PodEnd(pod, gave_up=pull[3])
+                    return PodEnd(pod, gave_up=stuck[3])
             await self.watcher.wait(name, self.backend.poll_seconds)
 
     def outcome(self, end: PodEnd) -> tuple[Outcome, str]:
@@ -678,6 +704,9 @@ class PodRun:
         if reason:
             detail = status.get("message") or ""
             return "lost", f"pod {name} {reason.lower()}{': ' + detail if detail else ''}"
+        if code is None and (failed := failed_init_container(pod)):
+            kind: Outcome = "world" if failed.startswith("container world:") else "lost"
+            return kind, f"pod {name} failed before the agent started: {failed}"
         return "lost", f"pod {name} ended ({status.get('phase')}, exit code {code}) without a result"
 
     def unshared_result(self, end: PodEnd) -> RunResult | None:
@@ -746,7 +775,8 @@ class PodRun:
                 finalizing = StopReason.time
                 self.condition("Resumed", False, "DeadlineExceeded", f"{why}; grading the run as it stands")
             elif next_attempt >= limit:
-                finalizing = StopReason.killed
+                # a Gaia2 world that never came up is the world's failure, not a run killed from outside
+                finalizing = StopReason.world_error if kind == "world" else StopReason.killed
                 self.condition("Resumed", False, "AttemptsExhausted", f"{why}; {limit} pods tried, grading the run")
             else:
                 how = "resuming from the checkpoint" if self.resume_for(next_attempt) else "starting over"

@@ -286,7 +286,7 @@ def plan_resource_campaign(body: Mapping[str, Any]) -> tuple[CampaignSpec, list[
         raise CampaignSpecError("UnknownTask", f"Campaign {name}: {exc}") from None
     for model in spec.models:
         if parse_model(model).provider == "oracle":
-            missing = [c.ref for cs in cards.values() for c in cs if not c.oracle and not c.gaia]
+            missing = [c.ref for cs in cards.values() for c in cs if not (c.oracle or c.gaia or c.gaia2)]
             if missing:
                 raise CampaignSpecError(
                     "NoReferenceSolution",

@@ -305,7 +305,8 @@ def _world_container(run: RunResourceSpec, options: PodOptions, run_dir: str) ->
         "startupProbe": {
             "exec": {"command": ["python", "-c", WORLD_PROBE, str(world.port)]},
             "periodSeconds": 2,
-            "failureThreshold": max(1, math.ceil(world.startup_seconds / 2)),
+            # probes run at 0 s, then every period: one more than startup_seconds / 2 covers the whole window
+            "failureThreshold": math.ceil(world.startup_seconds / 2) + 1,
         },
         "securityContext": _secure(True),
         "volumeMounts": [

@@ -24,9 +24,10 @@ from tinytask import make_tiny_task
 
 from labkube.operator.crds import API_VERSION
 from labkube.operator.driver import RayContext
-from labkube.operator.k8s_models import OperatorConfig, PodOptions
+from labkube.operator.k8s_models import OperatorConfig, PodOptions, WorldOptions
 from labkube.operator.k8s_operator import OperatorMetrics, OperatorRuntime, build_registry
 from labkube.operator.kube import KubeTarget
+from labkube.tasks.gaia2.world_process import SERVER_SCRIPT
 
 CAMPAIGNS: ResKey = ("labkube.dev", "v1alpha1", "campaigns")
 RUNS: ResKey = ("labkube.dev", "v1alpha1", "runs")
@@ -34,6 +35,7 @@ PODS: ResKey = ("", "v1", "pods")
 CLAIM = "labkube-runs"
 UNPULLABLE = "registry.invalid/labkube/missing:0"
 NAMESPACE = "default"
+WORLD_IMAGE = "ghcr.io/labkube/world:test"  # its entrypoint: world_server.py with ARE's python
 
 
 @dataclass
@@ -45,12 +47,14 @@ class Cluster:
     ray: RayContext
     root: Path
 
-    def runtime(self, **overrides: Any) -> OperatorRuntime:
+    def runtime(self, world: WorldOptions | None = None, **overrides: Any) -> OperatorRuntime:
+        """The operator's configuration; `world` is the chart's `runs.world` (Gaia2 runs need it)."""
         runs = PodOptions(
             default_image="labkube:test",
             workspace={"mode": "pvc", "existingClaim": CLAIM, "accessModes": ["ReadWriteMany"]},
             termination_grace_period_seconds=5,
             deadline_grace_seconds=60,
+            world=world,
         )
         values: dict[str, Any] = {
             "config": OperatorConfig(runs=runs),
@@ -124,7 +128,12 @@ async def cluster(tmp_path: Path, ray_local: RayContext) -> AsyncIterator[Cluste
     volume.mkdir()
     async with FakeKube() as api, kmock.Server(api) as server:
         kubelet = FakeKubelet(
-            api, claims={CLAIM: volume}, gpus=2, unpullable=frozenset({UNPULLABLE}), work=tmp_path / "kubelet"
+            api,
+            claims={CLAIM: volume},
+            gpus=2,
+            unpullable=frozenset({UNPULLABLE}),
+            entrypoints={WORLD_IMAGE: ["python", str(SERVER_SCRIPT)]},
+            work=tmp_path / "kubelet",
         )
         async with kubelet:
             yield Cluster(api, str(server.url).rstrip("/"), kubelet, volume, ray_local, tmp_path)

@@ -4,18 +4,38 @@
   reason `Unschedulable` and the scheduler's message; it is placed when GPUs free up. Pods with
   `schedulingGates` wait with reason `SchedulingGated`.
 - Images: a container whose image is in `unpullable` waits with `ErrImagePull`, then
-  `ImagePullBackOff`, and the pod stays `Pending`.
-- Containers: init containers, then the `agent` container, run as local processes. The pod's
-  volumes become local directories: a `persistentVolumeClaim` is `claims[claimName]` (the
+  `ImagePullBackOff`, and the pod stays `Pending`. A container without a `command` runs its image's
+  entrypoint from `entrypoints` (image -> argv; `args` are appended); an unknown one fails to start.
+- Containers: init containers in order, then the `agent` container, run as local processes. The
+  pod's volumes become local directories: a `persistentVolumeClaim` is `claims[claimName]` (the
   "shared volume"), an `emptyDir` a fresh directory; each mount's `subPath` is honoured, and paths
   under a mount point in the command, environment and working directory are rewritten.
-  `labkube ...` runs as `python -P -m labkube ...` of this interpreter. Secrets come from the API.
-- Phases: `Pending` -> `Running` -> `Succeeded`/`Failed` from the agent's exit code;
-  `activeDeadlineSeconds` (from `startTime`) ends the pod `Failed`/`DeadlineExceeded`; `evict()`
+  `labkube ...` runs as `python -P -m labkube ...` of this interpreter; `python ...` (a command's or
+  an exec probe's first word) is the ARE environment's python (`labkube.tasks.gaia2.world_python()`),
+  the world image's. Secrets come from the API. A container's processes (its process group) are
+  killed when it ends.
+- Native sidecars (init containers with `restartPolicy: Always`, e.g. the Gaia2 `world`): started in
+  their place among the init containers and left running; the next container starts once the
+  sidecar's exec `startupProbe` succeeds (`initialDelaySeconds`, `periodSeconds`, `timeoutSeconds`,
+  `failureThreshold` honoured; no probe: at once). While it starts, `initContainerStatuses` shows it
+  running with `started: false`. A sidecar whose probe fails `failureThreshold` times, or that exits
+  before, is killed and fails the pod like a failed init container (real Kubernetes would restart it
+  in `CrashLoopBackOff` and leave the pod `Pending`). A sidecar is not restarted if it dies later.
+  Sidecars get SIGTERM (then SIGKILL after `grace_s`) once the agent has exited, and the pod ends only
+  then; deleting, evicting or deadlining the pod, and leaving the kubelet, kill them too.
+- Ports: every pod has its own network; here they share one. So the agents' metrics servers get
+  `LABKUBE_METRICS_PORT=0`, and each world sidecar a free local port: its `LABKUBE_WORLD_PORT` (and
+  a command or probe argument equal to the old port) is replaced, and the agent's
+  `LABKUBE_WORLD_URL` is rewritten to the new port.
+- Phases: `Pending` -> `Running` -> `Succeeded`/`Failed` from the agent's exit code (an init
+  container that fails: `Failed`, with a pod `message` naming it, which real Kubernetes leaves to the
+  container's status; the agent then stays `waiting`); `activeDeadlineSeconds` (from
+  `startTime`, init containers included) ends the pod `Failed`/`DeadlineExceeded`; `evict()`
   terminates it `Failed`/`Evicted`; deleting the pod kills its processes.
 
 `simulate` replaces the agent process (the benchmark): an async function of the pod and its local
-run directory that returns the exit code.
+run directory that returns the exit code. Then no process runs at all: init containers succeed and
+sidecars start at once.
 """
 
 from __future__ import annotations
@@ -25,17 +45,27 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable
+import weakref
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from fakekube import FakeKube, ResKey, now_rfc3339
 
 PODS: ResKey = ("", "v1", "pods")
 Simulate = Callable[[dict[str, Any], Path | None], Awaitable[int]]
+WORLD_PORT_ENV = "LABKUBE_WORLD_PORT"
+WORLD_URL_ENV = "LABKUBE_WORLD_URL"
+_ENDED: weakref.WeakSet[asyncio.subprocess.Process] = weakref.WeakSet()  # process groups already killed
+
+
+class StartError(Exception):
+    """A container that cannot be started (no command, no such interpreter)."""
 
 
 @dataclass
@@ -46,11 +76,16 @@ class PodState:
     gpus: int
     bound: bool = False
     task: asyncio.Task[None] | None = None
-    proc: asyncio.subprocess.Process | None = None
+    proc: asyncio.subprocess.Process | None = None  # the agent
+    sidecars: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
+    ports: dict[str, str] = field(default_factory=dict)  # a sidecar's port in the pod -> its local port
     stop: asyncio.Future[tuple[str, str]] | None = None  # (reason, message) of an eviction
     deleted: bool = False
     status: dict[str, Any] = field(default_factory=dict)
     root: Path | None = None  # emptyDirs and logs
+    start_time: str = ""
+    init_statuses: dict[str, dict[str, Any]] = field(default_factory=dict)
+    agent_status: dict[str, Any] = field(default_factory=dict)
 
 
 class FakeKubelet:
@@ -61,6 +96,7 @@ class FakeKubelet:
         claims: dict[str, Path],
         gpus: int = 2,
         unpullable: frozenset[str] = frozenset(),
+        entrypoints: Mapping[str, Sequence[str]] | None = None,
         gpu_resource: str = "nvidia.com/gpu",
         grace_s: float = 5.0,
         simulate: Simulate | None = None,
@@ -70,6 +106,7 @@ class FakeKubelet:
         self.claims = claims
         self.gpus = gpus
         self.unpullable = unpullable
+        self.entrypoints = {image: list(argv) for image, argv in (entrypoints or {}).items()}
         self.gpu_resource = gpu_resource
         self.grace_s = grace_s
         self.simulate = simulate
@@ -77,10 +114,13 @@ class FakeKubelet:
         self.pods: dict[tuple[str, str], PodState] = {}
         self.queue: list[tuple[str, str]] = []  # pods waiting to be scheduled, in arrival order
         self.started: list[str] = []  # pod names whose agent started (in order)
+        self.sidecars_started: list[tuple[str, str, int]] = []  # (pod, container, process group) in order
         self.phase_changes: list[tuple[float, str, str]] = []  # (monotonic time, pod, phase)
         self._events: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
         self._loop_task: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self._gone: list[PodState] = []  # deleted pods, whose processes may still be ending
+        self._ports: set[int] = set()  # local ports handed to sidecars of live pods
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -97,13 +137,15 @@ class FakeKubelet:
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
-        for state in list(self.pods.values()):
+        for state in [*self.pods.values(), *self._gone]:
             state.deleted = True
             await self._kill(state, grace_s=0.5)
             if state.task is not None:
                 state.task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await state.task
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
         shutil.rmtree(self.work, ignore_errors=True)
 
     def _hear(self, type_: str, res: ResKey, obj: dict[str, Any]) -> None:
@@ -120,6 +162,7 @@ class FakeKubelet:
             elif type_ == "DELETED" and key in self.pods:
                 state = self.pods.pop(key)
                 state.deleted = True
+                self._gone.append(state)
                 if key in self.queue:
                     self.queue.remove(key)
                 if state.proc is None and state.task is not None:
@@ -165,12 +208,31 @@ class FakeKubelet:
         if self.api.set_status(PODS, state.namespace, state.name, status) is not None:
             self.phase_changes.append((asyncio.get_running_loop().time(), state.name, status.get("phase", "")))
 
+    def _publish(self, state: PodState, phase: str, reason: str = "", message: str = "") -> None:
+        """The pod's status from its containers' statuses."""
+        status: dict[str, Any] = {
+            "phase": phase,
+            "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": state.start_time}],
+            "startTime": state.start_time,
+        }
+        if state.init_statuses:
+            status["initContainerStatuses"] = [dict(s) for s in state.init_statuses.values()]
+        status["containerStatuses"] = [dict(state.agent_status)]
+        if reason:
+            status["reason"] = reason
+        if message:
+            status["message"] = message
+        self._set(state, status)
+
     # -- running ---------------------------------------------------------------------------------
 
     async def _run(self, state: PodState) -> None:
         try:
             await self._run_pod(state)
         finally:
+            await self._kill(state, grace_s=0.5)  # a cancelled pod (deleted, or the kubelet stopping)
+            for port in state.ports.values():
+                self._ports.discard(int(port))
             if state.bound:
                 state.bound = False
                 self._schedule()
@@ -178,11 +240,12 @@ class FakeKubelet:
     async def _run_pod(self, state: PodState) -> None:
         pod = state.pod
         spec = pod["spec"]
-        scheduled = [{"type": "PodScheduled", "status": "True", "lastTransitionTime": now_rfc3339()}]
-        inits = [c for c in spec.get("initContainers", []) if c.get("restartPolicy") != "Always"]
+        inits = spec.get("initContainers", [])
         agent = next(c for c in spec["containers"] if c["name"] == "agent")
-        waiting = [_container(c, {"waiting": {"reason": "PodInitializing"}}) for c in [*inits, agent]]
-        self._set(state, {"phase": "Pending", "conditions": scheduled, "containerStatuses": waiting[-1:]})
+        state.start_time = now_rfc3339()  # activeDeadlineSeconds counts from here, init containers included
+        state.init_statuses = {c["name"]: _container(c, {"waiting": {"reason": "PodInitializing"}}) for c in inits}
+        state.agent_status = _container(agent, {"waiting": {"reason": "PodInitializing"}})
+        self._publish(state, "Pending")
         bad = [c for c in [*inits, agent] if c.get("image") in self.unpullable]
         if bad:
             image = bad[0]["image"]
@@ -193,55 +256,142 @@ class FakeKubelet:
                     if reason == "ErrImagePull"
                     else f'Back-off pulling image "{image}"'
                 )
-                statuses = [_container(c, {"waiting": {"reason": reason, "message": message}}) for c in bad]
-                self._set(state, {"phase": "Pending", "conditions": scheduled, "containerStatuses": statuses})
+                for c in bad:
+                    waiting = _container(c, {"waiting": {"reason": reason, "message": message}})
+                    if c is agent:
+                        state.agent_status = waiting
+                    else:
+                        state.init_statuses[c["name"]] = waiting
+                self._publish(state, "Pending")
                 await asyncio.sleep(0.5)
             await asyncio.Event().wait()  # stays Pending until deleted
         state.root = self.work / f"{state.namespace}-{state.name}"
         state.root.mkdir(parents=True, exist_ok=True)
         mounts = self._volumes(state)
-        started = now_rfc3339()
-        for c in inits:
-            code = await self._exec(state, c, mounts)
-            if code != 0:
-                self._terminal(state, started, agent, code, "Failed", "", f"init container {c['name']} failed")
-                return
+        state.ports = {port: str(self._free_port()) for port in _sidecar_ports(inits)}
         state.stop = asyncio.get_running_loop().create_future()
-        running = [_container(agent, {"running": {"startedAt": now_rfc3339()}}, ready=True)]
-        self._set(
-            state, {"phase": "Running", "conditions": scheduled, "startTime": started, "containerStatuses": running}
-        )
-        self.started.append(state.name)
-        deadline = spec.get("activeDeadlineSeconds")
-        run = asyncio.create_task(self._exec(state, agent, mounts))
-        waits: set[asyncio.Future[Any]] = {run, state.stop}
-        done, _ = await asyncio.wait(waits, timeout=deadline, return_when=asyncio.FIRST_COMPLETED)
-        if run in done:
-            code = run.result()
-            self._terminal(state, started, agent, code, "Succeeded" if code == 0 else "Failed", "", "")
-            return
-        if state.stop in done:
-            reason, message = state.stop.result()
-        else:
-            reason, message = "DeadlineExceeded", "Pod was active on the node longer than the specified deadline"
-        await self._kill(state)
-        code = await run
-        self._terminal(state, started, agent, code, "Failed", reason, message)
+        work = asyncio.create_task(self._containers(state, inits, agent, mounts))
+        try:
+            done, _ = await asyncio.wait(
+                {work, state.stop}, timeout=spec.get("activeDeadlineSeconds"), return_when=asyncio.FIRST_COMPLETED
+            )
+            if work in done:
+                code, message = work.result()
+                await self._stop_sidecars(state)
+                if code is None:  # an init container failed
+                    self._publish(state, "Failed", message=message)
+                else:
+                    self._publish(state, "Succeeded" if code == 0 else "Failed")
+                return
+            if state.stop.done():
+                reason, message = state.stop.result()
+            else:
+                reason, message = "DeadlineExceeded", "Pod was active on the node longer than the specified deadline"
+            if state.proc is None:  # still in its init containers
+                work.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await work
+            else:
+                await _terminate(state.proc, self.grace_s)
+                await work  # the agent's exit code goes into its status
+            await self._stop_sidecars(state)
+            self._publish(state, "Failed", reason, message)
+        finally:
+            if not work.done():
+                work.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await work
 
-    def _terminal(
-        self, state: PodState, started: str, agent: dict[str, Any], code: int, phase: str, reason: str, message: str
-    ) -> None:
-        terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error", "finishedAt": now_rfc3339()}
-        status: dict[str, Any] = {
-            "phase": phase,
-            "conditions": [{"type": "PodScheduled", "status": "True"}],
-            "startTime": started,
-            "containerStatuses": [_container(agent, {"terminated": terminated})],
-        }
-        if reason:
-            status["reason"] = reason
-            status["message"] = message
-        self._set(state, status)
+    async def _containers(
+        self, state: PodState, inits: list[dict[str, Any]], agent: dict[str, Any], mounts: dict[str, Path]
+    ) -> tuple[int | None, str]:
+        """Init containers (sidecars started), then the agent: its exit code, or `None` and why the pod failed."""
+        for c in inits:
+            name = c["name"]
+            try:
+                if c.get("restartPolicy") == "Always":
+                    problem = await self._start_sidecar(state, c, mounts)
+                    if problem:
+                        return None, f"init container {name} {problem}"
+                    continue
+                state.init_statuses[name] = _container(c, {"running": {"startedAt": now_rfc3339()}})
+                self._publish(state, "Pending")
+                code = await self._exec(state, c, mounts)
+            except StartError as exc:
+                state.init_statuses[name] = _terminated(c, 128, "StartError", str(exc))
+                return None, f"init container {name} could not start: {exc}"
+            state.init_statuses[name] = _terminated(c, code)
+            if code != 0:
+                return None, f"init container {name} failed (exit code {code})"
+        state.agent_status = _container(agent, {"running": {"startedAt": now_rfc3339()}}, ready=True)
+        self._publish(state, "Running")
+        self.started.append(state.name)
+        try:
+            code = await self._exec(state, agent, mounts)
+        except StartError as exc:
+            state.agent_status = _terminated(agent, 128, "StartError", str(exc))
+            return 128, ""
+        state.agent_status = _terminated(agent, code)
+        return code, ""
+
+    async def _start_sidecar(self, state: PodState, c: dict[str, Any], mounts: dict[str, Path]) -> str:
+        """Start sidecar `c` and wait for its startup probe: "" once started, else what went wrong."""
+        name = c["name"]
+        running = {"running": {"startedAt": now_rfc3339()}}
+        proc = await self._spawn(state, c, mounts)
+        if proc is None:  # simulated
+            state.init_statuses[name] = {**_container(c, running, ready=True), "started": True}
+            return ""
+        state.sidecars[name] = proc
+        self.sidecars_started.append((state.name, name, proc.pid))
+        state.init_statuses[name] = {**_container(c, running), "started": False}
+        self._publish(state, "Pending")
+        problem = await self._startup_probe(state, c, mounts, proc)
+        if problem:
+            await _terminate(state.sidecars.pop(name), self.grace_s)
+            state.init_statuses[name] = _terminated(c, _exit_code(proc), message=problem)
+            return problem
+        state.init_statuses[name] = {**_container(c, running, ready=True), "started": True}
+        self._publish(state, "Pending")
+        return ""
+
+    async def _startup_probe(
+        self, state: PodState, c: dict[str, Any], mounts: dict[str, Path], proc: asyncio.subprocess.Process
+    ) -> str:
+        probe = c.get("startupProbe")
+        if not probe:
+            return ""
+        if "exec" not in probe:
+            return "has a startup probe the fake kubelet cannot run (only exec probes)"
+        period = float(probe.get("periodSeconds", 10))
+        threshold = int(probe.get("failureThreshold", 3))
+        timeout = float(probe.get("timeoutSeconds", 1))
+        local = self._local(c, mounts)
+        argv = self._argv(state, [local(a) for a in probe["exec"]["command"]])
+        env = self._env(state, c, local)
+        cwd = local(c.get("workingDir") or str(self.work))
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(float(probe.get("initialDelaySeconds", 0)))
+        failures = 0
+        while True:
+            began = loop.time()
+            if proc.returncode is not None:
+                return f"exited (exit code {_exit_code(proc)}) before its startup probe succeeded"
+            ok, output = await _probe(argv, env, cwd, timeout)
+            if ok:
+                return ""
+            failures += 1
+            if failures >= threshold:
+                return f"did not start: its startup probe failed {failures} times, every {period:g}s: {output}"
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), max(0.0, began + period - loop.time()))
+
+    async def _stop_sidecars(self, state: PodState, grace_s: float | None = None) -> None:
+        """SIGTERM the sidecars, last started first (SIGKILL after the grace period), as Kubernetes does."""
+        for name, proc in reversed(list(state.sidecars.items())):
+            await _terminate(proc, self.grace_s if grace_s is None else grace_s)
+            container = next(c for c in state.pod["spec"]["initContainers"] if c["name"] == name)
+            state.init_statuses[name] = _terminated(container, _exit_code(proc))
 
     def _volumes(self, state: PodState) -> dict[str, Path]:
         paths: dict[str, Path] = {}
@@ -254,7 +404,17 @@ class FakeKubelet:
             paths[volume["name"]].mkdir(parents=True, exist_ok=True)
         return paths
 
-    async def _exec(self, state: PodState, container: dict[str, Any], volumes: dict[str, Path]) -> int:
+    def _free_port(self) -> int:
+        while True:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = int(s.getsockname()[1])
+            if port not in self._ports:
+                self._ports.add(port)
+                return port
+
+    def _local(self, container: dict[str, Any], volumes: dict[str, Path]) -> Callable[[str], str]:
+        """Paths under the container's mount points, as local paths."""
         mounts = sorted(
             ((m["mountPath"], volumes[m["name"]] / m.get("subPath", "")) for m in container.get("volumeMounts", [])),
             key=lambda m: -len(m[0]),
@@ -268,6 +428,9 @@ class FakeKubelet:
                     return str(path) + text[len(mount) :]
             return text
 
+        return local
+
+    def _env(self, state: PodState, container: dict[str, Any], local: Callable[[str], str]) -> dict[str, str]:
         env = {k: os.environ[k] for k in ("PATH", "LANG", "LC_ALL", "TMPDIR", "RAY_AUTH_MODE") if k in os.environ}
         for item in container.get("env", []):
             if "value" in item:
@@ -277,18 +440,47 @@ class FakeKubelet:
                 if ref["key"] in (secret.get("stringData") or {}):
                     env[item["name"]] = secret["stringData"][ref["key"]]
         env["LABKUBE_METRICS_PORT"] = "0"  # every pod has its own network; here they share one
-        command = [local(a) for a in [*container.get("command", []), *container.get("args", [])]]
-        if command and command[0] == "labkube":
-            command = [sys.executable, "-P", "-m", "labkube", *command[1:]]
+        if container.get("restartPolicy") == "Always" and env.get(WORLD_PORT_ENV) in state.ports:
+            env[WORLD_PORT_ENV] = state.ports[env[WORLD_PORT_ENV]]
+        if WORLD_URL_ENV in env:
+            url = urlsplit(env[WORLD_URL_ENV])
+            if str(url.port) in state.ports:
+                netloc = f"{url.hostname}:{state.ports[str(url.port)]}"
+                env[WORLD_URL_ENV] = url._replace(netloc=netloc).geturl()
+        return env
+
+    def _argv(self, state: PodState, words: list[str], sidecar: bool = True) -> list[str]:
+        """The local command line: `labkube` is this interpreter, `python` the ARE environment's."""
+        if not words:
+            raise StartError("no command to run")
+        if sidecar:
+            words = [state.ports.get(w, w) for w in words]
+        if words[0] == "labkube":
+            return [sys.executable, "-P", "-m", "labkube", *words[1:]]
+        if words[0] == "python":
+            from labkube.tasks.gaia2 import world_python
+
+            try:
+                return [str(world_python()), *words[1:]]
+            except Exception as exc:  # the ARE environment is not set up
+                raise StartError(str(exc)) from None
+        return words
+
+    async def _spawn(
+        self, state: PodState, container: dict[str, Any], volumes: dict[str, Path]
+    ) -> asyncio.subprocess.Process | None:
+        """Start the container's process (`None` when simulated), its output in the pod's `logs/`."""
+        local = self._local(container, volumes)
+        env = self._env(state, container, local)
         cwd = local(container.get("workingDir") or str(self.work))
         Path(cwd).mkdir(parents=True, exist_ok=True)
-        if self.simulate is not None:  # no processes at all: init containers succeed, the agent is simulated
-            run_dir = env.get("LABKUBE_RUN_DIR")
-            return (
-                await self.simulate(state.pod, Path(run_dir) if run_dir else None)
-                if container["name"] == "agent"
-                else 0
-            )
+        if self.simulate is not None:
+            return None
+        command = container.get("command") or self.entrypoints.get(container.get("image", ""))
+        if not command:
+            raise StartError(f"no command, and image {container.get('image')} has no entrypoint known here")
+        sidecar = container.get("restartPolicy") == "Always"
+        argv = self._argv(state, [local(a) for a in [*command, *container.get("args", [])]], sidecar)
         assert state.root is not None
         logs = state.root / "logs"
         logs.mkdir(exist_ok=True)
@@ -296,8 +488,8 @@ class FakeKubelet:
             (logs / f"{container['name']}.out").open("ab") as out,
             (logs / f"{container['name']}.err").open("ab") as err,
         ):
-            proc = await asyncio.create_subprocess_exec(
-                *command,
+            return await asyncio.create_subprocess_exec(
+                *argv,
                 cwd=cwd,
                 env=env,
                 stdin=asyncio.subprocess.DEVNULL,
@@ -305,25 +497,30 @@ class FakeKubelet:
                 stderr=err,
                 start_new_session=True,
             )
+
+    async def _exec(self, state: PodState, container: dict[str, Any], volumes: dict[str, Path]) -> int:
+        """Run the container to its end: its exit code (128 + signal when killed)."""
+        proc = await self._spawn(state, container, volumes)
+        if proc is None:  # no processes at all: init containers succeed, the agent is simulated
+            if container["name"] != "agent" or self.simulate is None:
+                return 0
+            run_dir = self._env(state, container, self._local(container, volumes)).get("LABKUBE_RUN_DIR")
+            return await self.simulate(state.pod, Path(run_dir) if run_dir else None)
         if container["name"] == "agent":
             state.proc = proc
-        code = await proc.wait()
-        return 128 - code if code < 0 else code
+        try:
+            await proc.wait()
+        finally:
+            _kill_rest(proc)  # what its commands left behind (or all of it, when cancelled)
+        return _exit_code(proc)
 
     async def _kill(self, state: PodState, grace_s: float | None = None) -> None:
-        proc = state.proc
-        if proc is None or proc.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), self.grace_s if grace_s is None else grace_s)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)  # what the agent's commands left behind
+        """Terminate the agent, then the sidecars."""
+        grace = self.grace_s if grace_s is None else grace_s
+        if state.proc is not None:
+            await _terminate(state.proc, grace)
+        for proc in reversed(list(state.sidecars.values())):
+            await _terminate(proc, grace)
 
     # -- what tests do to pods -------------------------------------------------------------------
 
@@ -338,6 +535,75 @@ class FakeKubelet:
     def running(self) -> list[str]:
         return [s.name for s in self.pods.values() if s.status.get("phase") == "Running"]
 
+    def log(self, pod: str, container: str, stream: str = "out", namespace: str = "default") -> str:
+        """What a container of a pod wrote to stdout (`out`) or stderr (`err`), while the kubelet runs."""
+        path = self.work / f"{namespace}-{pod}" / "logs" / f"{container}.{stream}"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+
+async def _probe(argv: list[str], env: dict[str, str], cwd: str, timeout: float) -> tuple[bool, str]:
+    """Run an exec probe: whether it succeeded, and the last line of its output."""
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        cwd=cwd,
+        env=env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        output, _ = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        return False, f"command timed out after {timeout:g}s"
+    finally:
+        _killpg(proc, signal.SIGKILL)
+        await proc.wait()
+    lines = [line.strip() for line in output.decode(errors="replace").splitlines() if line.strip()]
+    return proc.returncode == 0, lines[-1] if lines else f"exit code {proc.returncode}"
+
+
+def _killpg(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def _kill_rest(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL what is left of an ended container's process group, once: later, with the group empty, its
+    id may be another process's (pid_max can be as low as 32768)."""
+    if proc not in _ENDED:
+        _ENDED.add(proc)
+        _killpg(proc, signal.SIGKILL)
+
+
+async def _terminate(proc: asyncio.subprocess.Process, grace_s: float) -> None:
+    """SIGTERM the process group, SIGKILL it after `grace_s`, and kill what is left of it."""
+    if proc.returncode is None:
+        _killpg(proc, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), grace_s)
+        except TimeoutError:
+            _killpg(proc, signal.SIGKILL)
+            await proc.wait()
+    _kill_rest(proc)
+
+
+def _exit_code(proc: asyncio.subprocess.Process) -> int:
+    code = proc.returncode
+    assert code is not None
+    return 128 - code if code < 0 else code
+
+
+def _sidecar_ports(inits: list[dict[str, Any]]) -> list[str]:
+    """The ports the pod's sidecars listen on (their `LABKUBE_WORLD_PORT`)."""
+    return [
+        str(item["value"])
+        for c in inits
+        if c.get("restartPolicy") == "Always"
+        for item in c.get("env", [])
+        if item.get("name") == WORLD_PORT_ENV and "value" in item
+    ]
+
 
 def _gpus(pod: dict[str, Any], resource: str) -> int:
     total = 0
@@ -348,3 +614,14 @@ def _gpus(pod: dict[str, Any], resource: str) -> int:
 
 def _container(c: dict[str, Any], state: dict[str, Any], ready: bool = False) -> dict[str, Any]:
     return {"name": c["name"], "image": c.get("image", ""), "ready": ready, "restartCount": 0, "state": state}
+
+
+def _terminated(c: dict[str, Any], code: int, reason: str = "", message: str = "") -> dict[str, Any]:
+    terminated: dict[str, Any] = {
+        "exitCode": code,
+        "reason": reason or ("Completed" if code == 0 else "Error"),
+        "finishedAt": now_rfc3339(),
+    }
+    if message:
+        terminated["message"] = message
+    return _container(c, {"terminated": terminated})

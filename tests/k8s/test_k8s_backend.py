@@ -8,16 +8,19 @@ from labkube.budgets import StopReason
 from labkube.operator.k8s_backend import (
     LABEL_FINALIZE,
     K8sBackend,
+    failed_init_container,
     finalize_manifest,
     live_phase,
     pod_conditions,
     pod_exit_code,
     shared_runs_manifest,
+    stuck_condition,
 )
-from labkube.operator.k8s_models import PodOptions, RunResourceSpec
+from labkube.operator.k8s_models import PodOptions, RunResourceSpec, WorldOptions
 from labkube.operator.kube import KubeTarget
 from labkube.operator.pod_manifest import build_pod_manifest
 from labkube.run_spec import RunPhase, RunStatus
+from labkube.task_card import TaskFamily
 
 OWNER = {
     "apiVersion": "labkube.dev/v1alpha1",
@@ -52,6 +55,37 @@ def test_a_finalize_pod_only_grades() -> None:
     assert agent["command"] == ["labkube", "agent", "--run-dir", "/runs/r", "--finalize", "time"]
     assert final["spec"]["activeDeadlineSeconds"] == 900
     assert final["metadata"]["labels"][LABEL_FINALIZE] == "time"
+
+
+def test_a_gaia2_finalize_pod_has_no_world() -> None:
+    run = RunResourceSpec(
+        run_id="r", campaign="c", task="t", task_path="/t", model="oracle", seed=0, family=TaskFamily.gaia2
+    )
+    options = PodOptions(default_image="img", world=WorldOptions(image="world:1"))
+    gaia2 = build_pod_manifest(run, options, owner=OWNER)
+    assert [c["name"] for c in gaia2["spec"]["initContainers"]] == ["prepare", "world"]
+    final = finalize_manifest(gaia2, StopReason.world_error, 900)
+    assert [c["name"] for c in final["spec"]["initContainers"]] == ["prepare"]
+    assert "LABKUBE_WORLD_URL" not in {e["name"] for e in final["spec"]["containers"][0]["env"]}
+
+
+def test_a_crash_looping_sidecar_is_stuck_and_a_failed_init_container_is_named() -> None:
+    looping = {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}}
+    crash = {"status": {"initContainerStatuses": [{"name": "world", "state": looping}]}}
+    assert stuck_condition(crash) == (
+        "PodReady",
+        False,
+        "CrashLoopBackOff",
+        "container world: back-off 40s restarting failed container",
+    )
+    config = {"waiting": {"reason": "CreateContainerConfigError", "message": "secret k not found"}}
+    assert stuck_condition({"status": {"containerStatuses": [{"name": "agent", "state": config}]}}) is None
+    ended = {"terminated": {"exitCode": 1, "message": "did not start: its startup probe failed 3 times"}}
+    done = {"terminated": {"exitCode": 0, "reason": "Completed"}}
+    statuses = [{"name": "prepare", "state": done}, {"name": "world", "state": ended}]
+    failed = {"status": {"initContainerStatuses": statuses}}
+    assert failed_init_container(failed) == "container world: did not start: its startup probe failed 3 times"
+    assert failed_init_container({"status": {"initContainerStatuses": statuses[:1]}}) is None
 
 
 def test_only_a_shared_claim_is_shared() -> None:
