@@ -78,6 +78,7 @@ def main() -> None:
 
 def run_campaign(spec: CampaignSpec, out: Path, ray_address: str | None, metrics_port: int | None = None) -> None:
     from labkube.operator import CampaignError, DriverError, TaskError, launch, plan_campaign
+    from labkube.operator.driver import HELD
 
     try:
         plan_campaign(spec, out)
@@ -114,12 +115,17 @@ def run_campaign(spec: CampaignSpec, out: Path, ray_address: str | None, metrics
     except DriverError as exc:
         raise UsageFailure(f"{exc} (results so far are kept in {out})") from None
     failed = [r for r in results if r.status.value == "Failed"]
+    held = [r for r in report_rows(cdir) if r.status == "Pending" and r.message.startswith(HELD)]
     console.print(f"campaign directory: {cdir.root}")
-    if failed:
-        for r in failed:
-            err_console.print(
-                f"[red]run {r.run_id} failed:[/] {escape(str(r.error or r.stop_reason))}", highlight=False
-            )
+    for r in failed:
+        err_console.print(f"[red]run {r.run_id} failed:[/] {escape(str(r.error or r.stop_reason))}", highlight=False)
+    if held:
+        err_console.print(
+            f"[yellow]{len(held)} run(s) not started:[/] {escape(held[0].message.removeprefix(HELD))}; "
+            "raise gpu_hours_cap and run the campaign again to start them",
+            highlight=False,
+        )
+    if failed or held:
         sys.exit(1)
 
 

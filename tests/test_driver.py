@@ -70,3 +70,16 @@ def test_local_gpu_hour_cap_holds_back_runs_once_used_up(ray_local, tmp_path: Pa
     assert "GPU-hour cap" in status["message"]
     shown = labkube("status", str(tmp_path / "out"), cwd=tmp_path)
     assert "GPU-hour cap" in shown.stdout
+    # Run again from the CLI on the same Ray cluster: the finished run is skipped, the held one is held
+    # again (the cap is still used up), and the CLI says so and exits non-zero.
+    import ray
+    import yaml
+
+    file = tmp_path / "cap.yaml"
+    file.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_defaults=True)))
+    address = ray.get_runtime_context().gcs_address
+    out = str(tmp_path / "out")
+    again = labkube("campaign", "run", str(file), "--out", out, "--ray-address", address, cwd=tmp_path)
+    assert again.returncode == 1, again.stdout + again.stderr
+    assert "1 run(s) not started:" in again.stderr and "raise gpu_hours_cap" in again.stderr
+    assert not (held / "result.json").exists()
