@@ -744,6 +744,21 @@ def worlds_serve(host: str, port: int, log_level: str) -> None:
 # -- the sandbox entrypoint, schemas, tools ------------------------------------------------------
 
 
+def keys_to_stdin_and_reexec(names: list[str]) -> None:
+    """A pod gets its API keys as environment variables from Secrets (`LABKUBE_STDIN_VARS` names them), where
+    the agent's own commands could read them in `/proc/<pid>/environ`. Hand them over on a pipe as stdin, as
+    the local sandbox does, and exec this command again without them: the new environ holds no key."""
+    keys = {name: os.environ.pop(name) for name in names if name in os.environ}
+    read, write = os.pipe()
+    os.write(write, (json.dumps(keys) + "\n").encode())  # a few hundred bytes: far below the pipe's buffer
+    os.close(write)
+    os.dup2(read, sys.stdin.fileno())
+    os.close(read)
+    os.environ["LABKUBE_KEYS_ON_STDIN"] = "1"
+    sys.stdout.flush()
+    os.execv(sys.executable, [sys.executable, "-P", "-m", "labkube", *sys.argv[1:]])
+
+
 @main.command()
 @click.option("--run-dir", type=click.Path(path_type=Path, exists=True, file_okay=False), required=True)
 @click.option("--resume", is_flag=True, help="Continue from the last checkpoint.")
@@ -755,6 +770,9 @@ def agent(run_dir: Path, resume: bool, finalize_reason: str | None) -> None:
     from labkube.budgets import StopReason
     from labkube.store import StoreError as _StoreError
 
+    secret_env = [n for n in os.environ.pop("LABKUBE_STDIN_VARS", "").split(",") if n]
+    if secret_env and os.environ.get("LABKUBE_KEYS_ON_STDIN") != "1":
+        keys_to_stdin_and_reexec(secret_env)
     if os.environ.pop("LABKUBE_KEYS_ON_STDIN", None) == "1":
         from labkube.agent.registry import set_secrets
 

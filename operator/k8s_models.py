@@ -318,7 +318,15 @@ class WorldOptions(BaseModel):
 
 # Environment variables the pod builder sets itself.
 RESERVED_ENV = frozenset(
-    {"HOME", "LABKUBE_RUN_DIR", "LABKUBE_RUN_SPEC", "LABKUBE_METRICS_PORT", "LABKUBE_WORLD_URL", "LABKUBE_WORLD_PORT"}
+    {
+        "HOME",
+        "LABKUBE_RUN_DIR",
+        "LABKUBE_RUN_SPEC",
+        "LABKUBE_METRICS_PORT",
+        "LABKUBE_WORLD_URL",
+        "LABKUBE_WORLD_PORT",
+        "LABKUBE_STDIN_VARS",
+    }
 )
 _SECRET_LOOKING = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
 

@@ -154,6 +154,8 @@ def build_pod_manifest(
         }
         for key in options.api_keys
     ]
+    if options.api_keys:  # the agent moves these to stdin and re-execs without them (see `labkube agent`)
+        env.append({"name": "LABKUBE_STDIN_VARS", "value": ",".join(sorted({k.env for k in options.api_keys}))})
 
     requests = {"cpu": _cpu(run.resources.cpus), "memory": _memory(run.resources.memory_gb)}
     limits = {"memory": requests["memory"]}

@@ -220,6 +220,8 @@ def test_api_keys_come_from_secrets_by_reference_only(monkeypatch: pytest.Monkey
             "valueFrom": {"secretKeyRef": {"name": "labkube-api-keys", "key": "OPENAI_API_KEY", "optional": True}},
         }
         assert env["ANTHROPIC_API_KEY"]["valueFrom"]["secretKeyRef"]["optional"] is False
+        # the agent moves these to stdin and re-execs without them (tests/test_secrets.py)
+        assert env["LABKUBE_STDIN_VARS"]["value"] == "ANTHROPIC_API_KEY,OPENAI_API_KEY"
         for c in containers(pod).values():
             for e in c.get("env", []):
                 if re.search("KEY|TOKEN|SECRET", e["name"]):

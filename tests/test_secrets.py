@@ -242,6 +242,41 @@ async def test_a_key_in_a_custom_variable_is_hidden_from_commands(
     assert files_holding(run_dir, key) == []
 
 
+def test_a_pods_keys_from_secrets_leave_the_agents_environment(tmp_path: Path) -> None:
+    """In a pod the keys arrive as environment variables from Secrets (named in LABKUBE_STDIN_VARS); the
+    agent moves them to stdin and re-execs, so its commands find no key in /proc/<agent>/environ."""
+    key = f"sk-labkube-canary-{secrets.token_hex(16)}"
+    task = make_tiny_task(tmp_path, [])
+    run_dir = make_run_dir(tmp_path, task, model="openai:gpt-5")
+    with FakeLLM() as server:
+        server.script(
+            Reply.tool_call("bash", {"command": PARENT.replace("echo 4", "echo 5")}),
+            Reply.tool_call("end_task", {"summary": "done"}),
+        )
+        env = {
+            **os.environ,
+            "OPENAI_API_KEY": key,
+            "OPENAI_BASE_URL": server.base_url + "/v1",
+            "LABKUBE_STDIN_VARS": "OPENAI_API_KEY",
+        }
+        ran = subprocess.run(
+            [sys.executable, "-P", "-m", "labkube", "agent", "--run-dir", str(run_dir)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        auth = {r.headers.get("authorization") for r in server.requests}
+    assert ran.returncode == 0, ran.stderr
+    assert auth == {f"Bearer {key}"}  # the key still reached the model API
+    transcript = (run_dir / "transcript.jsonl").read_text()
+    assert "OPENAI_BASE_URL=" in transcript  # the command did read the agent's environ
+    assert key not in transcript and "OPENAI_API_KEY=" not in transcript
+    assert files_holding(run_dir, key) == []
+
+
 # -- file tools and the world outside the workspace ----------------------------------------------
 
 SECRET = f"outside-secret-{secrets.token_hex(8)}"
