@@ -476,11 +476,13 @@ class FakeKubelet:
         Path(cwd).mkdir(parents=True, exist_ok=True)
         if self.simulate is not None:
             return None
-        command = container.get("command") or self.entrypoints.get(container.get("image", ""))
+        # An image's entrypoint is a path on this machine, not in the pod: no mount rewriting (a checkout
+        # under /tmp would otherwise land in the pod's /tmp emptyDir).
+        command = [local(a) for a in container.get("command", [])] or self.entrypoints.get(container.get("image", ""))
         if not command:
             raise StartError(f"no command, and image {container.get('image')} has no entrypoint known here")
         sidecar = container.get("restartPolicy") == "Always"
-        argv = self._argv(state, [local(a) for a in [*command, *container.get("args", [])]], sidecar)
+        argv = self._argv(state, [*command, *(local(a) for a in container.get("args", []))], sidecar)
         assert state.root is not None
         logs = state.root / "logs"
         logs.mkdir(exist_ok=True)
