@@ -67,6 +67,10 @@ async def run_are_default(
         return StopReason.done, None
     if "did not finish within" in run.agent.error:
         return StopReason.time, None
+    if run.agent.error.startswith("ARE's agent reached max_iterations"):  # the step budget, judged as it stands
+        return StopReason.steps, None
+    if run.agent.error.startswith("the model never answered"):
+        return StopReason.model_error, run.agent.error
     return StopReason.model_error, f"ARE's agent stopped on an error: {run.agent.error}"
 
 

@@ -116,6 +116,15 @@ async def test_are_default_with_a_failing_model_fails_with_the_models_error(tmp_
     assert "the model never answered ARE's agent" in (result.error or "") and "does not exist" in result.error
 
 
+async def test_are_default_stops_at_the_step_budget(tmp_path: Path) -> None:
+    with FakeLLM(default=react("Contacts__get_contacts", {})) as llm:  # it never gets round to the email
+        result = await run_agent(run_dir_for(tmp_path, model_of(llm), agent="are-default", budgets=Budgets(steps=3)))
+        calls = len(llm.requests)
+    assert result.status.value == "Finished" and result.stop_reason.value == "steps"
+    assert calls == 3 and result.spend.steps == 3 and result.score == 0.0
+    assert "reached max_iterations (3)" in result.details["gaia2"]["agent"]["error"]
+
+
 async def test_are_default_out_of_time_is_stopped_and_judged_on_what_it_did(tmp_path: Path) -> None:
     with FakeLLM() as llm:
         llm.script(
