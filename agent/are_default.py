@@ -23,6 +23,15 @@ from labkube.run_spec import RunSpec
 from labkube.tasks.gaia2 import AreAgentRun, WorldError, WorldLLMError, world_llm
 
 DEFAULT_WALL_SECONDS = 3600.0  # a run without a wall budget still ends
+# How ARE's agent stopped (the world's `agent.stopped`) as a run's stop reason: out of time or steps is a
+# budget stop, judged as it stands; a model that never answered is the model's failure.
+STOP_REASONS = {
+    "finished": StopReason.done,
+    "timeout": StopReason.time,
+    "max_iterations": StopReason.steps,
+    "model_failed": StopReason.model_error,
+    "error": StopReason.error,
+}
 
 
 async def run_are_default(
@@ -55,23 +64,11 @@ async def run_are_default(
         logged = entry.model_dump(exclude_none=True)
         transcript.append({"type": "are_agent", "ts": now_iso(), "log": logged.pop("type"), **logged})
     record_spend(ckpt, run, spec)
-    ckpt.world_verdict = run.model_dump(mode="json", exclude={"agent"}) | {
-        "agent": {"name": run.agent.name, "output": run.agent.output, "error": run.agent.error}
-    }
+    ckpt.world_verdict = run.model_dump(mode="json", exclude={"agent": {"logs"}})  # the logs are in the transcript
     transcript.append({"type": "verdict", "ts": now_iso(), "verdict": ckpt.world_verdict})
-    answered = any(e.type == "llm_output" for e in run.agent.logs)
-    errors = [e for e in run.agent.logs if e.type == "error"]
-    if run.agent.error is None and not answered and errors:  # ARE's agent logs model failures and goes on
-        return StopReason.model_error, f"the model never answered ARE's agent: {errors[0].content}"
-    if run.agent.error is None:
-        return StopReason.done, None
-    if "did not finish within" in run.agent.error:
-        return StopReason.time, None
-    if run.agent.error.startswith("ARE's agent reached max_iterations"):  # the step budget, judged as it stands
-        return StopReason.steps, None
-    if run.agent.error.startswith("the model never answered"):
-        return StopReason.model_error, run.agent.error
-    return StopReason.model_error, f"ARE's agent stopped on an error: {run.agent.error}"
+    reason = STOP_REASONS[run.agent.stopped]
+    failed = reason in (StopReason.model_error, StopReason.error)
+    return reason, run.agent.error if failed else None
 
 
 def record_spend(ckpt: Checkpoint, run: AreAgentRun, spec: RunSpec) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from labkube.budgets import Spend, StopReason
-from labkube.run_spec import RunPhase
+from labkube.run_spec import DEFAULT_AGENT, AgentName, RunPhase
 
 
 class SubtaskScore(BaseModel):
@@ -44,7 +44,7 @@ class RunResult(BaseModel):
     run_id: str
     task: str
     model: str
-    agent: str = Field(default="rg-agent", description="The scaffold that ran: rg-agent or are-default.")
+    agent: AgentName = Field(default=DEFAULT_AGENT, description="The scaffold that ran: rg-agent or are-default.")
     seed: int
     status: RunPhase
     stop_reason: StopReason | None = None

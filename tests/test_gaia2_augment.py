@@ -185,7 +185,7 @@ async def test_are_default_agent_is_judged_and_reports_its_log(
     if not passes:
         assert run.rationale and SEND_EMAIL in run.rationale, run.rationale
     agent = run.agent
-    assert (agent.name, agent.model, agent.error) == ("are-default", "agent-model", None)
+    assert (agent.name, agent.model, agent.error, agent.stopped) == ("are-default", "agent-model", None, "finished")
     assert llm.remaining == 0 and llm.unscripted_calls == 0
     assert {r.headers["authorization"] for r in llm.requests} == {"Bearer sk-agent"}
     assert said(llm, "Q3 budget final")  # ARE gave its agent the user's task
@@ -226,6 +226,7 @@ async def test_are_agent_stops_at_max_iterations_and_says_so(client: WorldClient
     run = await client.run_are_agent(spec_for(llm), timeout=60, max_iterations=2)
     assert not run.success and run.rationale
     assert run.agent.error == "ARE's agent reached max_iterations (2) without finishing the task"
+    assert run.agent.stopped == "max_iterations"
     assert llm.remaining == 1  # the third step was never taken
     # ARE ends the turn itself with a message to the user
     assert any(
@@ -243,6 +244,7 @@ async def test_are_agent_on_a_failing_model_ends_with_an_error(client: WorldClie
     # ARE counts a failed model call as an iteration and, at max_iterations, tells the user and stops.
     assert not run.success and run.rationale
     error = run.agent.error or ""
+    assert run.agent.stopped == "model_failed"
     assert error.startswith("the model never answered ARE's agent") and "max_iterations (2)" in error, error
     assert "Internal Server Error" in error
     assert sum(e.type == "llm_output" for e in run.agent.logs) == 0
@@ -258,7 +260,7 @@ async def test_are_agent_on_an_unreachable_model_stops_at_its_timeout(client: Wo
     run = await client.run_are_agent(llm_spec(f"http://127.0.0.1:{port}/v1"), timeout=3)
     assert time.monotonic() - started < 20
     assert not run.success and run.rationale and SEND_EMAIL in run.rationale
-    assert run.agent.error == "ARE's agent did not finish within 3 s"
+    assert run.agent.error == "ARE's agent did not finish within 3 s" and run.agent.stopped == "timeout"
     assert any(e.type == "error" and "Connection error" in str(e.content) for e in run.agent.logs)
     # the world serves the next run normally
     await client.load_scenario(source())

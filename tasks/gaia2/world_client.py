@@ -165,7 +165,9 @@ class AreAgentReport(_Reply):
     name: str
     model: str
     output: str | None = None
-    error: str | None = None  # the agent stopped on an error or ran out of time; it is judged as it stands
+    # why it stopped; all but "finished" stop short, and the run is judged as it stands
+    stopped: Literal["finished", "timeout", "max_iterations", "model_failed", "error"] = "finished"
+    error: str | None = None  # what went wrong, in one line (None when finished)
     logs: list[AgentLogEntry] = []
 
 

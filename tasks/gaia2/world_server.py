@@ -929,8 +929,6 @@ class WorldSession:
             base.simulated_generation_time_config = SimulatedGenerationTimeConfig(
                 mode=think["mode"], seconds=think.get("seconds", 1.0)
             )
-            if max_iterations is not None:
-                base.max_iterations = max_iterations
             agent = self._call_are(
                 lambda: AgentBuilder(_engine_builder(llm, "llm")).build(agent_config=config, env=env),
                 "building ARE's agent",
@@ -939,24 +937,25 @@ class WorldSession:
                 # ARE's AgentBuilder drops the config's max_iterations: its ARESimulationAgent resets the
                 # ReAct agent to its own default (80). Set it where the termination check reads it.
                 agent.max_iterations = agent.react_agent.max_iterations = max_iterations
-            output, error = None, None
+            output, stopped, error = None, "finished", None
             try:
                 output = _with_deadline(
                     lambda: agent.run_scenario(scenario=scenario, notification_system=env.notification_system),
                     float(timeout),
                     "ARE's agent",
                 ).output
+                stopped, error = _gave_up(agent.react_agent)
             except ProtocolError as exc:  # out of time: stop it and judge what it did
                 agent.stop()
-                error = str(exc).split(";")[0]
-            except Exception as exc:  # a model or agent failure: judged as it stands, the error reported
-                error = _one_line(exc)
-            error = error or _gave_up(agent.react_agent)
+                stopped, error = "timeout", str(exc).split(";")[0]
+            except Exception as exc:  # an agent failure: judged as it stands, the error reported
+                stopped, error = "error", _one_line(exc)
             body = self.finish()
             body["agent"] = {
                 "name": "are-default",
                 "model": llm["model"],
                 "output": None if output is None else str(output),
+                "stopped": stopped,
                 "error": error,
                 "logs": [_agent_log(log) for log in agent.react_agent.logs],
             }
@@ -1033,21 +1032,24 @@ class WorldSession:
         }
 
 
-def _gave_up(react_agent: Any) -> str | None:
-    """Why ARE's agent ended a turn without finishing it: it ran out of iterations. ARE counts a failed model
-    call as an iteration, so a model that only answers errors ends there too. ARE then sends the user a
-    message itself and returns normally, so this is only in its log."""
+def _gave_up(react_agent: Any) -> tuple[str, str | None]:
+    """(stopped, error) of an agent that returned: "finished", or why it ended a turn without finishing:
+    it ran out of iterations ("max_iterations"). ARE counts a failed model call as an iteration, so a model
+    that only answers errors ends there too ("model_failed"). ARE then sends the user a message itself and
+    returns normally, so this is only in its log."""
     logs = react_agent.logs
     errors = [log for log in logs if log.get_type() == "error"]
     if not any(log.error == "MaxIterationsAgentError" for log in errors):
-        return None
+        return "finished", None
     cap = react_agent.max_iterations
     if any(log.get_type() == "llm_output" for log in logs):
-        reason = f"ARE's agent reached max_iterations ({cap}) without finishing the task"
+        stopped, reason = "max_iterations", f"ARE's agent reached max_iterations ({cap}) without finishing the task"
     else:
+        stopped = "model_failed"
         reason = f"the model never answered ARE's agent: all of its max_iterations ({cap}) model calls failed"
     other = [log for log in errors if log.error != "MaxIterationsAgentError"]
-    return f"{reason}; last error: {other[-1].error}: {other[-1].exception}"[:2000] if other else reason
+    last = f"; last error: {other[-1].error}: {other[-1].exception}" if other else ""
+    return stopped, (reason + last)[:2000]
 
 
 def _agent_log(log: Any) -> dict[str, Any]:
