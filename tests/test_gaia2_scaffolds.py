@@ -19,11 +19,13 @@ from fakellm import FakeLLM, Reply
 
 from labkube.agent.entrypoint import run_agent
 from labkube.budgets import Budgets
+from labkube.model_ref import parse_model
 from labkube.run_spec import RunSpec, make_run_id
 from labkube.store import write_model
 from labkube.task_card import TaskFamily
 from labkube.tasks import resolve_tasks
-from labkube.tasks.gaia2 import setup_world_env
+from labkube.tasks.gaia2 import WorldLLM, WorldLLMError, setup_world_env, world_llm
+from labkube.trajectory_view import build_trajectory, read_transcript
 
 pytestmark = pytest.mark.gaia2
 
@@ -33,6 +35,7 @@ WHITFIELD, WELLS, MARCO = (
     "dana.wells@mailbox.example",
     "marco.bianchi@northwind.example",
 )
+NO_KEY = {"OPENAI_API_KEY": ""}
 RIGHT_EMAIL = {"recipients": [WHITFIELD], "cc": [MARCO], "subject": "Q3 budget final", "content": "Final."}
 
 
@@ -106,6 +109,10 @@ async def test_are_default_agent_runs_in_the_world_and_is_judged_by_ares_judge(
     calls = [e for e in entries if e["type"] == "are_agent" and e.get("tool") == "EmailClientV2__send_email"]
     assert calls and calls[0]["arguments"]["recipients"] == [recipient]
     assert result.spend.steps == 2 and result.spend.usage.total > 0
+    # the trajectory viewer shows ARE's log entry by entry
+    shown = build_trajectory(read_transcript(run_dir / "transcript.jsonl")).events
+    titles = [e.title for e in shown if e.type == "are_agent"]
+    assert "ARE's agent calls EmailClientV2__send_email" in titles and "ARE's agent: llm output" in titles
 
 
 async def test_are_default_with_a_failing_model_fails_with_the_models_error(tmp_path: Path) -> None:
@@ -272,6 +279,33 @@ def test_cli_refuses_scripted_models_where_the_world_needs_a_real_one(
     ran = labkube("run", SCENARIO, *args, "--out", str(tmp_path / "c"), cwd=tmp_path)
     assert ran.returncode == 2 and says in ran.stderr, ran.stderr
     assert not (tmp_path / "c").exists()
+
+
+def test_cli_refuses_a_world_model_without_its_key_before_anything_runs(tmp_path: Path) -> None:
+    for flags in (("--judge-model", "openai:gpt-4o"), ("--gaia2-a2a", "0.5", "--gaia2-a2a-model", "openai:gpt-4o")):
+        out = tmp_path / "c"
+        ran = labkube("run", SCENARIO, "--model", "oracle", *flags, "--out", str(out), cwd=tmp_path, env=NO_KEY)
+        assert ran.returncode == 2 and "OPENAI_API_KEY is not set" in ran.stderr, ran.stderr
+        assert not out.exists()
+
+
+def test_a_model_string_means_the_same_model_to_the_world() -> None:
+    key = "sk-test"
+    compatible = world_llm(parse_model("openai-compatible:http://10.0.0.5:8000/v1#llama-3@high"), None, "x")
+    assert compatible == WorldLLM(
+        model="llama-3", provider="openai", endpoint="http://10.0.0.5:8000/v1", api_key="not-needed"
+    )
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:9/anthropic")
+        env.delenv("OPENAI_BASE_URL", raising=False)
+        claude = world_llm(parse_model("anthropic:claude-sonnet-4-5"), key, "x")
+        gpt = world_llm(parse_model("openai-chat:gpt-4o"), key, "x")
+    assert claude == WorldLLM(
+        model="claude-sonnet-4-5", provider="anthropic", endpoint="http://127.0.0.1:9/anthropic", api_key=key
+    )
+    assert gpt == WorldLLM(model="gpt-4o", provider="openai", endpoint=None, api_key=key)
+    with pytest.raises(WorldLLMError, match=r"the judge needs a model API.*replay:x is scripted"):
+        world_llm(parse_model("replay:x"), None, "the judge")
 
 
 def test_cli_refuses_are_default_on_a_paper_task(tmp_path: Path) -> None:
