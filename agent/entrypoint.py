@@ -249,38 +249,33 @@ async def run_agent(run_dir: Path, resume: bool = False) -> RunResult:
     ref = parse_model(spec.model)
     telemetry = start_telemetry(spec)
     world = None
+
+    def stop_before_the_loop(reason: StopReason, error: str | None) -> RunResult:
+        ckpt.stop_reason = reason
+        transcript.close()
+        conversation.close()
+        return finalize(rd, spec, card, ckpt, error, telemetry)
+
     if card.gaia2 is not None:
         world, early = await start_gaia2(rd, spec, card, ckpt, transcript, ref.provider == "oracle")
         if early is not None:  # the oracle's verdict, or a world that would not start
-            reason_, error_ = early
-            ckpt.stop_reason = reason_
-            transcript.close()
-            conversation.close()
-            return finalize(rd, spec, card, ckpt, error_, telemetry)
+            return stop_before_the_loop(*early)
         if spec.agent == "are-default":
             assert world is not None
             try:
-                ckpt.stop_reason, error_ = await run_are_default(spec, ckpt, world, transcript)
+                outcome = await run_are_default(spec, ckpt, world, transcript)
             finally:
                 await world.close()
-            transcript.close()
-            conversation.close()
-            return finalize(rd, spec, card, ckpt, error_, telemetry)
+            return stop_before_the_loop(*outcome)
     elif spec.agent != "rg-agent":
-        ckpt.stop_reason = StopReason.error
-        transcript.close()
-        conversation.close()
-        return finalize(rd, spec, card, ckpt, f"agent {spec.agent} runs Gaia2 scenarios only", telemetry)
+        return stop_before_the_loop(StopReason.error, f"agent {spec.agent} runs Gaia2 scenarios only")
     try:
         provider = make_provider(ref, card, spec)
     except ProviderError as exc:  # a missing key or an unusable model: graded as it stands
         transcript.append({"type": "model_error", "ts": now_iso(), "reason": exc.reason.value, "error": str(exc)})
-        ckpt.stop_reason = exc.reason
-        transcript.close()
-        conversation.close()
         if world is not None:
             await world.close()
-        return finalize(rd, spec, card, ckpt, str(exc), telemetry)
+        return stop_before_the_loop(exc.reason, str(exc))
     provider.restore(ckpt.provider_state)
     jobs = JobManager(rd.root / "jobs")
     jobs.restore(ckpt.jobs)

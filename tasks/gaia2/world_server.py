@@ -589,12 +589,9 @@ class WorldSession:
         source = req.get("source")
         if not isinstance(source, str) or not source.strip():
             raise ProtocolError(400, "POST /scenario needs source: an ARE registry id, a JSON file path or JSON text")
-        if req.get("judge") is not None and not isinstance(req["judge"], dict):
-            raise ProtocolError(400, 'judge must be an object: {"model": ..., "provider": ..., "endpoint": ...}')
         if req.get("agent2agent") and req.get("oracle"):
             raise ProtocolError(400, "agent2agent augments an agent run; the oracle replays its events without agents")
-        if req.get("agent2agent"):
-            _a2a_params(req["agent2agent"])
+        a2a = _a2a_params(req["agent2agent"]) if req.get("agent2agent") else None
         if req.get("judge") is not None:
             _llm_spec(req["judge"], "judge")
         with self.lock:
@@ -606,7 +603,7 @@ class WorldSession:
             self.load_params = req
             kind, payload = _read_source(source)
             self.kind, self.source_text = kind, payload if kind == "json" else ""
-            self._deadline(lambda: self._build(kind, payload, req), "load", "loading the scenario")
+            self._deadline(lambda: self._build(kind, payload, req, a2a), "load", "loading the scenario")
             self.loaded_wall = time.monotonic()
             return self._info()
 
@@ -617,7 +614,7 @@ class WorldSession:
         scenario.tool_augmentation_config = tools_noise
         scenario.env_events_config = events_noise
 
-    def _build(self, kind: str, payload: str, req: dict[str, Any]) -> None:
+    def _build(self, kind: str, payload: str, req: dict[str, Any], a2a: tuple[float, dict[str, Any]] | None) -> None:
         if kind == "json":
             scenario = _import_json(payload)
         else:
@@ -654,9 +651,8 @@ class WorldSession:
             if not self.oracle and not any(isinstance(a, SystemApp) for a in scenario.apps or []):
                 scenario.apps.append(SystemApp())  # wait_for_notification / get_current_time, as Gaia2 has
         env = _environment(scenario, self.oracle)
-        if req.get("agent2agent"):
-            proportion, llm = _a2a_params(req["agent2agent"])
-            self._call_are(lambda: _apply_agent2agent(scenario, env, proportion, llm), "agent2agent")
+        if a2a is not None:
+            self._call_are(lambda: _apply_agent2agent(scenario, env, *a2a), "agent2agent")
         self.scenario, self.env = scenario, env
         _seed_tool_failures(scenario)
         if self.oracle:
