@@ -730,15 +730,14 @@ def worlds_serve(host: str, port: int, log_level: str) -> None:
 
     The first line on stdout is `LISTENING <port>`; the protocol is in docs/gaia2-world-protocol.md."""
     from labkube.tasks.gaia2 import WorldEnvError, world_python
-    from labkube.tasks.gaia2.world_process import SERVER_SCRIPT
+    from labkube.tasks.gaia2.world_process import world_command
 
     try:
         python = world_python()
     except WorldEnvError as exc:
         raise UsageFailure(str(exc)) from None
     sys.stdout.flush()
-    args = ["--host", host, "--port", str(port), "--log-level", log_level]
-    os.execv(python, [str(python), str(SERVER_SCRIPT), *args])
+    os.execv(python, world_command(python, host, port, log_level))
 
 
 # -- the sandbox entrypoint, schemas, tools ------------------------------------------------------

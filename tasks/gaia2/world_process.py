@@ -95,6 +95,11 @@ def _read_listening(proc: subprocess.Popen[bytes], timeout: float) -> int:
     raise WorldStartError("no LISTENING line")
 
 
+def world_command(python: Path, host: str, port: int, log_level: str) -> list[str]:
+    """The world process's argv: the server script, by path, with the ARE environment's python."""
+    return [str(python), str(SERVER_SCRIPT), "--host", host, "--port", str(port), "--log-level", log_level]
+
+
 def start_world(
     python: Path | None = None,
     *,
@@ -110,7 +115,7 @@ def start_world(
         fd, name = tempfile.mkstemp(prefix="labkube-world-", suffix=".log")
         os.close(fd)
         log_path = Path(name)
-    cmd = [str(python), str(SERVER_SCRIPT), "--host", host, "--port", str(port), "--log-level", log_level]
+    cmd = world_command(python, host, port, log_level)
     with log_path.open("ab") as log:
         proc = subprocess.Popen(
             cmd,
