@@ -6,6 +6,7 @@ Exit codes: 0 when every run reached a final state (a low score is not a failure
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -758,6 +759,21 @@ def keys_to_stdin_and_reexec(names: list[str]) -> None:
     os.execv(sys.executable, [sys.executable, "-P", "-m", "labkube", *sys.argv[1:]])
 
 
+def report_termination(run_dir: Path) -> None:
+    """In a pod, leave the run's result in the container's termination message (`LABKUBE_TERMINATION_LOG`,
+    the pod's `terminationMessagePath`): the operator reads it from the API when it does not share the volume."""
+    path = os.environ.get("LABKUBE_TERMINATION_LOG")
+    if not path:
+        return
+    from labkube.result import RunResult, termination_report
+    from labkube.store import read_model
+
+    result = read_model(run_dir / "result.json", RunResult)
+    if result is not None and result.final:
+        with contextlib.suppress(OSError):  # no termination log is not a failed run
+            Path(path).write_text(termination_report(result))
+
+
 @main.command()
 @click.option("--run-dir", type=click.Path(path_type=Path, exists=True, file_okay=False), required=True)
 @click.option("--resume", is_flag=True, help="Continue from the last checkpoint.")
@@ -788,6 +804,7 @@ def agent(run_dir: Path, resume: bool, finalize_reason: str | None) -> None:
             raise UsageFailure(f"--finalize: unknown reason {finalize_reason!r}") from None
     try:
         code = agent_main(run_dir, resume, reason)
+        report_termination(run_dir)
     except DiskFull as exc:
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(DISK_FULL_EXIT)
@@ -809,7 +826,7 @@ def agent(run_dir: Path, resume: bool, finalize_reason: str | None) -> None:
     "--runs-root",
     type=click.Path(path_type=Path, file_okay=False),
     default=None,
-    help="Where the shared runs volume is mounted (default $LABKUBE_RUNS_ROOT, else /runs).",
+    help="Where campaign directories go (default $LABKUBE_RUNS_ROOT, else the config's runsRoot, /runs).",
 )
 @click.option(
     "--gpus",
@@ -834,8 +851,8 @@ def operator_command(
 
     from labkube.operator import DriverError
     from labkube.operator.k8s_models import OperatorConfig
-    from labkube.operator.k8s_operator import OperatorRuntime, run_operator
-    from labkube.operator.kube import KubeError, KubeTarget
+    from labkube.operator.k8s_operator import OperatorError, OperatorRuntime, run_operator
+    from labkube.operator.kube import KubeError, KubeTarget, default_namespace
 
     path = config_file or Path("/etc/labkube/operator.yaml")
     if not path.exists():
@@ -846,11 +863,16 @@ def operator_command(
         raise UsageFailure(f"{path}: not valid YAML") from None
     except ValidationError as exc:
         raise UsageFailure(first_validation_error(exc, str(path))) from None
-    root = runs_root or Path(os.environ.get("LABKUBE_RUNS_ROOT") or "/runs")
-    runtime = OperatorRuntime(config=config, kube=KubeTarget(context=kube_context), runs_root=root)
+    root = runs_root or Path(os.environ.get("LABKUBE_RUNS_ROOT") or config.runs_root)
+    target = KubeTarget(context=kube_context)
+    namespace = os.environ.get("LABKUBE_OPERATOR_NAMESPACE") or None
+    if namespace is None:
+        with contextlib.suppress(KubeError):
+            namespace = default_namespace(target)
+    runtime = OperatorRuntime(config=config, kube=target, runs_root=root, namespace=namespace)
     try:
         run_operator(runtime, gpus=gpus, max_runs=max_runs, verbose=verbose)
-    except (KubeError, DriverError) as exc:
+    except (KubeError, DriverError, OperatorError) as exc:
         raise UsageFailure(str(exc)) from None
 
 

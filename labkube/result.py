@@ -65,3 +65,44 @@ class RunResult(BaseModel):
     @property
     def final(self) -> bool:
         return self.status.final
+
+
+# -- a result as a pod's termination message ------------------------------------------------------
+
+TERMINATION_MESSAGE_LIMIT = 4096  # bytes Kubernetes keeps of a container's termination message
+_REPORT_KEY = "labkube.result/v1"
+
+
+def termination_report(result: RunResult) -> str:
+    """`result` as the agent container's termination message: how the operator learns a run's outcome when
+    it does not share the pod's volume (another namespace, an emptyDir or a claim per run).
+
+    The score curve and family details stay in the pod's `result.json`; subtasks and the error are dropped or
+    cut, in that order, until the report fits Kubernetes' 4096-byte limit.
+    """
+    slim = result.model_copy(update={"score_curve": [], "details": {}})
+    for update in ({}, {"subtasks": []}, {"subtasks": [], "error": (result.error or "")[:300] or None}):
+        text = _report_text(slim.model_copy(update=update))
+        if len(text.encode()) <= TERMINATION_MESSAGE_LIMIT:
+            return text
+    return _report_text(slim.model_copy(update={"subtasks": [], "error": None, "capabilities": []}))
+
+
+def _report_text(result: RunResult) -> str:
+    import json
+
+    return json.dumps({_REPORT_KEY: result.model_dump(mode="json", exclude_defaults=True)}, separators=(",", ":"))
+
+
+def result_from_report(text: str | None) -> RunResult | None:
+    """The `RunResult` in a termination message written by `termination_report`; None when the message is
+    anything else (the tail of the container's log, with `FallbackToLogsOnError`)."""
+    import json
+
+    from pydantic import ValidationError
+
+    try:
+        data = json.loads(text or "")
+        return RunResult.model_validate(data[_REPORT_KEY])
+    except (ValueError, TypeError, KeyError, ValidationError):
+        return None

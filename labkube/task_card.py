@@ -53,6 +53,15 @@ class Resources(BaseModel):
     memory_gb: float = Field(default=4.0, gt=0)
     image: str | None = None
     node_selector: dict[str, str] = Field(default_factory=dict)
+    shm_gb: float | None = Field(
+        default=None, gt=0, description="Size of /dev/shm in pods (data loaders, NCCL); default: half of memory_gb."
+    )
+    disk_gb: float | None = Field(
+        default=None, gt=0, description="Ephemeral storage a pod may use (requests = limits); default: the chart's."
+    )
+    runtime_class: str | None = Field(
+        default=None, description="RuntimeClass of the run's pod (gVisor, Kata), if the chart allows it."
+    )
 
 
 class Grading(BaseModel):

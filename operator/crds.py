@@ -55,6 +55,7 @@ __all__ = [
     "owner_reference",
     "run_crd",
     "run_name",
+    "run_resource_spec",
     "run_spec_from_resource",
     "spec_from_resource",
     "structural_schema",
@@ -508,11 +509,10 @@ def owner_reference(obj: Mapping[str, Any], *, controller: bool = True) -> dict[
     }
 
 
-def build_run_resource(run: RunSpec, card: TaskCard, campaign: Mapping[str, Any]) -> dict[str, Any]:
-    """The `Run` object for one run of a Campaign resource, owned by the Campaign (deleting the
-    campaign deletes its runs, and their pods with them)."""
+def run_resource_spec(run: RunSpec, card: TaskCard, campaign: Mapping[str, Any]) -> RunResourceSpec:
+    """What a run's pod is built from: the run, its task's resources and the Campaign's `pod` block."""
     settings = campaign_resource_spec(campaign)
-    spec = RunResourceSpec.model_validate(
+    return RunResourceSpec.model_validate(
         {
             **run.model_dump(),
             "family": card.family,
@@ -520,6 +520,15 @@ def build_run_resource(run: RunSpec, card: TaskCard, campaign: Mapping[str, Any]
             "pod": settings.pod,
         }
     )
+
+
+def build_run_resource(
+    run: RunSpec, card: TaskCard, campaign: Mapping[str, Any], spec: RunResourceSpec | None = None
+) -> dict[str, Any]:
+    """The `Run` object for one run of a Campaign resource, owned by the Campaign (deleting the
+    campaign deletes its runs, and their pods with them). Its spec is informational: the operator
+    builds pods from the spec it admitted (`admission`), which a tenant cannot edit afterwards."""
+    spec = spec or run_resource_spec(run, card, campaign)
     campaign_name = _name_of(campaign)
     name = run_name(campaign_name, run.run_id)
     return {

@@ -55,9 +55,23 @@ class RayContext:
     extra: dict = field(default_factory=dict)
 
 
-def connect(address: str | None, concurrency: int, num_gpus: int | None = None) -> RayContext:
-    """Start Ray on this machine, or connect to `address`; a dead cluster is a one-line error."""
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+def connect(address: str | None, concurrency: int, num_gpus: int | None = None, *, private: bool = False) -> RayContext:
+    """Start Ray on this machine, or connect to `address`; a dead cluster is a one-line error.
+
+    `private` (the operator's embedded Ray): token authentication on, with a fresh random token that only
+    this process and its children hold, and the node's address on the loopback. Ray 2.60 still listens on
+    every interface for its gRPC ports, so the chart's NetworkPolicy admits nothing but the operator's
+    metrics and health ports; the token stops whatever gets past a policy (docs/kubernetes.md, "Security
+    model"). Otherwise (`labkube run` on a workstation) auth stays off unless RAY_AUTH_MODE says so."""
+    init_args: dict[str, object] = {}
+    if private and not address:
+        import secrets
+
+        os.environ["RAY_AUTH_MODE"] = "token"
+        os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+        init_args["_node_ip_address"] = "127.0.0.1"
+    else:
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if ray.is_initialized():
         res = ray.cluster_resources()
         return RayContext(False, SLOT in res, res.get("GPU", 0.0))
@@ -71,6 +85,7 @@ def connect(address: str | None, concurrency: int, num_gpus: int | None = None) 
                 include_dashboard=False,
                 log_to_driver=False,
                 logging_level="ERROR",
+                **init_args,  # type: ignore[arg-type]
             )
     except (ConnectionError, RuntimeError, TimeoutError, ValueError) as exc:
         where = address or "this machine"
@@ -148,7 +163,7 @@ async def drive(
     actors = [SupervisorActor.remote() for _ in range(n_actors)]
     await asyncio.gather(*(a.ping.remote() for a in actors))
     limit = asyncio.Semaphore(concurrency)
-    meter = GpuHoursMeter(campaign_root, runs) if gpu_hours_cap is not None else None
+    meter = GpuHoursMeter(campaign_root, runs, pods=backend is not None) if gpu_hours_cap is not None else None
 
     waiting = 0
 
@@ -198,15 +213,19 @@ async def drive(
 
 
 class GpuHoursMeter:
-    """GPU-hours a campaign's runs have used: GPUs x charged wall time from each run's status.json
-    (re-read at most once a second). Every run of the campaign directory counts, including those
-    finished before this driver started."""
+    """GPU-hours a campaign's runs have used (re-read at most once a second). Every run of the campaign
+    directory counts, including those finished before this driver started.
 
-    def __init__(self, campaign_root: Path, runs: list[RunSpec], ttl_s: float = 1.0) -> None:
+    Locally: GPUs x charged wall time from each run's status.json. On a cluster (`pods`): the pod times the
+    API reported (`k8s_backend.PodLedger`, in the operator's own `<campaign>/pods/`), never a file a run can
+    write."""
+
+    def __init__(self, campaign_root: Path, runs: list[RunSpec], ttl_s: float = 1.0, *, pods: bool = False) -> None:
         self.root = campaign_root
         cdir = CampaignDir(campaign_root)
         specs = [cdir.run_spec(run_id) for run_id in cdir.run_ids()]
         self.gpus = {s.run_id: s.gpus for s in [*specs, *runs] if s is not None and s.gpus}
+        self.pods = pods
         self.ttl_s = ttl_s
         self._at = -math.inf
         self._value = 0.0
@@ -216,13 +235,21 @@ class GpuHoursMeter:
 
         now = time.monotonic()
         if now - self._at >= self.ttl_s:
-            total = 0.0
-            for run_id, gpus in self.gpus.items():
-                status = read_model(self.root / "runs" / run_id / "status.json", RunStatus)
-                if status is not None:
-                    total += gpus * status.spend.wall_seconds
-            self._value, self._at = total / 3600.0, now
+            self._value, self._at = self._read(), now
         return self._value
+
+    def _read(self) -> float:
+        if self.pods:
+            from labkube.operator.k8s_backend import PodLedger, ledger_path
+
+            ledgers = [read_model(ledger_path(self.root, run_id), PodLedger) for run_id in self.gpus]
+            return sum(ledger.gpu_hours() for ledger in ledgers if ledger is not None)
+        total = 0.0
+        for run_id, gpus in self.gpus.items():
+            status = read_model(self.root / "runs" / run_id / "status.json", RunStatus)
+            if status is not None:
+                total += gpus * status.spend.wall_seconds
+        return total / 3600.0
 
 
 def hold_run(campaign_root: Path, run: RunSpec, message: str) -> RunResult:

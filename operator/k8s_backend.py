@@ -21,11 +21,16 @@ Problems that keep a pod from starting become conditions with the kubelet's or s
 (`ErrImagePull`, `ImagePullBackOff`, ...), `PodReady=False` (e.g. `CreateContainerConfigError`).
 The same reason goes into the run's `status.json` `message`, which `labkube status` shows.
 
-The runs volume: the operator reads what pods write only when both mount the same claim
-(`runs.workspace.mode: pvc` with `existingClaim`, ReadWriteMany). The pod mounts the campaign's
-folder `<campaign>/runs` at `/runs` (see `shared_runs_manifest`), so the claim holds the same
-layout as a local campaign directory: `<claim>/<campaign>/runs/<run-id>/`. With an emptyDir or a
-claim per run, the operator sees only pod phases and exit codes (see docs/kubernetes.md).
+What the operator learns of a run, and from where (docs/kubernetes.md, "Storage"):
+
+- the outcome: the agent container's termination message (`labkube.result.termination_report`), in
+  every namespace and workspace mode; `result.json` itself when the operator shares the pod's volume
+  (`runs.workspace.existingClaim` in the operator's own namespace, where the operator mounts that
+  claim at its runs root and each pod mounts only `<namespace>/<campaign>/runs/<run-id>` of it);
+- live score, tokens and dollars: the run's `status.json`, only when the volume is shared;
+- GPU time: pod start and finish times as the API reports them (`PodLedger`, in the operator's
+  own `<campaign>/pods/`), never a file the run can write;
+- what to build the pod from: the admitted spec (`admission`), never the Run resource.
 """
 
 from __future__ import annotations
@@ -40,14 +45,17 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import partial
+from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from labkube.agent.entrypoint import DISK_FULL_EXIT
 from labkube.budgets import StopReason
-from labkube.operator.crds import GROUP, VERSION, run_name, run_spec_from_resource
+from labkube.operator.admission import read_admitted
+from labkube.operator.crds import GROUP, VERSION, run_name
 from labkube.operator.k8s_models import (
     Condition,
     ConditionStatus,
@@ -64,7 +72,7 @@ from labkube.operator.pod_manifest import (
     build_pod_manifest,
     build_pvc_manifest,
 )
-from labkube.result import RunResult
+from labkube.result import RunResult, result_from_report
 from labkube.run_spec import RunPhase
 from labkube.run_spec import RunStatus as StoreStatus
 from labkube.store import RunDir, read_model, utcnow, write_model
@@ -74,13 +82,13 @@ __all__ = [
     "LABEL_FINALIZE",
     "TRANSIENT",
     "K8sBackend",
+    "PodLedger",
     "PodWatcher",
     "finalize_manifest",
     "pod_conditions",
     "pod_exit_code",
     "raw_json",
     "retrying",
-    "shared_runs_manifest",
     "supervise_pod",
 ]
 
@@ -96,6 +104,62 @@ _TERMINAL = frozenset({"Succeeded", "Failed"})
 T = TypeVar("T")
 
 
+class PodTime(BaseModel):
+    start: datetime
+    end: datetime | None = None
+
+
+class PodLedger(BaseModel):
+    """When each pod of a run held its GPUs, as the API reports it (`status.startTime` to the last container's
+    `finishedAt`): the GPU-hour meter's only source on a cluster. Kept in the operator's `<campaign>/pods/`,
+    which no pod mounts."""
+
+    run_id: str
+    gpus: int = Field(default=0, ge=0)
+    pods: dict[str, PodTime] = Field(default_factory=dict)
+
+    def seconds(self, now: datetime | None = None) -> float:
+        """Pod time of every attempt so far."""
+        now = now or datetime.now(UTC)
+        return sum(max(0.0, ((t.end or now) - t.start).total_seconds()) for t in self.pods.values())
+
+    def gpu_hours(self, now: datetime | None = None) -> float:
+        return self.gpus * self.seconds(now) / 3600.0
+
+
+def ledger_path(campaign_root: Path, run_id: str) -> Path:
+    return campaign_root / "pods" / f"{run_id}.json"
+
+
+def _rfc3339(text: object) -> datetime | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def pod_time(pod: Mapping[str, Any]) -> PodTime | None:
+    """From the pod's start (scheduled, its GPUs bound) to the end of its last container; None before it starts."""
+    status = pod.get("status") or {}
+    start = _rfc3339(status.get("startTime"))
+    if start is None:
+        return None
+    if status.get("phase") not in _TERMINAL:
+        return PodTime(start=start)
+    ends = [_rfc3339(((cs.get("state") or {}).get("terminated") or {}).get("finishedAt")) for cs in _statuses(pod)]
+    known = [e for e in ends if e is not None]
+    return PodTime(start=start, end=max(known) if known else datetime.now(UTC))
+
+
+def agent_termination_message(pod: Mapping[str, Any]) -> str | None:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") == "agent":
+            return ((cs.get("state") or {}).get("terminated") or {}).get("message")
+    return None
+
+
 class K8sBackend(BaseModel):
     """What every run supervisor of one campaign needs to run pods (JSON: crosses into Ray actors)."""
 
@@ -103,6 +167,9 @@ class K8sBackend(BaseModel):
 
     kube: KubeTarget
     namespace: str
+    operator_namespace: str | None = Field(
+        default=None, description="Where the operator runs: its runs root holds that namespace's shared claim."
+    )
     runs: PodOptions
     max_attempts: int = Field(default=3, ge=1, description="Pods per run before it is finalized as killed.")
     poll_seconds: float = Field(default=2.0, gt=0, description="How often status.json is read while a pod runs.")
@@ -112,25 +179,13 @@ class K8sBackend(BaseModel):
 
     @property
     def shared(self) -> bool:
-        """Whether the operator sees the run directories the pods write (one shared claim)."""
+        """Whether the operator sees the run directories the pods write: the shared claim of its own namespace,
+        which it mounts (a claim is namespaced: another namespace's claim of that name is another volume)."""
         ws = self.runs.workspace
-        return ws.mode == "pvc" and ws.existing_claim is not None
+        return ws.mode == "pvc" and ws.existing_claim is not None and self.namespace == self.operator_namespace
 
 
 # -- plain functions over manifests and pods (tested without a cluster) --------------------------
-
-
-def shared_runs_manifest(pod: dict[str, Any], campaign: str) -> dict[str, Any]:
-    """Mount `<campaign>/runs` of a shared claim at `/runs`, so the claim keeps the results store's
-    layout (`<campaign>/runs/<run-id>/`) and the operator's `<root>/<campaign>` is a campaign
-    directory like a local one. (`build_pod_manifest` mounts `<campaign>`.)"""
-    pod = copy.deepcopy(pod)
-    spec = pod["spec"]
-    for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
-        for mount in container.get("volumeMounts", []):
-            if mount.get("name") == "runs" and mount.get("subPath") == campaign:
-                mount["subPath"] = f"{campaign}/runs"
-    return pod
 
 
 def finalize_manifest(pod: dict[str, Any], reason: StopReason, deadline_s: int) -> dict[str, Any]:
@@ -458,6 +513,10 @@ def _is_connection_error(exc: BaseException) -> bool:
     return isinstance(exc, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError)
 
 
+class NotAdmitted(RuntimeError):
+    """A run directory without the spec the operator admitted (never built from the Run resource)."""
+
+
 class RunGone(RuntimeError):
     """The Run resource was deleted while it was supervised."""
 
@@ -478,14 +537,19 @@ class PodRun:
         self.session = session
         self.backend = backend
         self.rd = rd
-        self.spec = rd.spec()
+        admitted = read_admitted(rd.root.parent.parent, rd.root.name)
+        if admitted is None:
+            raise NotAdmitted(f"run {rd.root.name}: no admitted spec in {rd.root.parent.parent / 'admitted'}")
+        self.resource: RunResourceSpec = admitted
+        self.spec = admitted.to_run_spec()
+        self.ledger_file = ledger_path(rd.root.parent.parent, self.spec.run_id)
+        self.ledger = read_model(self.ledger_file, PodLedger) or PodLedger(run_id=self.spec.run_id, gpus=self.spec.gpus)
         self.name = run_name(self.spec.campaign, self.spec.run_id)
         self.namespace = backend.namespace
         self.watcher = session.pods(self.namespace)
         self.status = RunStatus()
         self.published: dict[str, Any] | None = None
         self.owner: dict[str, Any] = {}
-        self.resource: RunResourceSpec | None = None
         self.generation: int | None = None
         self.last_message = ""
         self.read_at = -1e9  # when the Run was last read
@@ -556,7 +620,6 @@ class PodRun:
                 raise
 
     async def ensure_claim(self) -> None:
-        assert self.resource is not None
         pvc = build_pvc_manifest(self.resource, self.backend.runs, owner=self.owner)
         if pvc is None:
             return
@@ -577,10 +640,20 @@ class PodRun:
         return read_model(self.rd.status_json, StoreStatus) if self.backend.shared else None
 
     def final_result(self) -> RunResult | None:
-        if not self.backend.shared and not self.rd.result_json.exists():
-            return None
+        """A final `result.json` in the operator's run directory: the pod's own (a shared volume), or one the
+        operator recorded from a termination message before a restart."""
         result = read_model(self.rd.result_json, RunResult)
-        return result if result is not None and result.final else None
+        return result if result is not None and result.final and result.run_id == self.spec.run_id else None
+
+    def track(self, pod: Mapping[str, Any] | None) -> None:
+        """Record the pod's GPU time in the ledger and the status."""
+        if pod is not None:
+            name = pod["metadata"]["name"]
+            seen = pod_time(pod)
+            if seen is not None and self.ledger.pods.get(name) != seen:
+                self.ledger.pods[name] = seen
+                write_model(self.ledger_file, self.ledger)
+        self.status.gpu_hours = round(self.ledger.gpu_hours(), 6)
 
     def note(self, message: str) -> None:
         """Put `message` into status.json while no agent writes it (the pod has not started)."""
@@ -607,7 +680,7 @@ class PodRun:
             self.status.score = store.score
             self.status.tokens = store.spend.usage.total
             self.status.cost_usd = round(store.spend.usd, 6)
-            self.status.gpu_hours = round(self.spec.gpus * store.spend.wall_seconds / 3600.0, 6)
+        self.track(pod)
         if pod is not None:
             for type_, ok, reason, message in pod_conditions(pod):
                 self.condition(type_, ok, reason, message)
@@ -619,7 +692,7 @@ class PodRun:
         self.status.score = result.score
         self.status.tokens = result.spend.usage.total
         self.status.cost_usd = round(result.spend.usd, 6)
-        self.status.gpu_hours = round(self.spec.gpus * result.spend.wall_seconds / 3600.0, 6)
+        self.track(None)
         self.status.stop_reason = result.stop_reason
         await self.publish()
         return result
@@ -638,18 +711,14 @@ class PodRun:
         return ws.mode == "pvc" and attempt > 0  # a claim per run keeps the checkpoint; emptyDir does not
 
     def manifest(self, attempt: int, finalize: StopReason | None) -> dict[str, Any]:
-        assert self.resource is not None
-        store = self.store_status()
         pod = build_pod_manifest(
             self.resource,
             self.backend.runs,
             owner=self.owner,
             attempt=attempt,
             resume=self.resume_for(attempt),
-            spent_wall_seconds=store.spend.wall_seconds if store else 0.0,
+            spent_wall_seconds=self.ledger.seconds(),  # the API's pod times, not the run's own account
         )
-        if self.backend.shared:
-            pod = shared_runs_manifest(pod, self.spec.campaign)
         if finalize is not None:
             pod = finalize_manifest(pod, finalize, self.backend.runs.deadline_grace_seconds)
         return pod
@@ -709,10 +778,17 @@ class PodRun:
             return kind, f"pod {name} failed before the agent started: {failed}"
         return "lost", f"pod {name} ended ({status.get('phase')}, exit code {code}) without a result"
 
-    def unshared_result(self, end: PodEnd) -> RunResult | None:
-        """Without a shared volume the exit code is all the operator learns: 0 finished, 1 failed."""
-        code = pod_exit_code(end.pod) if end.pod is not None else None
-        if self.backend.shared or code not in (0, 1):
+    def reported_result(self, end: PodEnd) -> RunResult | None:
+        """Without a shared volume: the result in the agent's termination message, recorded in the operator's
+        run directory; a pod that wrote none tells only its exit code (0 finished, 1 failed)."""
+        if self.backend.shared or end.pod is None:
+            return None
+        result = result_from_report(agent_termination_message(end.pod))
+        if result is not None and result.run_id == self.spec.run_id and result.final:
+            write_model(self.rd.result_json, result)
+            return result
+        code = pod_exit_code(end.pod)
+        if code not in (0, 1):
             return None
         result = RunResult(
             run_id=self.spec.run_id,
@@ -734,7 +810,6 @@ class PodRun:
         if run is None:
             return self.detached("its Run resource does not exist")
         self.owner = run
-        self.resource = run_spec_from_resource(run)
         self.generation = (run.get("metadata") or {}).get("generation")
         self.status = RunStatus.model_validate(run.get("status") or {})
         self.published = None
@@ -759,7 +834,8 @@ class PodRun:
                 current = await self.start_pod(next_attempt, finalizing)
                 next_attempt += 1
             end = await self.follow(current)
-            done = self.final_result() or self.unshared_result(end)
+            self.track(end.pod)
+            done = self.reported_result(end) or self.final_result()
             if done is not None:
                 return await self.finish(done)
             if end.gave_up is not None:
@@ -808,7 +884,12 @@ def _reason_of(end: PodEnd) -> str:
 async def supervise_pod(run_dir: str, backend: Mapping[str, Any] | K8sBackend) -> RunResult:
     """Drive one run to a final state with pods (see the module docstring)."""
     cfg = backend if isinstance(backend, K8sBackend) else K8sBackend.model_validate(backend)
-    run = PodRun(session_for(cfg.kube), cfg, RunDir(run_dir))
+    try:
+        run = PodRun(session_for(cfg.kube), cfg, RunDir(run_dir))
+    except NotAdmitted as exc:
+        from labkube.operator.supervisor import _harness_failure
+
+        return _harness_failure(RunDir(run_dir), str(exc))
     try:
         return await run.run()
     except RunGone:

@@ -43,6 +43,7 @@ __all__ = [
     "RunCounts",
     "RunResourceSpec",
     "RunStatus",
+    "Tenancy",
     "Toleration",
     "WorkspaceOptions",
     "WorldOptions",
@@ -104,6 +105,9 @@ class PodSettings(BaseModel):
         default=None,
         pattern=_DNS_SUBDOMAIN,
         description="Kueue LocalQueue: sets the `kueue.x-k8s.io/queue-name` label on the run pods.",
+    )
+    runtime_class_name: str | None = Field(
+        default=None, pattern=_DNS_SUBDOMAIN, description="RuntimeClass of the run pods (gVisor, Kata)."
     )
 
 
@@ -360,6 +364,13 @@ class PodOptions(PodSettings):
     api_keys: list[ApiKeySecret] = Field(default_factory=list)
     workspace: WorkspaceOptions = Field(default_factory=WorkspaceOptions)
     world: WorldOptions | None = None
+    ephemeral_storage: str = Field(
+        default="20Gi", pattern=_QUANTITY, description="Ephemeral storage of the agent (requests = limits)."
+    )
+    affinity: dict[str, Any] = Field(default_factory=dict, description="Affinity of every run pod, as in a Pod spec.")
+    topology_spread_constraints: list[dict[str, Any]] = Field(
+        default_factory=list, description="Topology spread of run pods, as in a Pod spec (labels of run pods apply)."
+    )
 
     @field_validator("env")
     @classmethod
@@ -384,12 +395,44 @@ class PodOptions(PodSettings):
         return self
 
 
+class Tenancy(BaseModel):
+    """What a Campaign (and the tasks it names) may choose for its pods beyond the chart's own settings.
+
+    Empty lists allow nothing: a Campaign asking for a priority class, node selector, toleration, image or
+    runtime class that is not listed here is refused with a condition naming the field and the allowed values.
+    """
+
+    model_config = _KUBE
+
+    priority_classes: list[str] = Field(default_factory=list, description="PriorityClasses a Campaign may set.")
+    node_selectors: dict[str, list[str]] = Field(
+        default_factory=dict, description="Node label key -> values a Campaign or task may select (node pools)."
+    )
+    toleration_keys: list[str] = Field(default_factory=list, description="Taint keys a Campaign may tolerate.")
+    images: list[str] = Field(
+        default_factory=list,
+        description="Images a task may name: exact references, or prefixes ending in `/` or `:` (a registry, a repo).",
+    )
+    runtime_classes: list[str] = Field(default_factory=list, description="RuntimeClasses a Campaign or task may set.")
+    queue_names: list[str] = Field(default_factory=list, description="Kueue LocalQueues a Campaign may set.")
+
+
 class OperatorConfig(BaseModel):
     """`labkube operator --config FILE`: the file the chart renders into its ConfigMap."""
 
     model_config = _KUBE
 
     namespaces: list[str] = Field(default_factory=list, description="Namespaces to watch; empty: all.")
+    runs_root: str = Field(
+        default="/runs",
+        pattern=r"^/",
+        description="Where the operator keeps campaign directories (`<runsRoot>/<namespace>/<campaign>/`).",
+    )
+    run_policies: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="NetworkPolicy objects (without a namespace) the operator puts in every namespace with runs.",
+    )
+    tenancy: Tenancy = Field(default_factory=Tenancy)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     ray_address: str | None = Field(default=None, description="Existing Ray cluster; empty: start Ray in the pod.")
     metrics_port: int = Field(default=8080, ge=1, le=65535)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -41,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from labkube.campaign import CampaignSpec, expand_runs
 from labkube.model_ref import UnknownModel, parse_model
+from labkube.operator.admission import admission_violations, write_admitted
 from labkube.operator.crds import (
     API_VERSION,
     GROUP,
@@ -50,10 +52,11 @@ from labkube.operator.crds import (
     build_run_resource,
     campaign_crd,
     campaign_resource_spec,
+    run_resource_spec,
     validate_resource,
 )
 from labkube.operator.driver import HELD, DriverError, RayContext, drive
-from labkube.operator.k8s_backend import K8sBackend, raw_json, retrying
+from labkube.operator.k8s_backend import K8sBackend, PodLedger, ledger_path, raw_json, retrying
 from labkube.operator.k8s_models import (
     CampaignPhase,
     CampaignStatus,
@@ -61,6 +64,7 @@ from labkube.operator.k8s_models import (
     ConditionStatus,
     OperatorConfig,
     RunCounts,
+    RunResourceSpec,
     RunStatus,
     set_condition,
 )
@@ -68,7 +72,7 @@ from labkube.operator.kube import KubeError, KubeTarget, api_client, connection_
 from labkube.operator.pod_manifest import LABEL_RUN, pvc_name
 from labkube.result import RunResult
 from labkube.run_spec import RunPhase, RunSpec
-from labkube.store import CampaignDir, StoreError
+from labkube.store import CampaignDir, StoreError, read_model
 from labkube.task_card import TaskCard
 
 if TYPE_CHECKING:
@@ -78,11 +82,13 @@ if TYPE_CHECKING:
 __all__ = [
     "CampaignExists",
     "ClusterApi",
+    "OperatorError",
     "OperatorMetrics",
     "OperatorRuntime",
     "build_registry",
     "campaign_resource",
     "campaign_status",
+    "check_runs_root",
     "plan_resource_campaign",
     "read_campaign",
     "run_campaign",
@@ -106,17 +112,25 @@ class OperatorRuntime(BaseModel):
     kube: KubeTarget = Field(default_factory=KubeTarget)
     runs_root: Path = Field(
         default=DEFAULT_RUNS_ROOT,
-        description="Where the shared runs volume is mounted in the operator (campaign directories).",
+        description="Campaign directories, `<runs_root>/<namespace>/<campaign>/` (the chart's operator.runsRoot).",
+    )
+    namespace: str | None = Field(
+        default=None, description="The operator's own namespace, whose shared runs claim it mounts at runs_root."
     )
     status_interval_s: float = Field(default=2.0, gt=0, description="How often Campaign.status is refreshed.")
     poll_seconds: float = Field(default=2.0, gt=0, description="How often a supervisor reads status.json.")
     max_attempts: int = Field(default=3, ge=1, description="Pods per run (evictions, preemptions) before giving up.")
     image_pull_timeout_s: float = Field(default=600.0, gt=0)
 
+    def campaign_root(self, namespace: str, name: str) -> Path:
+        """Campaigns of the same name in two namespaces are two campaigns: the namespace is in the path."""
+        return self.runs_root / namespace / name
+
     def backend(self, namespace: str) -> K8sBackend:
         return K8sBackend(
             kube=self.kube,
             namespace=namespace,
+            operator_namespace=self.namespace,
             runs=self.config.runs,
             max_attempts=self.max_attempts,
             poll_seconds=self.poll_seconds,
@@ -165,6 +179,10 @@ class CampaignSpecError(ValueError):
         self.reason = reason
 
 
+class OperatorError(RuntimeError):
+    """The operator cannot start here (the message says what to change)."""
+
+
 class CampaignExists(ValueError):
     """`labkube run --backend k8s`: a different Campaign of that name exists."""
 
@@ -186,6 +204,7 @@ class ClusterApi:
         self.core = CoreV1Api(self.client)
         self.custom = CustomObjectsApi(self.client)
         self.executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="labkube-operator")
+        self.policed: set[str] = set()  # namespaces whose run-pod NetworkPolicies are in place
 
     async def call(self, fn: Callable[..., T], *args: Any, conflicts: bool = False, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -241,6 +260,28 @@ class ClusterApi:
         except Exception as exc:
             if _status_of(exc) != 404:
                 raise
+
+    async def ensure_policies(self, namespace: str, policies: Sequence[Mapping[str, Any]]) -> None:
+        """Put the chart's run-pod network policies (a NetworkPolicy; a CiliumNetworkPolicy for host names) into
+        `namespace` before any run pod exists there, once per operator process and namespace; an existing one is
+        brought back to the chart's spec."""
+        if namespace in self.policed or not policies:
+            return
+        for policy in policies:
+            body = {**policy, "metadata": {**policy.get("metadata", {}), "namespace": namespace}}
+            group, _, version = str(body["apiVersion"]).rpartition("/")
+            plural = f"{str(body['kind']).lower()}s"
+            name = body["metadata"]["name"]
+            try:
+                await self.call(self.custom.create_namespaced_custom_object, group, version, namespace, plural, body)
+            except Exception as exc:
+                if _status_of(exc) != 409:
+                    raise
+                patch = {"metadata": {"labels": body["metadata"].get("labels", {})}, "spec": body["spec"]}
+                await self.call(
+                    self.custom.patch_namespaced_custom_object, group, version, namespace, plural, name, patch
+                )
+        self.policed.add(namespace)
 
     async def delete_run_objects(self, namespace: str, run: str) -> int:
         """Delete a Run's pods and its claim; returns how many pods there were."""
@@ -386,16 +427,23 @@ async def run_campaign(
     except CampaignSpecError as exc:
         await fail(exc.reason, str(exc))
         return
-    cdir = CampaignDir(runtime.runs_root / name)
+    admitted = [run_resource_spec(r, cards[r.run_id], body) for r in runs]
+    refused = admission_violations(admitted, runtime.config.runs, runtime.config.tenancy)
+    if refused:
+        await fail("Forbidden", f"Campaign {name}: " + "; ".join(refused))
+        return
+    cdir = CampaignDir(runtime.campaign_root(namespace, name))
     try:
         cdir.check_compatible(spec)
         finished = frozenset(r.run_id for r in runs if cdir.is_finished(r.run_id))
         cdir.write_campaign(spec, runs, keep=finished)
+        write_admitted(cdir.root, admitted)
     except (StoreError, OSError) as exc:
         await fail("ResultsStoreConflict", f"Campaign {name}: {exc}")
         return
+    await api.ensure_policies(namespace, runtime.config.run_policies)
 
-    created = await _create_runs(api, body, runs, cards)
+    created = await _create_runs(api, body, runs, cards, admitted)
     if created:
         logger.info(f"campaign {name}: created {created} Run(s); results go to {cdir.root}")
     todo = [r for r in runs if r.run_id not in finished]
@@ -470,15 +518,20 @@ async def run_campaign(
 
 
 async def _create_runs(
-    api: ClusterApi, campaign: Mapping[str, Any], runs: list[RunSpec], cards: dict[str, TaskCard]
+    api: ClusterApi,
+    campaign: Mapping[str, Any],
+    runs: list[RunSpec],
+    cards: dict[str, TaskCard],
+    admitted: list[RunResourceSpec],
 ) -> int:
     """Create the Runs that do not exist yet (with a Pending status); returns how many were new."""
     limit = asyncio.Semaphore(16)
     created = 0
+    specs = {a.run_id: a for a in admitted}
 
     async def one(run: RunSpec) -> None:
         nonlocal created
-        obj = build_run_resource(run, cards[run.run_id], campaign)
+        obj = build_run_resource(run, cards[run.run_id], campaign, specs[run.run_id])
         async with limit:
             if await api.create_run(obj):
                 created += 1
@@ -506,13 +559,14 @@ async def _publish_final_results(
         result = cdir.result(run.run_id)
         if result is None or not result.final:
             continue
+        ledger = read_model(ledger_path(cdir.root, run.run_id), PodLedger)
         final = status.model_copy(
             update={
                 "phase": result.status,
                 "score": result.score,
                 "tokens": result.spend.usage.total,
                 "cost_usd": round(result.spend.usd, 6),
-                "gpu_hours": round(run.gpus * result.spend.wall_seconds / 3600.0, 6),
+                "gpu_hours": round(ledger.gpu_hours(), 6) if ledger is not None else status.gpu_hours,
                 "stop_reason": result.stop_reason,
             }
         )
@@ -584,7 +638,7 @@ def build_registry(
             raise kopf.TemporaryError(f"waiting for {len(runs)} Run(s) of campaign {name} to be deleted", delay=1)
         if metrics is not None:
             metrics.drop(namespace, name)
-        logger.info(f"campaign {name}: runs and pods deleted; results kept in {runtime.runs_root / name}")
+        logger.info(f"campaign {name}: runs and pods deleted; results kept in {runtime.campaign_root(namespace, name)}")
 
     @kopf.on.delete(GROUP, VERSION, "runs", registry=registry)
     async def run_deleted(name: str, namespace: str | None, **_: Any) -> None:
@@ -603,8 +657,8 @@ def run_operator(
     from labkube.operator.kube import check_reachable
 
     check_reachable(api_client(runtime.kube), runtime.kube)
-    runtime.runs_root.mkdir(parents=True, exist_ok=True)
-    ctx = connect(runtime.config.ray_address, max_runs, num_gpus=gpus)
+    check_runs_root(runtime.runs_root)
+    ctx = connect(runtime.config.ray_address, max_runs, num_gpus=gpus, private=not runtime.config.ray_address)
     kopf.configure(verbose=verbose or runtime.config.log_level == "debug", log_prefix=True)
     metrics = OperatorMetrics()
     server = metrics.serve(runtime.config.metrics_port)
@@ -619,6 +673,21 @@ def run_operator(
     finally:
         server.shutdown()  # type: ignore[attr-defined]
         shutdown(ctx)
+
+
+def check_runs_root(root: Path) -> None:
+    """Create the runs root, or say in one line why it cannot be used (`OperatorError`)."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".labkube-write-check-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise OperatorError(
+            f"runs root {root}: {why} (uid {os.getuid()}); mount a writable volume there "
+            "(the chart mounts one at operator.runsRoot) or point operator.runsRoot at one"
+        ) from None
 
 
 # -- `labkube run --backend k8s` -------------------------------------------------------------------

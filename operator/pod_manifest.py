@@ -8,11 +8,17 @@ Anatomy of a run pod (docs/kubernetes.md, "The run pod"):
 - init container `world` (gaia2 runs only): the Gaia2 world as a native sidecar
   (`restartPolicy: Always`, Kubernetes >= 1.29), started before the agent and stopped after it;
 - container `agent`: `labkube agent --run-dir /runs/<run-id> [--resume]`, with the task's CPU,
-  memory and GPUs (GPU requests equal limits), API keys from Secrets by reference, and the
-  Prometheus port `metrics`.
+  memory, ephemeral storage and GPUs (requests equal limits for GPUs, memory and storage), API keys
+  from Secrets by reference, `/dev/shm` sized from the task, and the Prometheus port `metrics`. Its
+  termination message is the run's result (`labkube.result.termination_report`): how the operator
+  learns the outcome without sharing the pod's volume.
 
-`/runs` is an emptyDir or a PersistentVolumeClaim (`PodOptions.workspace`); `/tmp` is an
-emptyDir, so every container but the agent has a read-only root file system.
+Only the run's own directory is mounted, at `/runs/<run-id>`: an emptyDir, the run's own claim, or
+the folder `<namespace>/<campaign>/runs/<run-id>` of the namespace's shared claim (a `subPath`), so
+a run never sees a sibling's workspace, status or result. `/tmp` is an emptyDir, so every container
+but the agent has a read-only root file system. Every container runs as the chart's non-root user
+with no capabilities, no privilege escalation and the runtime's default seccomp profile (the Pod
+Security Standards' `restricted` profile), and the pod has no service-account token.
 """
 
 from __future__ import annotations
@@ -32,15 +38,18 @@ __all__ = [
     "LABEL_QUEUE",
     "LABEL_RUN",
     "RUNS_MOUNT",
+    "TERMINATION_LOG",
     "PodManifestError",
     "build_pod_manifest",
     "build_pvc_manifest",
     "pod_name",
     "pvc_name",
     "run_labels",
+    "shared_subpath",
 ]
 
 RUNS_MOUNT = "/runs"
+TERMINATION_LOG = "/dev/termination-log"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_ATTEMPT = "labkube.dev/attempt"
 LABEL_QUEUE = "kueue.x-k8s.io/queue-name"
@@ -93,6 +102,7 @@ def _secure(read_only: bool) -> dict[str, Any]:
         "readOnlyRootFilesystem": read_only,
         "runAsNonRoot": True,
         "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
     }
 
 
@@ -135,16 +145,17 @@ def build_pod_manifest(
         {"name": "HOME", "value": "/tmp"},
         {"name": "LABKUBE_RUN_DIR", "value": run_dir},
         {"name": "LABKUBE_METRICS_PORT", "value": str(options.metrics_port)},
+        {"name": "LABKUBE_TERMINATION_LOG", "value": TERMINATION_LOG},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
-    init_containers = [_prepare_container(run, image, options, run_dir)]
+    init_containers = [_prepare_container(run, image, options, run_dir, namespace)]
     if run.family == TaskFamily.gaia2:
         if options.world is None:
             raise PodManifestError(
                 f"run {run.run_id}: task {run.task} is a gaia2 task and needs a world sidecar; "
                 "set runs.world.image in the chart values"
             )
-        init_containers.append(_world_container(run, options, run_dir))
+        init_containers.append(_world_container(run, options, run_dir, namespace))
         env.append({"name": "LABKUBE_WORLD_URL", "value": f"http://127.0.0.1:{options.world.port}"})
     env += [{"name": k, "value": v} for k, v in sorted(options.env.items())]
     env += [
@@ -157,8 +168,13 @@ def build_pod_manifest(
     if options.api_keys:  # the agent moves these to stdin and re-execs without them (see `labkube agent`)
         env.append({"name": "LABKUBE_STDIN_VARS", "value": ",".join(sorted({k.env for k in options.api_keys}))})
 
-    requests = {"cpu": _cpu(run.resources.cpus), "memory": _memory(run.resources.memory_gb)}
-    limits = {"memory": requests["memory"]}
+    storage = _memory(run.resources.disk_gb) if run.resources.disk_gb else options.ephemeral_storage
+    requests = {
+        "cpu": _cpu(run.resources.cpus),
+        "memory": _memory(run.resources.memory_gb),
+        "ephemeral-storage": storage,
+    }
+    limits = {"memory": requests["memory"], "ephemeral-storage": storage}
     if run.gpus:
         requests[options.gpu_resource_name] = limits[options.gpu_resource_name] = str(run.gpus)
 
@@ -172,7 +188,14 @@ def build_pod_manifest(
         "ports": [{"name": "metrics", "containerPort": options.metrics_port, "protocol": "TCP"}],
         "resources": {"requests": requests, "limits": limits},
         "securityContext": _secure(options.read_only_root_filesystem),
-        "volumeMounts": [_runs_mount(run, options), {"name": "tmp", "mountPath": "/tmp"}],
+        "terminationMessagePath": TERMINATION_LOG,
+        # The report is JSON; when the agent dies before writing it, the log's tail says why.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": [
+            _runs_mount(run, options, namespace),
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+        ],
     }
 
     spec: dict[str, Any] = {
@@ -189,7 +212,13 @@ def build_pod_manifest(
         },
         "initContainers": init_containers,
         "containers": [agent],
-        "volumes": [_runs_volume(name, options), {"name": "tmp", "emptyDir": {}}],
+        "volumes": [
+            _runs_volume(name, options),
+            {"name": "tmp", "emptyDir": {}},
+            # Docker's 64 MiB /dev/shm breaks PyTorch data loaders and NCCL; memory-backed, so it counts
+            # against the memory limit: half of it unless the task says otherwise.
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": _memory(_shm_gb(run))}},
+        ],
     }
     wall = run.budgets.wall_seconds
     if wall is not None:
@@ -208,6 +237,13 @@ def build_pod_manifest(
         spec["priorityClassName"] = priority
     if options.image_pull_secrets:
         spec["imagePullSecrets"] = [{"name": s} for s in options.image_pull_secrets]
+    runtime = run.pod.runtime_class_name or run.resources.runtime_class or options.runtime_class_name
+    if runtime:
+        spec["runtimeClassName"] = runtime
+    if options.affinity:
+        spec["affinity"] = options.affinity
+    if options.topology_spread_constraints:
+        spec["topologySpreadConstraints"] = options.topology_spread_constraints
 
     metadata: dict[str, Any] = {
         "name": pod_name(name, attempt),
@@ -260,16 +296,30 @@ def _runs_volume(name: str, options: PodOptions) -> dict[str, Any]:
     return {"name": "runs", "persistentVolumeClaim": {"claimName": claim}}
 
 
-def _runs_mount(run: RunResourceSpec, options: PodOptions, read_only: bool = False) -> dict[str, Any]:
-    mount: dict[str, Any] = {"name": "runs", "mountPath": RUNS_MOUNT}
+def shared_subpath(namespace: str, campaign: str, run_id: str) -> str:
+    """A run's folder on its namespace's shared claim: the results store's layout, one tree per namespace."""
+    return f"{namespace}/{campaign}/runs/{run_id}"
+
+
+def _runs_mount(
+    run: RunResourceSpec, options: PodOptions, namespace: str | None, read_only: bool = False
+) -> dict[str, Any]:
+    """The run's own directory at `/runs/<run-id>`; nothing of its siblings."""
+    mount: dict[str, Any] = {"name": "runs", "mountPath": f"{RUNS_MOUNT}/{run.run_id}"}
     if options.workspace.mode == "pvc" and options.workspace.existing_claim:
-        mount["subPath"] = run.campaign  # a shared claim: one folder per campaign
+        mount["subPath"] = shared_subpath(namespace or "default", run.campaign, run.run_id)
     if read_only:
         mount["readOnly"] = True
     return mount
 
 
-def _prepare_container(run: RunResourceSpec, image: str, options: PodOptions, run_dir: str) -> dict[str, Any]:
+def _shm_gb(run: RunResourceSpec) -> float:
+    return run.resources.shm_gb or run.resources.memory_gb / 2
+
+
+def _prepare_container(
+    run: RunResourceSpec, image: str, options: PodOptions, run_dir: str, namespace: str | None
+) -> dict[str, Any]:
     script = 'set -eu; mkdir -p "$LABKUBE_RUN_DIR"; printf "%s\\n" "$LABKUBE_RUN_SPEC" > "$LABKUBE_RUN_DIR/run.json"'
     return {
         "name": "prepare",
@@ -282,14 +332,14 @@ def _prepare_container(run: RunResourceSpec, image: str, options: PodOptions, ru
         ],
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}},
         "securityContext": _secure(True),
-        "volumeMounts": [_runs_mount(run, options)],
+        "volumeMounts": [_runs_mount(run, options, namespace)],
     }
 
 
 WORLD_PROBE = "import socket, sys; socket.create_connection(('127.0.0.1', int(sys.argv[1])), 2).close()"
 
 
-def _world_container(run: RunResourceSpec, options: PodOptions, run_dir: str) -> dict[str, Any]:
+def _world_container(run: RunResourceSpec, options: PodOptions, run_dir: str, namespace: str | None) -> dict[str, Any]:
     world = options.world
     assert world is not None
     container: dict[str, Any] = {
@@ -312,7 +362,7 @@ def _world_container(run: RunResourceSpec, options: PodOptions, run_dir: str) ->
         },
         "securityContext": _secure(True),
         "volumeMounts": [
-            _runs_mount(run, options, read_only=True),
+            _runs_mount(run, options, namespace, read_only=True),
             {"name": "tmp", "mountPath": "/tmp"},
         ],
     }

@@ -79,6 +79,16 @@ def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [d for d in docs if d["kind"] == kind]
 
 
+def operator_role(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The operator's own ClusterRole (the aggregated tenant roles are ClusterRoles too)."""
+    (role,) = [
+        d
+        for d in by_kind(docs, "ClusterRole")
+        if "aggregate-to-view" not in str(d["metadata"]) and "aggregate-to-edit" not in str(d["metadata"])
+    ]
+    return role
+
+
 def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     found = by_kind(docs, kind)
     assert len(found) == 1, f"{len(found)} {kind} objects"
@@ -135,7 +145,17 @@ def check_foreign(doc: dict[str, Any]) -> None:
     assert set(doc["spec"]) == spec_keys
 
 
+def run_policies(docs: list[dict[str, Any]], namespace: str = "research") -> list[dict[str, Any]]:
+    """The run-pod policies the operator puts into `namespace` (from its config), as it sends them."""
+    policies = operator_config(docs).run_policies
+    return [{**p, "metadata": {**p["metadata"], "namespace": namespace}} for p in policies]
+
+
 def check_all(docs: list[dict[str, Any]]) -> None:
+    """Every rendered object, and every object the operator creates from its config, passes
+    `kubernetes-validate --strict` (our own and other projects' kinds: their shape)."""
+    if any(d["kind"] == "ConfigMap" and "operator.yaml" in d.get("data", {}) for d in docs):
+        docs = [*docs, *run_policies(docs)]
     for doc in docs:
         if doc["kind"] in FOREIGN_KINDS:
             check_foreign(doc)
@@ -153,7 +173,17 @@ def test_default_values_render_valid_objects(chart: helm_python.Chart) -> None:
     docs = render(chart)
     check_all(docs)
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "Service", "ServiceAccount"]
+    assert kinds == [
+        "ClusterRole",  # the operator's
+        "ClusterRole",  # aggregated into view/edit/admin: reading Campaigns and Runs
+        "ClusterRole",  # aggregated into edit/admin: writing Campaigns
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "Deployment",
+        "NetworkPolicy",  # the operator pod's; run pods' come from the operator, in each namespace with runs
+        "Service",
+        "ServiceAccount",
+    ]
 
 
 def test_every_flag_on_renders_valid_objects(chart: helm_python.Chart) -> None:
@@ -161,7 +191,8 @@ def test_every_flag_on_renders_valid_objects(chart: helm_python.Chart) -> None:
     check_all(docs)
     for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule"):
         one(docs, kind)
-    assert len(by_kind(docs, "NetworkPolicy")) == len(by_kind(docs, "CiliumNetworkPolicy")) == 2
+    assert len(by_kind(docs, "NetworkPolicy")) == 1
+    assert [p["kind"] for p in run_policies(docs)] == ["NetworkPolicy", "CiliumNetworkPolicy"]
     assert len(by_kind(docs, "Role")) == len(by_kind(docs, "RoleBinding")) == 2
     assert len(by_kind(docs, "ConfigMap")) == 2
 
@@ -179,7 +210,6 @@ def test_objects_are_valid_for_the_oldest_and_newest_kubernetes(chart: helm_pyth
         ("serviceMonitor", "ServiceMonitor"),
         ("podMonitor", "PodMonitor"),
         ("prometheusRule", "PrometheusRule"),
-        ("networkPolicy", "NetworkPolicy"),
     ],
 )
 def test_optional_objects_are_off_by_default_and_on_by_flag(chart: helm_python.Chart, flag: str, kind: str) -> None:
@@ -239,35 +269,48 @@ def test_pod_monitor_and_network_policy_select_run_pods(chart: helm_python.Chart
     assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["research", "evals"]}
     assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
-    for policy in by_kind(docs, "NetworkPolicy"):
-        assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
-    for policy in by_kind(docs, "CiliumNetworkPolicy"):
-        assert policy["spec"]["endpointSelector"]["matchLabels"].items() <= labels.items()
+    for policy in run_policies(docs):
+        selector = policy["spec"].get("podSelector") or policy["spec"]["endpointSelector"]
+        assert selector["matchLabels"].items() <= labels.items()
     assert config.runs.metrics_port == 9400
     cluster_wide = one(render(chart, {"podMonitor": {"enabled": True}}), "PodMonitor")
     assert cluster_wide["spec"]["namespaceSelector"] == {"any": True}
 
 
-def test_network_policy_allows_dns_and_the_allowlist_only(chart: helm_python.Chart) -> None:
+def test_run_policy_denies_all_but_dns_the_allowlist_and_scraping(chart: helm_python.Chart) -> None:
     docs = render(chart, ALL_FLAGS)
-    policies = by_kind(docs, "NetworkPolicy")
-    assert sorted(p["metadata"]["namespace"] for p in policies) == ["evals", "research"]
-    policy = policies[0]["spec"]
-    assert policy["policyTypes"] == ["Egress"]
+    network, cilium = run_policies(docs)
+    policy = network["spec"]
+    assert policy["policyTypes"] == ["Ingress", "Egress"]
+    (scrape,) = policy["ingress"]
+    assert scrape["ports"] == [{"protocol": "TCP", "port": 9400}]
+    assert scrape["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
     dns, cidrs, extra = policy["egress"]
     assert dns["to"][0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "kube-system"}
     assert sorted((p["protocol"], p["port"]) for p in dns["ports"]) == [("TCP", 53), ("UDP", 53)]
     assert [t["ipBlock"]["cidr"] for t in cidrs["to"]] == ["10.20.0.0/16", "2001:db8::/32"]
     assert cidrs["ports"] == [{"protocol": "TCP", "port": 443}]
     assert extra == ALL_FLAGS["networkPolicy"]["extraEgress"][0]
-    fqdn = by_kind(docs, "CiliumNetworkPolicy")[0]["spec"]["egress"][1]
+    fqdn = cilium["spec"]["egress"][1]
     assert fqdn["toFQDNs"] == [{"matchName": "api.openai.com"}, {"matchPattern": "*.anthropic.com"}]
 
 
-def test_network_policy_defaults_to_dns_only_in_the_release_namespace(chart: helm_python.Chart) -> None:
-    policy = one(render(chart, {"networkPolicy": {"enabled": True}}), "NetworkPolicy")
-    assert policy["metadata"]["namespace"] == NAMESPACE
-    assert len(policy["spec"]["egress"]) == 1
+def test_run_policy_is_on_by_default_with_dns_only(chart: helm_python.Chart) -> None:
+    (policy,) = run_policies(render(chart))
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"] and len(policy["spec"]["egress"]) == 1
+    assert not run_policies(render(chart, {"networkPolicy": {"enabled": False}}))
+    assert not by_kind(render(chart, {"networkPolicy": {"enabled": False}}), "NetworkPolicy")
+
+
+def test_an_open_egress_cidr_excepts_the_cloud_metadata_service(chart: helm_python.Chart) -> None:
+    (policy,) = run_policies(render(chart, {"networkPolicy": {"allowedCIDRs": ["0.0.0.0/0", "::/0"]}}))
+    blocks = [t["ipBlock"] for t in policy["spec"]["egress"][1]["to"]]
+    assert blocks == [
+        {"cidr": "0.0.0.0/0", "except": ["169.254.0.0/16"]},
+        {"cidr": "::/0", "except": ["fe80::/10", "fd00:ec2::254/128"]},
+    ]
+    with pytest.raises(helm_python.HelmRenderError, match=r"169\.254\.0\.0/16, a link-local range"):
+        render(chart, {"networkPolicy": {"allowedCIDRs": ["169.254.0.0/16"]}})
 
 
 # -- the operator ---------------------------------------------------------------------------------
@@ -362,7 +405,7 @@ def rules_of(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
 
 def test_cluster_wide_rbac_is_least_privilege(chart: helm_python.Chart) -> None:
     docs = render(chart)
-    rules = rules_of(one(docs, "ClusterRole"))
+    rules = rules_of(operator_role(docs))
     assert rules[("labkube.dev", "campaigns")] >= {"get", "list", "watch", "patch"}
     assert rules[("labkube.dev", "runs")] >= {"create", "delete", "get", "list", "watch", "patch"}
     for sub in ("campaigns/status", "runs/status"):
@@ -371,35 +414,64 @@ def test_cluster_wide_rbac_is_least_privilege(chart: helm_python.Chart) -> None:
         assert rules[("labkube.dev", sub)] == {"update"}
     assert rules[("", "pods")] == {"create", "delete", "get", "list", "watch", "patch"}
     assert rules[("", "events")] == {"create"}
+    # the run pods' policies, put into each namespace with runs before the first pod
+    assert rules[("networking.k8s.io", "networkpolicies")] == {"create", "get", "patch"}
+    assert ("cilium.io", "ciliumnetworkpolicies") not in rules
     assert rules[("apiextensions.k8s.io", "customresourcedefinitions")] == {"list", "watch"}
     assert rules[("", "namespaces")] == {"list", "watch"}
     assert ("", "persistentvolumeclaims") not in rules  # emptyDir mode
     assert ("", "secrets") not in rules  # pods reference Secrets by name; the operator never reads them
     assert all("*" not in group + resource and "*" not in verbs for (group, resource), verbs in rules.items())
     binding = one(docs, "ClusterRoleBinding")
-    assert binding["roleRef"]["name"] == one(docs, "ClusterRole")["metadata"]["name"]
+    assert binding["roleRef"]["name"] == operator_role(docs)["metadata"]["name"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "labkube", "namespace": NAMESPACE}]
     assert not by_kind(docs, "Role")
 
 
 def test_claims_are_allowed_only_when_the_operator_creates_them(chart: helm_python.Chart) -> None:
-    per_run = rules_of(one(render(chart, {"runs": {"workspace": {"mode": "pvc"}}}), "ClusterRole"))
+    per_run = rules_of(operator_role(render(chart, {"runs": {"workspace": {"mode": "pvc"}}})))
     assert per_run[("", "persistentvolumeclaims")] == {"create", "delete", "get", "list", "watch"}
     shared = {"runs": {"workspace": {"mode": "pvc", "existingClaim": "labkube-runs"}}}
-    assert ("", "persistentvolumeclaims") not in rules_of(one(render(chart, shared), "ClusterRole"))
+    assert ("", "persistentvolumeclaims") not in rules_of(operator_role(render(chart, shared)))
 
 
 def test_namespaced_rbac_uses_a_role_per_watched_namespace(chart: helm_python.Chart) -> None:
     docs = render(chart, {"operator": {"watchNamespaces": ["research", "evals"]}})
-    cluster = rules_of(one(docs, "ClusterRole"))
+    cluster = rules_of(operator_role(docs))
     assert set(cluster) == {("apiextensions.k8s.io", "customresourcedefinitions"), ("", "namespaces")}
     roles = by_kind(docs, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["evals", "research"]
-    wide = rules_of(one(render(chart), "ClusterRole"))
+    wide = rules_of(operator_role(render(chart)))
     assert rules_of(roles[0]) == {k: v for k, v in wide.items() if k not in cluster}  # one rule block for both
     for binding in by_kind(docs, "RoleBinding"):
         assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "labkube"}
         assert binding["subjects"][0]["namespace"] == NAMESPACE
+
+
+def test_tenants_get_campaign_rights_through_the_default_roles(chart: helm_python.Chart) -> None:
+    roles = {d["metadata"]["name"]: d for d in by_kind(render(chart), "ClusterRole")}
+    viewer, editor = roles["labkube-campaign-viewer"], roles["labkube-campaign-editor"]
+    aggregate = "rbac.authorization.k8s.io/aggregate-to-"
+    assert {k for k, v in viewer["metadata"]["labels"].items() if v == "true"} == {
+        f"{aggregate}view",
+        f"{aggregate}edit",
+        f"{aggregate}admin",
+    }
+    assert {k for k, v in editor["metadata"]["labels"].items() if v == "true"} == {
+        f"{aggregate}edit",
+        f"{aggregate}admin",
+    }
+    seen = rules_of(viewer)
+    assert set(seen) == {("labkube.dev", r) for r in ("campaigns", "campaigns/status", "runs", "runs/status")}
+    assert all(verbs == {"get", "list", "watch"} for verbs in seen.values())
+    # Tenants write Campaigns only: Runs, their status and pods stay the operator's.
+    assert rules_of(editor) == {
+        ("labkube.dev", "campaigns"): {"create", "delete", "deletecollection", "patch", "update"}
+    }
+    assert not {"labkube-campaign-viewer", "labkube-campaign-editor"} & {
+        d["metadata"]["name"]
+        for d in by_kind(render(chart, {"rbac": {"aggregateToDefaultRoles": False}}), "ClusterRole")
+    }
 
 
 def test_rbac_and_service_account_can_be_left_out(chart: helm_python.Chart) -> None:
@@ -443,7 +515,7 @@ def test_values_that_violate_the_schema_are_rejected(
     ("values", "message"),
     [
         ({"networkPolicy": {"enabled": True, "allowedHosts": ["api.openai.com"]}}, r"networkPolicy\.allowedHosts"),
-        ({"networkPolicy": {"cilium": True}}, r"networkPolicy\.cilium"),
+        ({"networkPolicy": {"enabled": False, "cilium": True}}, r"networkPolicy\.cilium"),
         ({"operator": {"metricsPort": 9000, "healthPort": 9000}}, r"operator\.metricsPort .* 9000"),
         ({"runs": {"world": {"image": "w", "port": 9400}}}, r"runs\.world\.port .* 9400"),
         ({"runs": {"workspace": {"existingClaim": "shared"}}}, r'runs\.workspace\.existingClaim is "shared"'),

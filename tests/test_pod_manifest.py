@@ -302,7 +302,7 @@ def test_world_sidecar_only_for_gaia2_runs() -> None:
     assert probe[:2] == ["python", "-c"] and probe[-1] == "8765" and "127.0.0.1" in probe[2]
     assert "ports" not in world  # it listens on 127.0.0.1: the agent's, nobody else's
     assert env_of(containers(gaia2)["agent"])["LABKUBE_WORLD_URL"]["value"] == "http://127.0.0.1:8765"
-    assert {"name": "runs", "mountPath": "/runs", "readOnly": True} in world["volumeMounts"]
+    assert {"name": "runs", "mountPath": f"/runs/{RUN_ID}", "readOnly": True} in world["volumeMounts"]
 
 
 def test_gaia2_run_without_a_world_image_says_what_to_set() -> None:
@@ -333,15 +333,64 @@ def test_claim_per_run_workspace() -> None:
     assert pvc["metadata"]["labels"]["labkube.dev/run"] == RUN_NAME
 
 
-def test_shared_claim_workspace_has_a_folder_per_campaign() -> None:
+def test_shared_claim_workspace_mounts_only_the_runs_own_folder() -> None:
     options = make_options(workspace=WORKSPACES["pvc-shared"])
     pod = build_pod_manifest(make_run(family=TaskFamily.gaia2), options, owner=OWNER)
     runs = next(v for v in pod["spec"]["volumes"] if v["name"] == "runs")
     assert runs["persistentVolumeClaim"]["claimName"] == "labkube-runs"
     for c in containers(pod).values():
         mount = next(m for m in c["volumeMounts"] if m["name"] == "runs")
-        assert mount["subPath"] == "cl-sweep"
+        # <namespace>/<campaign>/runs/<run-id>: two tenants' campaigns of one name never share a folder,
+        # and nothing of a sibling run is in the pod.
+        assert mount["subPath"] == f"research/cl-sweep/runs/{RUN_ID}"
+        assert mount["mountPath"] == f"/runs/{RUN_ID}"
     assert build_pvc_manifest(make_run(), options, owner=OWNER) is None
+
+
+@pytest.mark.parametrize("mode", ["emptyDir", "pvc"])
+def test_other_workspaces_mount_the_runs_own_volume_at_its_directory(mode: str) -> None:
+    pod = build_pod_manifest(make_run(), make_options(workspace=WORKSPACES[mode]), owner=OWNER)
+    for c in containers(pod).values():
+        mount = next(m for m in c["volumeMounts"] if m["name"] == "runs")
+        assert mount == {"name": "runs", "mountPath": f"/runs/{RUN_ID}"}
+
+
+def test_dev_shm_is_memory_backed_and_sized_from_the_task() -> None:
+    def shm(run: RunResourceSpec) -> dict[str, Any]:
+        pod = build_pod_manifest(run, make_options(), owner=OWNER)
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in containers(pod)["agent"]["volumeMounts"]
+        return next(v for v in pod["spec"]["volumes"] if v["name"] == "dshm")["emptyDir"]
+
+    assert shm(make_run()) == {"medium": "Memory", "sizeLimit": "8192Mi"}  # half of the task's 16 GB
+    sized = make_run().model_copy(update={"resources": Resources(cpus=4, memory_gb=16, shm_gb=2)})
+    assert shm(sized) == {"medium": "Memory", "sizeLimit": "2048Mi"}
+
+
+def test_ephemeral_storage_is_requested_and_limited() -> None:
+    agent = containers(build_pod_manifest(make_run(), make_options(), owner=OWNER))["agent"]["resources"]
+    assert agent["requests"]["ephemeral-storage"] == agent["limits"]["ephemeral-storage"] == "20Gi"
+    big = make_run().model_copy(update={"resources": Resources(cpus=4, memory_gb=16, disk_gb=100)})
+    agent = containers(build_pod_manifest(big, make_options(), owner=OWNER))["agent"]["resources"]
+    assert agent["limits"]["ephemeral-storage"] == "102400Mi"
+
+
+def test_runtime_class_affinity_and_spread_come_from_the_options_and_the_task() -> None:
+    spread = [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway"}]
+    affinity = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
+    options = make_options(runtime_class_name="gvisor", affinity=affinity, topology_spread_constraints=spread)
+    spec = build_pod_manifest(make_run(), options, owner=OWNER)["spec"]
+    assert spec["runtimeClassName"] == "gvisor"
+    assert spec["affinity"] == affinity and spec["topologySpreadConstraints"] == spread
+    kata = make_run().model_copy(update={"resources": Resources(cpus=4, memory_gb=16, runtime_class="kata")})
+    assert build_pod_manifest(kata, options, owner=OWNER)["spec"]["runtimeClassName"] == "kata"
+    assert "runtimeClassName" not in build_pod_manifest(make_run(), make_options(), owner=OWNER)["spec"]
+
+
+def test_the_agents_termination_message_is_its_result() -> None:
+    agent = containers(build_pod_manifest(make_run(), make_options(), owner=OWNER))["agent"]
+    assert agent["terminationMessagePath"] == "/dev/termination-log"
+    assert agent["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert env_of(agent)["LABKUBE_TERMINATION_LOG"]["value"] == "/dev/termination-log"
 
 
 def test_kueue_queue_label() -> None:

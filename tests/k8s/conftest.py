@@ -24,7 +24,7 @@ from tinytask import make_tiny_task
 
 from labkube.operator.crds import API_VERSION
 from labkube.operator.driver import RayContext
-from labkube.operator.k8s_models import OperatorConfig, PodOptions, WorldOptions
+from labkube.operator.k8s_models import OperatorConfig, PodOptions, Tenancy, WorldOptions
 from labkube.operator.k8s_operator import OperatorMetrics, OperatorRuntime, build_registry
 from labkube.operator.kube import KubeTarget
 from labkube.tasks.gaia2.world_process import SERVER_SCRIPT
@@ -47,8 +47,11 @@ class Cluster:
     ray: RayContext
     root: Path
 
-    def runtime(self, world: WorldOptions | None = None, **overrides: Any) -> OperatorRuntime:
-        """The operator's configuration; `world` is the chart's `runs.world` (Gaia2 runs need it)."""
+    def runtime(
+        self, world: WorldOptions | None = None, tenancy: Tenancy | None = None, **overrides: Any
+    ) -> OperatorRuntime:
+        """The operator's configuration; `world` is the chart's `runs.world` (Gaia2 runs need it), `tenancy` what
+        Campaigns may choose (default: nothing)."""
         runs = PodOptions(
             default_image="labkube:test",
             workspace={"mode": "pvc", "existingClaim": CLAIM, "accessModes": ["ReadWriteMany"]},
@@ -57,9 +60,10 @@ class Cluster:
             world=world,
         )
         values: dict[str, Any] = {
-            "config": OperatorConfig(runs=runs),
+            "config": OperatorConfig(runs=runs, tenancy=tenancy or Tenancy()),
             "kube": KubeTarget(server=self.url),
             "runs_root": self.volume,
+            "namespace": NAMESPACE,  # the operator's own: the namespace whose claim it mounts
             "poll_seconds": 0.3,
             "status_interval_s": 0.3,
         }
@@ -98,8 +102,8 @@ class Cluster:
             if verb == "create" and plural == "pods" and name.startswith(f"{campaign}-")
         ]
 
-    def campaign_dir(self, name: str) -> Path:
-        return self.volume / name
+    def campaign_dir(self, name: str, namespace: str = NAMESPACE) -> Path:
+        return self.volume / namespace / name
 
 
 async def eventually(check: Callable[[], Any], timeout: float = 60.0, every: float = 0.2, what: str = "") -> Any:

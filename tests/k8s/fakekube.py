@@ -74,6 +74,7 @@ BUILTIN: dict[ResKey, Kind] = {
     ("", "v1", "events"): Kind("Event", True, frozenset()),
     ("", "v1", "namespaces"): Kind("Namespace", False, frozenset({"status"})),
     ("", "v1", "secrets"): Kind("Secret", True, frozenset()),
+    ("networking.k8s.io", "v1", "networkpolicies"): Kind("NetworkPolicy", True, frozenset()),
     ("events.k8s.io", "v1", "events"): Kind("Event", True, frozenset()),
     ("apiextensions.k8s.io", "v1", "customresourcedefinitions"): Kind(
         "CustomResourceDefinition", False, frozenset({"status"})

@@ -27,6 +27,12 @@
   `LABKUBE_METRICS_PORT=0`, and each world sidecar a free local port: its `LABKUBE_WORLD_PORT` (and
   a command or probe argument equal to the old port) is replaced, and the agent's
   `LABKUBE_WORLD_URL` is rewritten to the new port.
+- Termination messages: a container's `terminationMessagePath` is a file of its own (an environment
+  value naming that path is rewritten to it); after the container ends, its first 4096 bytes become
+  `state.terminated.message`, or, with `terminationMessagePolicy: FallbackToLogsOnError` and an empty
+  file after a failure, the last 80 lines (at most 2048 bytes) of its log, as the real kubelet does.
+- Claims are namespaced: `claims[(namespace, name)]` first, then `claims[name]` (one claim name in
+  every namespace standing for the same volume only when a test says so).
 - Phases: `Pending` -> `Running` -> `Succeeded`/`Failed` from the agent's exit code (an init
   container that fails: `Failed`, with a pod `message` naming it, which real Kubernetes leaves to the
   container's status; the agent then stays `waiting`); `activeDeadlineSeconds` (from
@@ -93,7 +99,7 @@ class FakeKubelet:
         self,
         api: FakeKube,
         *,
-        claims: dict[str, Path],
+        claims: Mapping[str | tuple[str, str], Path],
         gpus: int = 2,
         unpullable: frozenset[str] = frozenset(),
         entrypoints: Mapping[str, Sequence[str]] | None = None,
@@ -331,7 +337,7 @@ class FakeKubelet:
         except StartError as exc:
             state.agent_status = _terminated(agent, 128, "StartError", str(exc))
             return 128, ""
-        state.agent_status = _terminated(agent, code)
+        state.agent_status = _terminated(agent, code, message=self.termination_message(state, agent, code))
         return code, ""
 
     async def _start_sidecar(self, state: PodState, c: dict[str, Any], mounts: dict[str, Path]) -> str:
@@ -397,7 +403,8 @@ class FakeKubelet:
         paths: dict[str, Path] = {}
         for volume in state.pod["spec"].get("volumes", []):
             if "persistentVolumeClaim" in volume:
-                paths[volume["name"]] = self.claims[volume["persistentVolumeClaim"]["claimName"]]
+                claim = volume["persistentVolumeClaim"]["claimName"]
+                paths[volume["name"]] = self.claims.get((state.namespace, claim)) or self.claims[claim]
             else:
                 assert state.root is not None
                 paths[volume["name"]] = state.root / "volumes" / volume["name"]
@@ -439,6 +446,11 @@ class FakeKubelet:
                 secret = self.api.read_object(("", "v1", "secrets"), state.namespace, ref["name"]) or {}
                 if ref["key"] in (secret.get("stringData") or {}):
                     env[item["name"]] = secret["stringData"][ref["key"]]
+        path = container.get("terminationMessagePath")
+        if path:
+            for name, value in env.items():
+                if value == path:
+                    env[name] = str(self._termination_file(state, container))
         env["LABKUBE_METRICS_PORT"] = "0"  # every pod has its own network; here they share one
         if container.get("restartPolicy") == "Always" and env.get(WORLD_PORT_ENV) in state.ports:
             env[WORLD_PORT_ENV] = state.ports[env[WORLD_PORT_ENV]]
@@ -499,6 +511,28 @@ class FakeKubelet:
                 stderr=err,
                 start_new_session=True,
             )
+
+    def _termination_file(self, state: PodState, container: dict[str, Any]) -> Path:
+        assert state.root is not None
+        path = state.root / "termination" / container["name"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+        return path
+
+    def termination_message(self, state: PodState, container: dict[str, Any], code: int) -> str:
+        """What the API shows as the container's `state.terminated.message`."""
+        if not container.get("terminationMessagePath") or state.root is None:
+            return ""
+        message = self._termination_file(state, container).read_bytes()[:4096].decode(errors="replace")
+        if not message and code != 0 and container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            logs = state.root / "logs"
+            text = "".join(
+                (logs / f"{container['name']}.{stream}").read_text(errors="replace")
+                for stream in ("out", "err")
+                if (logs / f"{container['name']}.{stream}").exists()
+            )
+            message = "\n".join(text.splitlines()[-80:])[-2048:]
+        return message
 
     async def _exec(self, state: PodState, container: dict[str, Any], volumes: dict[str, Path]) -> int:
         """Run the container to its end: its exit code (128 + signal when killed)."""

@@ -13,7 +13,6 @@ from labkube.operator.k8s_backend import (
     live_phase,
     pod_conditions,
     pod_exit_code,
-    shared_runs_manifest,
     stuck_condition,
 )
 from labkube.operator.k8s_models import PodOptions, RunResourceSpec, WorldOptions
@@ -35,18 +34,23 @@ def pod(**options: Any) -> dict[str, Any]:
     return build_pod_manifest(run, PodOptions(default_image="img", **options), owner=OWNER, resume=True)
 
 
-def test_a_shared_claim_keeps_the_results_store_layout() -> None:
-    mounts = [
-        m
-        for c in [*pod(workspace=SHARED)["spec"]["initContainers"], *pod(workspace=SHARED)["spec"]["containers"]]
-        for m in c["volumeMounts"]
-        if m["name"] == "runs"
-    ]
-    assert {m["subPath"] for m in mounts} == {"c"}
-    fixed = shared_runs_manifest(pod(workspace=SHARED), "c")
-    agent = fixed["spec"]["containers"][0]
-    assert next(m for m in agent["volumeMounts"] if m["name"] == "runs")["subPath"] == "c/runs"
+def test_a_run_pod_mounts_only_its_own_folder_of_the_namespaces_shared_claim() -> None:
+    manifest = pod(workspace=SHARED)
+    containers = [*manifest["spec"]["initContainers"], *manifest["spec"]["containers"]]
+    mounts = [m for c in containers for m in c["volumeMounts"] if m["name"] == "runs"]
+    # The results store's layout, one tree per namespace; never the campaign's runs/ folder as a whole.
+    assert {m["subPath"] for m in mounts} == {"ns/c/runs/r"}
+    assert {m["mountPath"] for m in mounts} == {"/runs/r"}
+    agent = manifest["spec"]["containers"][0]
     assert agent["command"][-2:] == ["/runs/r", "--resume"]
+
+
+def test_the_operator_shares_the_volume_only_in_its_own_namespace() -> None:
+    options = PodOptions(default_image="img", workspace=SHARED)
+    mine = K8sBackend(kube=KubeTarget(server="http://x"), namespace="lab", operator_namespace="lab", runs=options)
+    other = mine.model_copy(update={"namespace": "team-b"})
+    per_run = mine.model_copy(update={"runs": PodOptions(default_image="img", workspace={"mode": "pvc"})})
+    assert mine.shared and not other.shared and not per_run.shared
 
 
 def test_a_finalize_pod_only_grades() -> None:
@@ -88,14 +92,14 @@ def test_a_crash_looping_sidecar_is_stuck_and_a_failed_init_container_is_named()
     assert failed_init_container({"status": {"initContainerStatuses": statuses[:1]}}) is None
 
 
-def test_only_a_shared_claim_is_shared() -> None:
+def test_only_a_shared_claim_in_the_operators_namespace_is_shared() -> None:
     target = KubeTarget(server="http://x")
-    assert K8sBackend(kube=target, namespace="n", runs=PodOptions(default_image="i", workspace=SHARED)).shared
-    assert not K8sBackend(kube=target, namespace="n", runs=PodOptions(default_image="i")).shared
+    shared = PodOptions(default_image="i", workspace=SHARED)
+    assert K8sBackend(kube=target, namespace="n", operator_namespace="n", runs=shared).shared
+    assert not K8sBackend(kube=target, namespace="n", runs=shared).shared
+    assert not K8sBackend(kube=target, namespace="n", operator_namespace="n", runs=PodOptions(default_image="i")).shared
     per_run = PodOptions(default_image="i", workspace={"mode": "pvc"})
-    assert not K8sBackend(kube=target, namespace="n", runs=per_run).shared
-
-
+    assert not K8sBackend(kube=target, namespace="n", operator_namespace="n", runs=per_run).shared
 def test_unschedulable_and_image_pull_problems_become_conditions() -> None:
     pending = {
         "status": {

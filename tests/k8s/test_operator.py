@@ -8,6 +8,7 @@ import pytest
 from conftest import NAMESPACE, PODS, UNPULLABLE, Cluster, eventually, tiny_task
 from prometheus_client import CollectorRegistry
 
+from labkube.operator.k8s_models import Tenancy
 from labkube.operator.k8s_operator import OperatorMetrics
 from labkube.store import CampaignDir
 
@@ -168,7 +169,7 @@ async def test_a_run_needing_more_gpus_than_the_cluster_has_shows_why_it_waits(c
 
 async def test_an_image_that_cannot_be_pulled_becomes_a_condition(cluster: Cluster) -> None:
     task = tiny_task(cluster.root, "imageless", [WRITE], resources={"image": UNPULLABLE})
-    async with cluster.operator():
+    async with cluster.operator(tenancy=Tenancy(images=["registry.invalid/labkube/"])):
         cluster.campaign("noimage", tasks=[str(task)], models=["oracle"], seeds=1)
 
         def pull_problem() -> dict | None:

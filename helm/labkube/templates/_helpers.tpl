@@ -138,6 +138,11 @@ Checks values.schema.json cannot express. Every message names the key and the ba
 {{- if and .Values.runs.world.image (eq (int .Values.runs.world.port) (int .Values.runs.metricsPort)) }}
 {{- fail (printf "runs.world.port and runs.metricsPort are both %v: use two ports" .Values.runs.metricsPort) }}
 {{- end }}
+{{- range .Values.networkPolicy.allowedCIDRs }}
+{{- if or (hasPrefix "169.254." .) (hasPrefix "fe80:" (lower .)) (hasPrefix "fd00:ec2:" (lower .)) }}
+{{- fail (printf "networkPolicy.allowedCIDRs has %s, a link-local range holding the cloud metadata service: remove it" .) }}
+{{- end }}
+{{- end }}
 {{- if and .Values.runs.workspace.existingClaim (ne .Values.runs.workspace.mode "pvc") }}
 {{- fail (printf "runs.workspace.existingClaim is %q but runs.workspace.mode is %q: set mode to pvc" .Values.runs.workspace.existingClaim .Values.runs.workspace.mode) }}
 {{- end }}
@@ -202,6 +207,26 @@ this block, so they cannot drift apart.
   - events
   verbs:
   - create
+{{- if .Values.networkPolicy.enabled }}
+- apiGroups:
+  - networking.k8s.io
+  resources:
+  - networkpolicies
+  verbs:
+  - create
+  - get
+  - patch
+{{- end }}
+{{- if and .Values.networkPolicy.enabled .Values.networkPolicy.cilium }}
+- apiGroups:
+  - cilium.io
+  resources:
+  - ciliumnetworkpolicies
+  verbs:
+  - create
+  - get
+  - patch
+{{- end }}
 {{- if include "labkube.claimPerRun" . }}
 - apiGroups:
   - ""
@@ -245,4 +270,121 @@ Names of imagePullSecrets, as a JSON list.
 {{- $names = append $names .name -}}
 {{- end -}}
 {{- toJson $names -}}
+{{- end -}}
+
+
+{{/*
+The run pods' NetworkPolicy, without a namespace: the operator puts it into every namespace with runs
+before the first run pod (labkube.operator.k8s_operator.ClusterApi.ensure_policies). Default deny in
+both directions; egress to the cluster DNS and `networkPolicy.allowedCIDRs` only (the cloud metadata
+addresses excepted from a /0); ingress to the metrics port from `networkPolicy.metricsFrom` only.
+*/}}
+{{- define "labkube.runNetworkPolicy" -}}
+{{- $np := .Values.networkPolicy -}}
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  name: {{ include "labkube.fullname" . }}-runs
+  labels:
+    {{- include "labkube.runObjectLabels" . | nindent 4 }}
+spec:
+  podSelector:
+    matchLabels:
+      {{- include "labkube.runSelectorLabels" . | nindent 6 }}
+  policyTypes:
+    - Ingress
+    - Egress
+  ingress:
+    {{- if $np.metricsFrom }}
+    - from:
+        {{- toYaml $np.metricsFrom | nindent 8 }}
+      ports:
+        - protocol: TCP
+          port: {{ int .Values.runs.metricsPort }}
+    {{- else }} []
+    {{- end }}
+  egress:
+    - to:
+        - namespaceSelector:
+            matchLabels:
+              kubernetes.io/metadata.name: {{ $np.dns.namespace }}
+          podSelector:
+            matchLabels:
+              {{- toYaml $np.dns.podLabels | nindent 14 }}
+      ports:
+        - protocol: UDP
+          port: 53
+        - protocol: TCP
+          port: 53
+    {{- if $np.allowedCIDRs }}
+    - to:
+        {{- range $np.allowedCIDRs }}
+        - ipBlock:
+            cidr: {{ . }}
+            {{- if eq . "0.0.0.0/0" }}
+            except:
+              - 169.254.0.0/16
+            {{- else if eq . "::/0" }}
+            except:
+              - fe80::/10
+              - fd00:ec2::254/128
+            {{- end }}
+        {{- end }}
+      ports:
+        {{- range $np.ports }}
+        - protocol: TCP
+          port: {{ int . }}
+        {{- end }}
+    {{- end }}
+    {{- with $np.extraEgress }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+{{- end -}}
+
+{{/*
+The Cilium variant for host names (toFQDNs), also put into every namespace with runs by the operator.
+Policies are additive: run pods may reach what this or the NetworkPolicy allows.
+*/}}
+{{- define "labkube.runCiliumPolicy" -}}
+{{- $np := .Values.networkPolicy -}}
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata:
+  name: {{ include "labkube.fullname" . }}-runs-fqdn
+  labels:
+    {{- include "labkube.runObjectLabels" . | nindent 4 }}
+spec:
+  endpointSelector:
+    matchLabels:
+      {{- include "labkube.runSelectorLabels" . | nindent 6 }}
+  egress:
+    - toEndpoints:
+        - matchLabels:
+            k8s:io.kubernetes.pod.namespace: {{ $np.dns.namespace }}
+            {{- range $k, $v := $np.dns.podLabels }}
+            k8s:{{ $k }}: {{ $v | quote }}
+            {{- end }}
+      toPorts:
+        - ports:
+            - port: "53"
+              protocol: ANY
+          rules:
+            dns:
+              - matchPattern: "*"
+    {{- if $np.allowedHosts }}
+    - toFQDNs:
+        {{- range $np.allowedHosts }}
+        {{- if hasPrefix "*" . }}
+        - matchPattern: {{ . | quote }}
+        {{- else }}
+        - matchName: {{ . | quote }}
+        {{- end }}
+        {{- end }}
+      toPorts:
+        - ports:
+            {{- range $np.ports }}
+            - port: {{ int . | toString | quote }}
+              protocol: TCP
+            {{- end }}
+    {{- end }}
 {{- end -}}
