@@ -67,8 +67,14 @@ def connect(address: str | None, concurrency: int, num_gpus: int | None = None, 
     if private and not address:
         import secrets
 
+        from ray._raylet import AuthenticationTokenLoader, Config
+
         os.environ["RAY_AUTH_MODE"] = "token"
         os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+        # Ray reads both when it is imported (this module imports it): without a refresh the driver keeps
+        # "disabled" and sends no token to a GCS that requires one (found by the as-installed operator test).
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
         init_args["_node_ip_address"] = "127.0.0.1"
     else:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")

@@ -270,7 +270,8 @@ class ClusterApi:
         for policy in policies:
             body = {**policy, "metadata": {**policy.get("metadata", {}), "namespace": namespace}}
             group, _, version = str(body["apiVersion"]).rpartition("/")
-            plural = f"{str(body['kind']).lower()}s"
+            kind = str(body["kind"]).lower()
+            plural = f"{kind[:-1]}ies" if kind.endswith("y") else f"{kind}s"  # networkpolicies
             name = body["metadata"]["name"]
             try:
                 await self.call(self.custom.create_namespaced_custom_object, group, version, namespace, plural, body)

@@ -48,7 +48,11 @@ class Cluster:
     root: Path
 
     def runtime(
-        self, world: WorldOptions | None = None, tenancy: Tenancy | None = None, **overrides: Any
+        self,
+        world: WorldOptions | None = None,
+        tenancy: Tenancy | None = None,
+        run_policies: list[dict[str, Any]] | None = None,
+        **overrides: Any,
     ) -> OperatorRuntime:
         """The operator's configuration; `world` is the chart's `runs.world` (Gaia2 runs need it), `tenancy` what
         Campaigns may choose (default: nothing)."""
@@ -60,7 +64,7 @@ class Cluster:
             world=world,
         )
         values: dict[str, Any] = {
-            "config": OperatorConfig(runs=runs, tenancy=tenancy or Tenancy()),
+            "config": OperatorConfig(runs=runs, tenancy=tenancy or Tenancy(), run_policies=run_policies or []),
             "kube": KubeTarget(server=self.url),
             "runs_root": self.volume,
             "namespace": NAMESPACE,  # the operator's own: the namespace whose claim it mounts

@@ -17,7 +17,9 @@ kmock's own emulator lacks, and this subclass adds (DESIGN.md, "Testing without 
   `timeoutSeconds` and sends BOOKMARKs when idle;
 - label selectors (`=`, `==`, `!=`, `in`, `notin`, `key`, `!key`) and `metadata.name`/
   `metadata.namespace` field selectors on lists and watches; lists carry `kind` and `apiVersion`;
-- the CRDs themselves under apiextensions.k8s.io (kopf's resource scanning reads them).
+- the CRDs themselves under apiextensions.k8s.io (kopf's resource scanning reads them);
+- `GET /api/v1/namespaces`, which kmock's own path parser fails on (kopf lists namespaces when it
+  watches given ones).
 
 The kubelet and the tests use it in-process (`read_object`, `objects`, `create_object`,
 `set_status`, `delete_object`), on the
@@ -365,10 +367,41 @@ class FakeKube(kmock.KubernetesScaffold):
     # -- HTTP ---------------------------------------------------------------------------------------
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        if raw_request.path.rstrip("/") == "/api/v1/namespaces":
+            return await self._namespaces(raw_request)
         response = await super().__call__(raw_request)
         if not self.keep_requests:
             self._requests.clear()
         return response
+
+    async def _namespaces(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        """`GET /api/v1/namespaces`, which kmock's path parser cannot take (it reads "namespaces" as the start of a
+        namespaced path): every namespace that holds an object, plus default and kube-system. kopf lists them
+        when it watches given namespaces. A watch stays open, silent, until its timeout: namespaces never change
+        in these tests."""
+        if raw_request.query.get("watch") in ("true", "1"):
+            response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
+            await response.prepare(raw_request)
+            await asyncio.sleep(float(raw_request.query.get("timeoutSeconds") or 60))
+            await response.write_eof()
+            return response
+        names = sorted({key[3] for key in self.store if key[3]} | {"default", "kube-system"})
+        items = [
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": n, "labels": {"kubernetes.io/metadata.name": n}},
+                "status": {"phase": "Active"},
+            }
+            for n in names
+        ]
+        body = {
+            "apiVersion": "v1",
+            "kind": "NamespaceList",
+            "metadata": {"resourceVersion": str(self.rv)},
+            "items": items,
+        }
+        return aiohttp.web.json_response(body)
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         res = request.resource

@@ -100,6 +100,8 @@ def test_only_a_shared_claim_in_the_operators_namespace_is_shared() -> None:
     assert not K8sBackend(kube=target, namespace="n", operator_namespace="n", runs=PodOptions(default_image="i")).shared
     per_run = PodOptions(default_image="i", workspace={"mode": "pvc"})
     assert not K8sBackend(kube=target, namespace="n", operator_namespace="n", runs=per_run).shared
+
+
 def test_unschedulable_and_image_pull_problems_become_conditions() -> None:
     pending = {
         "status": {
