@@ -316,6 +316,42 @@ def test_an_open_egress_cidr_excepts_the_cloud_metadata_service(chart: helm_pyth
 # -- the operator ---------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("values", [{}, ALL_FLAGS], ids=["defaults", "all-flags"])
+def test_operator_and_run_pods_meet_the_restricted_pod_security_standard(
+    chart: helm_python.Chart, values: dict[str, Any]
+) -> None:
+    """Field by field (kube_policy), since the fake API has no Pod Security admission."""
+    from kube_policy import pss_restricted_violations
+
+    from labkube.operator.k8s_models import RunResourceSpec
+
+    docs = render(chart, values)
+    assert pss_restricted_violations(one(docs, "Deployment")["spec"]["template"], version=KUBE_VERSION) == []
+    config = operator_config(docs)
+    owner = {
+        "apiVersion": "labkube.dev/v1alpha1",
+        "kind": "Run",
+        "metadata": {"name": "c-r", "namespace": "research", "uid": "u"},
+    }
+    for family in (TaskFamily.researchgym, TaskFamily.gaia2):
+        if family == TaskFamily.gaia2 and config.runs.world is None:
+            continue
+        run = RunResourceSpec(
+            run_id="r",
+            campaign="c",
+            task="t",
+            task_path="/t",
+            model="oracle",
+            seed=0,
+            gpus=1,
+            family=family,
+            resources=Resources(gpus=1),
+        )
+        pod = build_pod_manifest(run, config.runs, owner=owner)
+        assert pss_restricted_violations(pod, version=KUBE_VERSION) == []
+        assert pod["spec"]["automountServiceAccountToken"] is False
+
+
 def test_operator_deployment(chart: helm_python.Chart) -> None:
     docs = render(chart)
     deployment = one(docs, "Deployment")
