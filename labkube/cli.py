@@ -340,7 +340,10 @@ def run_on_kubernetes(spec: CampaignSpec, kube_context: str | None, namespace: s
             f"stopped following; it keeps running: kubectl get lkr -n {ns} -l labkube.dev/campaign={spec.name}"
         )
         sys.exit(130)
-    console.print(f"results: the campaign directory {spec.name}/ on the runs volume (the operator's /runs/{spec.name})")
+    console.print(
+        f"results: the campaign directory {ns}/{spec.name}/ under the operator's runs root (default /runs); "
+        f"transcripts and workspaces on namespace {ns}'s runs claim, if one is configured"
+    )
     if status.get("phase") == "Failed":
         problem: dict = next((c for c in status.get("conditions", []) if c.get("status") == "False"), {})
         err_console.print(f"[bold red]error:[/] {problem.get('message') or 'the campaign failed'}", highlight=False)

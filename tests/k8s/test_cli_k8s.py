@@ -58,7 +58,7 @@ async def test_run_with_the_k8s_backend_creates_a_campaign_and_follows_it(cluste
         )  # fmt: skip
     assert code == 0, err + out
     assert "created Campaign from-cli in namespace default" in out
-    assert "results: the campaign directory from-cli/" in out
+    assert "results: the campaign directory default/from-cli/" in out
     assert "clitask--oracle--s0" in out and "Finished" in out
     campaign = cluster.get_campaign("from-cli")
     assert campaign is not None and campaign["spec"]["backend"] == "k8s" and campaign["status"]["phase"] == "Finished"
