@@ -177,10 +177,51 @@ async def finish_a_campaign(installation: Installed, runs_root: Path, namespace:
         assert result is not None and result.final and result.status.value == "Finished"
 
 
+def gcs_port(pids: list[int]) -> int:
+    """The GCS server's gRPC port among the container's processes (it picks a free one: `--gcs_server_port=0`)."""
+    import psutil
+
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            process = psutil.Process(pid)
+            if process.name() == "gcs_server":
+                ports = sorted(
+                    c.laddr.port for c in process.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN
+                )
+                flag = next((a for a in process.cmdline() if a.startswith("--gcs_server_port=")), "=0")
+                wanted = int(flag.split("=")[1])
+                return wanted if wanted else ports[0]
+    raise AssertionError("no gcs_server among the operator's processes")
+
+
+def ray_client_without_the_token(port: int) -> str:
+    """What a pod that reached the operator's Ray would get, with no token and with a wrong one."""
+    import subprocess
+    import sys
+
+    script = f"import ray; ray.init(address='127.0.0.1:{port}', logging_level='ERROR'); print('CONNECTED')"
+    outputs = []
+    for env in ({"RAY_AUTH_MODE": "disabled"}, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64}):
+        done = subprocess.run(
+            [sys.executable, "-c", script],
+            env={"PATH": "/usr/bin:/bin", "HOME": "/tmp", **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        outputs.append(done.stdout + done.stderr)
+    return "\n".join(outputs)
+
+
 async def test_default_values_cluster_wide_operator_finishes_a_campaign(tmp_path: Path) -> None:
     async with installed(tmp_path, {}) as installation:
         assert installation.container["securityContext"]["readOnlyRootFilesystem"] is True
         assert "RAY_AUTH_MODE" not in str(installation.container)
+        async with installation.operator() as proc:
+            await installation.ready(proc)
+            # Embedded Ray has token authentication on: a client without the operator's token is refused.
+            said = await asyncio.to_thread(ray_client_without_the_token, gcs_port(proc.processes()))
+            assert "CONNECTED" not in said and "InvalidAuthToken" in said, said
         await finish_a_campaign(installation, installation.volumes["runs"])
         policy = installation.api.read_object(("networking.k8s.io", "v1", "networkpolicies"), "default", "labkube-runs")
         assert policy is not None and policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
