@@ -128,15 +128,23 @@ ACTOR_RESTARTS = 3
 
 
 async def supervise_on(
-    actors: list, idx: int, run_dir: str, env: dict[str, str] | None, backend: dict | None = None
+    actors: list,
+    idx: int,
+    run_dir: str,
+    env: dict[str, str] | None,
+    backend: dict | None = None,
+    stopping: asyncio.Event | None = None,
 ) -> dict:
     """Supervise on actor `idx`; if that actor's process dies, replace it and supervise again (the run
-    resumes from its checkpoint: its orphaned agent checkpoints and exits by itself)."""
+    resumes from its checkpoint: its orphaned agent checkpoints and exits by itself). Once `stopping` is set
+    (the campaign ends or is stopped, and the driver kills its actors), no actor is replaced."""
     for attempt in range(ACTOR_RESTARTS + 1):
         actor = actors[idx]
         try:
             return await actor.supervise.remote(run_dir, env, backend)
         except ray.exceptions.RayActorError:
+            if stopping is not None and stopping.is_set():
+                raise asyncio.CancelledError from None
             if attempt == ACTOR_RESTARTS:
                 raise DriverError(f"the Ray worker supervising {run_dir} died {attempt + 1} times") from None
             if actors[idx] is actor:
@@ -195,7 +203,7 @@ async def drive(
                 return held
             try:
                 run_dir = str(campaign_root / "runs" / run.run_id)
-                data = await supervise_on(actors, i % n_actors, run_dir, env, backend)
+                data = await supervise_on(actors, i % n_actors, run_dir, env, backend, stopping)
             finally:
                 if pg is not None:
                     remove_placement_group(pg)
@@ -210,10 +218,18 @@ async def drive(
             await asyncio.sleep(0.5)
 
     ticker = asyncio.create_task(tick())
+    stopping = asyncio.Event()
+    tasks = [asyncio.create_task(one(i, r)) for i, r in enumerate(runs)]
     try:
-        return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(runs))))
+        return list(await asyncio.gather(*tasks))
     finally:
+        # One run's failure, or the campaign being stopped, ends every supervisor of the campaign: none keeps
+        # going on an actor that is about to be killed, and none starts a new actor (no orphans).
+        stopping.set()
         ticker.cancel()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         for a in actors:
             ray.kill(a)
 

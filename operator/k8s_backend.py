@@ -40,6 +40,8 @@ import contextlib
 import copy
 import json
 import logging
+import random
+import re
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -171,7 +173,15 @@ class K8sBackend(BaseModel):
         default=None, description="Where the operator runs: its runs root holds that namespace's shared claim."
     )
     runs: PodOptions
-    max_attempts: int = Field(default=3, ge=1, description="Pods per run before it is finalized as killed.")
+    max_attempts: int = Field(
+        default=3, ge=1, description="Pods per run that may fail (crash, error) before it is finalized as killed."
+    )
+    max_disruptions: int = Field(
+        default=20,
+        ge=0,
+        description="Pods per run the cluster may take away (evictions, preemptions, reclaimed nodes) on top: "
+        "they resume from the checkpoint and use up no crash attempt.",
+    )
     poll_seconds: float = Field(default=2.0, gt=0, description="How often status.json is read while a pod runs.")
     image_pull_timeout_s: float = Field(
         default=600.0, gt=0, description="A run whose image cannot be pulled for this long fails."
@@ -285,6 +295,27 @@ def pod_conditions(pod: Mapping[str, Any]) -> list[tuple[str, bool, str, str]]:
     return out
 
 
+# Pod condition types that mark a pod taken away by the cluster (an eviction, a preemption, a node going away),
+# and pod reasons that say the same: `DisruptionTarget` (Kubernetes >= 1.26, with reasons such as
+# `PreemptionByScheduler`, `TerminationByKubelet`, `EvictionByEvictionAPI`, `DeletionByTaintManager`,
+# `DeletionByPodGC`), Kueue's `TerminationTarget` (`StoppedByKueue`, `Preempted`).
+DISRUPTION_CONDITIONS = frozenset({"DisruptionTarget", "TerminationTarget"})
+DISRUPTION_REASONS = frozenset({"Evicted", "Preempting", "Terminated", "Shutdown", "NodeShutdown", "NodeLost"})
+
+
+def disruption_of(pod: Mapping[str, Any] | None) -> str | None:
+    """Why the cluster took the pod away (the condition's or the pod's reason), or None for anything else: a crash,
+    a failed container, a pod deleted by hand."""
+    if pod is None:
+        return None
+    status = pod.get("status") or {}
+    for condition in status.get("conditions") or []:
+        if condition.get("type") in DISRUPTION_CONDITIONS and condition.get("status") == "True":
+            return str(condition.get("reason") or condition["type"])
+    reason = status.get("reason") or ""
+    return reason if reason in DISRUPTION_REASONS else None
+
+
 def live_phase(pod: Mapping[str, Any] | None, store: StoreStatus | None) -> RunPhase:
     """The Run's phase while its pod lives."""
     if pod is None:
@@ -320,6 +351,7 @@ class PodWatcher:
         self.namespace = namespace
         self.loop = loop
         self.pods: dict[str, dict[str, Any]] = {}
+        self.deleted: dict[str, dict[str, Any]] = {}  # pod name -> its last state, for pods deleted since
         self.synced = asyncio.Event()
         self._bells: dict[str, asyncio.Event] = {}
         self._stop = threading.Event()
@@ -365,6 +397,9 @@ class PodWatcher:
         name = obj["metadata"]["name"]
         if kind == "DELETED":
             self.pods.pop(name, None)
+            self.deleted[name] = obj  # its last state tells whether the cluster took it away (DisruptionTarget)
+            if len(self.deleted) > 10_000:
+                self.deleted.pop(next(iter(self.deleted)))
         else:
             self.pods[name] = obj
         self._ring(name)
@@ -448,11 +483,17 @@ class KubeSession:
         self.watchers: dict[str, PodWatcher] = {}
 
     async def call(
-        self, fn: Callable[..., T], *args: Any, status: bool = False, conflicts: bool = False, **kwargs: Any
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        status: bool = False,
+        conflicts: bool = False,
+        patience_s: float | None = None,
+        **kwargs: Any,
     ) -> T:
         pool = self.status_executor if status else self.executor
         work = partial(fn, *args, **kwargs)
-        return await retrying(lambda: self.loop.run_in_executor(pool, work), conflicts=conflicts)
+        return await retrying(lambda: self.loop.run_in_executor(pool, work), conflicts=conflicts, patience_s=patience_s)
 
     def pods(self, namespace: str) -> PodWatcher:
         if namespace not in self.watchers:
@@ -482,29 +523,56 @@ def _status_of(exc: BaseException) -> int | None:
 
 
 TRANSIENT = frozenset({429, 500, 502, 503, 504})
+PATIENCE_S = 3600.0  # how long a call without a deadline of its own waits out the API (a control-plane upgrade)
+BACKOFF_CAP_S = 30.0
+
+
+def backoff_delay(attempt: int, first_s: float = 0.5, cap_s: float = BACKOFF_CAP_S) -> float:
+    """Capped exponential back-off with jitter: uniformly between half and all of min(cap, first x 2^attempt),
+    so the supervisors of a thousand runs do not come back to a recovering API server in one burst."""
+    ceiling = min(cap_s, first_s * 2.0**attempt)
+    return random.uniform(ceiling / 2, ceiling)
+
+
+def retry_after(exc: BaseException) -> float | None:
+    """The seconds a 429 or 503 asks for (`Retry-After`), if it says."""
+    headers = getattr(exc, "headers", None) or {}
+    value = headers.get("Retry-After") or headers.get("retry-after")
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except (TypeError, ValueError):
+        return None
 
 
 async def retrying(
-    call: Callable[[], Awaitable[T]], attempts: int = 4, first_delay_s: float = 0.5, *, conflicts: bool = False
+    call: Callable[[], Awaitable[T]],
+    *,
+    patience_s: float | None = None,
+    first_delay_s: float = 0.5,
+    conflicts: bool = False,
 ) -> T:
-    """`call()`, again after a connection error or a 429/5xx (the API server restarting, throttling);
-    other API errors (404, 409, 422, ...) are the caller's. A create retried after a lost answer
-    answers 409, which the callers treat as "exists". With `conflicts`, a 409 Conflict is retried too:
-    for writes that are safe to repeat as they are (a merge patch of a status carries no resourceVersion)."""
-    delay = first_delay_s
-    for attempt in range(attempts):
+    """`call()`, again after a connection error, a 429/5xx or a 410 (the API server restarting, throttling, a
+    control-plane upgrade), for as long as `patience_s` allows (the caller's own deadline: a run's time budget;
+    default an hour), with capped exponential back-off and jitter, or the `Retry-After` the server asks for.
+    Other API errors (404, 409, 422, ...) are the caller's. A create retried after a lost answer answers 409,
+    which the callers treat as "exists". With `conflicts`, a 409 Conflict is retried too: for writes that are
+    safe to repeat as they are (a merge patch of a status carries no resourceVersion)."""
+    give_up_at = time.monotonic() + (PATIENCE_S if patience_s is None else patience_s)
+    attempt = 0
+    while True:
         try:
             return await call()
         except Exception as exc:
             status = _status_of(exc)
-            transient = status in TRANSIENT or (conflicts and status == 409)
+            transient = status in TRANSIENT or status == 410 or (conflicts and status == 409)
             transient = transient or (status is None and _is_connection_error(exc))
-            if not transient or attempt == attempts - 1:
+            delay = max(backoff_delay(attempt, first_delay_s), retry_after(exc) or 0.0)
+            if not transient or time.monotonic() + delay > give_up_at:
                 raise
-            log.warning("kubernetes API: %s; retrying in %.1fs", str(exc).splitlines()[0][:200], delay)
+            if attempt < 3 or attempt % 10 == 0:  # a long outage logs a line every few minutes, not every try
+                log.warning("kubernetes API: %s; retrying in %.1fs", str(exc).splitlines()[0][:200], delay)
             await asyncio.sleep(delay)
-            delay *= 2
-    raise AssertionError("unreachable")
+            attempt += 1
 
 
 def _is_connection_error(exc: BaseException) -> bool:
@@ -525,9 +593,10 @@ class RunGone(RuntimeError):
 class PodEnd:
     pod: dict[str, Any] | None  # None: the pod disappeared (deleted, preempted)
     gave_up: str | None = None  # a reason to stop without retrying
+    last: dict[str, Any] | None = None  # a disappeared pod's last state (from the watch's DELETED event)
 
 
-Outcome = Literal["deadline", "disk_full", "lost", "world"]
+Outcome = Literal["deadline", "disk_full", "disrupted", "lost", "world"]
 
 
 class PodRun:
@@ -556,9 +625,20 @@ class PodRun:
 
     # -- the API ------------------------------------------------------------------------------
 
+    def patience(self) -> float:
+        """How long this run waits out an unavailable API: what is left of its own deadline (time budget plus the
+        grace for final grading, less the pod time spent), at least five minutes; an hour without a time budget."""
+        wall = self.spec.budgets.wall_seconds
+        if wall is None:
+            return PATIENCE_S
+        return max(300.0, wall + self.backend.runs.deadline_grace_seconds - self.ledger.seconds())
+
+    async def api(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return await self.session.call(fn, *args, patience_s=self.patience(), **kwargs)
+
     async def read_run(self) -> dict[str, Any] | None:
         try:
-            found = await self.session.call(
+            found = await self.api(
                 self.session.custom.get_namespaced_custom_object, GROUP, VERSION, self.namespace, "runs", self.name
             )
             self.read_at = time.monotonic()
@@ -574,7 +654,7 @@ class PodRun:
         if body == self.published:
             return
         try:
-            await self.session.call(
+            await self.api(
                 self.session.custom.patch_namespaced_custom_object_status,
                 GROUP,
                 VERSION,
@@ -596,7 +676,7 @@ class PodRun:
     async def create_pod(self, manifest: dict[str, Any]) -> str:
         name = manifest["metadata"]["name"]
         try:
-            resp = await self.session.call(
+            resp = await self.api(
                 self.session.core.create_namespaced_pod, self.namespace, manifest, _preload_content=False
             )
             self.watcher.seen(raw_json(resp))
@@ -604,17 +684,13 @@ class PodRun:
             if _status_of(exc) != 409:
                 raise
             # 409: a pod of this attempt was created before a restart; adopt it.
-            resp = await self.session.call(
-                self.session.core.read_namespaced_pod, name, self.namespace, _preload_content=False
-            )
+            resp = await self.api(self.session.core.read_namespaced_pod, name, self.namespace, _preload_content=False)
             self.watcher.seen(raw_json(resp))
         return name
 
     async def delete_pod(self, name: str) -> None:
         try:
-            await self.session.call(
-                self.session.core.delete_namespaced_pod, name, self.namespace, _preload_content=False
-            )
+            await self.api(self.session.core.delete_namespaced_pod, name, self.namespace, _preload_content=False)
         except Exception as exc:
             if _status_of(exc) != 404:
                 raise
@@ -624,7 +700,7 @@ class PodRun:
         if pvc is None:
             return
         try:
-            await self.session.call(
+            await self.api(
                 self.session.core.create_namespaced_persistent_volume_claim,
                 self.namespace,
                 pvc,
@@ -743,7 +819,7 @@ class PodRun:
             pod = self.watcher.get(name)
             if pod is None:
                 # Not in the cache of a synced watch: gone (a pod we just created is put there at once).
-                return PodEnd(None)
+                return PodEnd(None, last=self.watcher.deleted.pop(name, None))
             if (pod.get("status") or {}).get("phase") in _TERMINAL:
                 return PodEnd(pod)
             self.refresh(pod)
@@ -761,7 +837,10 @@ class PodRun:
     def outcome(self, end: PodEnd) -> tuple[Outcome, str]:
         pod = end.pod
         if pod is None:
-            return "lost", f"pod {self.status.pod_name} disappeared (deleted or preempted)"
+            disrupted = disruption_of(end.last)
+            if disrupted is not None:
+                return "disrupted", f"pod {self.status.pod_name} was deleted by the cluster ({disrupted})"
+            return "lost", f"pod {self.status.pod_name} disappeared (deleted)"
         name = pod["metadata"]["name"]
         status = pod.get("status") or {}
         reason = status.get("reason") or ""
@@ -770,6 +849,10 @@ class PodRun:
             return "deadline", f"pod {name} passed its activeDeadlineSeconds"
         if code == DISK_FULL_EXIT:
             return "disk_full", f"pod {name}: disk full on the runs volume"
+        disrupted = disruption_of(pod)
+        if disrupted is not None:
+            detail = status.get("message") or ""
+            return "disrupted", f"pod {name} was taken away ({disrupted}{': ' + detail if detail else ''})"
         if reason:
             detail = status.get("message") or ""
             return "lost", f"pod {name} {reason.lower()}{': ' + detail if detail else ''}"
@@ -826,10 +909,10 @@ class PodRun:
         next_attempt = max(self.status.attempts, pod_attempt(pods[-1]) + 1 if pods else 0)
         if current is not None:
             self.status.attempts, self.status.pod_name = next_attempt, current
-        limit = self.backend.max_attempts
+        limit, disruptions = self.backend.max_attempts, self.backend.max_disruptions
         while True:
             if current is None:
-                if finalizing is None and next_attempt >= limit:
+                if finalizing is None and (self.status.crashes >= limit or self.status.disruptions > disruptions):
                     finalizing = StopReason.killed
                 current = await self.start_pod(next_attempt, finalizing)
                 next_attempt += 1
@@ -847,18 +930,39 @@ class PodRun:
                 from labkube.operator.supervisor import last_error_line
 
                 return await self.fail(last_error_line(self.rd) or why)
+            how = "resuming from the checkpoint" if self.resume_for(next_attempt) else "starting over"
             if kind == "deadline":
                 finalizing = StopReason.time
                 self.condition("Resumed", False, "DeadlineExceeded", f"{why}; grading the run as it stands")
-            elif next_attempt >= limit:
-                # a Gaia2 world that never came up is the world's failure, not a run killed from outside
-                finalizing = StopReason.world_error if kind == "world" else StopReason.killed
-                self.condition("Resumed", False, "AttemptsExhausted", f"{why}; {limit} pods tried, grading the run")
+            elif kind == "disrupted":
+                # Evictions, preemptions and reclaimed nodes are not the run's fault: they do not use up crash
+                # attempts; a larger cap of their own (and the time budget) bounds them.
+                self.status.disruptions += 1
+                if self.status.disruptions > disruptions:
+                    finalizing = StopReason.killed
+                    self.condition(
+                        "Resumed", False, "DisruptionsExhausted", f"{why}; {disruptions} disruptions, grading the run"
+                    )
+                else:
+                    self.condition(
+                        "Resumed",
+                        True,
+                        _reason_of(end),
+                        f"{why}; {how} (disruption {self.status.disruptions} of at most {disruptions}; "
+                        f"crashes {self.status.crashes} of {limit})",
+                    )
             else:
-                how = "resuming from the checkpoint" if self.resume_for(next_attempt) else "starting over"
-                self.condition(
-                    "Resumed", True, _reason_of(end), f"{why}; {how} (attempt {next_attempt + 1} of {limit})"
-                )
+                self.status.crashes += 1
+                if self.status.crashes >= limit:
+                    # a Gaia2 world that never came up is the world's failure, not a run killed from outside
+                    finalizing = StopReason.world_error if kind == "world" else StopReason.killed
+                    self.condition(
+                        "Resumed", False, "AttemptsExhausted", f"{why}; {limit} pods failed, grading the run"
+                    )
+                else:
+                    self.condition(
+                        "Resumed", True, _reason_of(end), f"{why}; {how} (attempt {self.status.crashes + 1} of {limit})"
+                    )
             current = None
 
     def detached(self, why: str) -> RunResult:
@@ -876,7 +980,10 @@ class PodRun:
 
 def _reason_of(end: PodEnd) -> str:
     if end.pod is None:
-        return "PodDeleted"
+        disrupted = disruption_of(end.last)
+        return disrupted if disrupted is not None and re.fullmatch(r"[A-Za-z][A-Za-z0-9]*", disrupted) else "PodDeleted"
+    if (disrupted := disruption_of(end.pod)) is not None:
+        return disrupted
     reason = (end.pod.get("status") or {}).get("reason")
     return str(reason) if reason else "PodFailed"
 
@@ -894,3 +1001,6 @@ async def supervise_pod(run_dir: str, backend: Mapping[str, Any] | K8sBackend) -
         return await run.run()
     except RunGone:
         return run.detached("its Run resource was deleted")
+    except Exception as exc:  # the API down past the run's own deadline, or a bug: this run fails, not its campaign
+        log.exception("run %s: supervision failed", run.name)
+        return await run.fail(f"supervising its pod failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")

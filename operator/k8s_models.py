@@ -213,6 +213,8 @@ class RunStatus(_Status):
     phase: RunPhase = RunPhase.pending
     pod_name: str | None = Field(default=None, description="The run's current (or last) pod.")
     attempts: int = Field(default=0, ge=0, description="Pods started so far.")
+    crashes: int = Field(default=0, ge=0, description="Pods that failed (crashed, errored) without a result.")
+    disruptions: int = Field(default=0, ge=0, description="Pods the cluster took away (evicted, preempted).")
     score: float | None = Field(default=None, description="Primary score, normalized (fraction of SOTA).")
     tokens: int = Field(default=0, ge=0, description="Input + output tokens spent.")
     cost_usd: float = Field(default=0.0, ge=0, description="Model spend in US dollars.")

@@ -119,7 +119,10 @@ class OperatorRuntime(BaseModel):
     )
     status_interval_s: float = Field(default=2.0, gt=0, description="How often Campaign.status is refreshed.")
     poll_seconds: float = Field(default=2.0, gt=0, description="How often a supervisor reads status.json.")
-    max_attempts: int = Field(default=3, ge=1, description="Pods per run (evictions, preemptions) before giving up.")
+    max_attempts: int = Field(default=3, ge=1, description="Failed pods (crashes) per run before giving up.")
+    max_disruptions: int = Field(
+        default=20, ge=0, description="Pods per run the cluster may take away (evictions, preemptions) on top."
+    )
     image_pull_timeout_s: float = Field(default=600.0, gt=0)
 
     def campaign_root(self, namespace: str, name: str) -> Path:
@@ -133,6 +136,7 @@ class OperatorRuntime(BaseModel):
             operator_namespace=self.namespace,
             runs=self.config.runs,
             max_attempts=self.max_attempts,
+            max_disruptions=self.max_disruptions,
             poll_seconds=self.poll_seconds,
             image_pull_timeout_s=self.image_pull_timeout_s,
         )

@@ -37,7 +37,9 @@
   container that fails: `Failed`, with a pod `message` naming it, which real Kubernetes leaves to the
   container's status; the agent then stays `waiting`); `activeDeadlineSeconds` (from
   `startTime`, init containers included) ends the pod `Failed`/`DeadlineExceeded`; `evict()`
-  terminates it `Failed`/`Evicted`; deleting the pod kills its processes.
+  terminates it `Failed`/`Evicted` with `DisruptionTarget=True` (reason `TerminationByKubelet`);
+  `preempt()` adds `DisruptionTarget=True` (e.g. `PreemptionByScheduler`) and deletes it; deleting
+  the pod kills its processes.
 
 `simulate` replaces the agent process (the benchmark): an async function of the pod and its local
 run directory that returns the exit code. Then no process runs at all: init containers succeed and
@@ -92,6 +94,7 @@ class PodState:
     start_time: str = ""
     init_statuses: dict[str, dict[str, Any]] = field(default_factory=dict)
     agent_status: dict[str, Any] = field(default_factory=dict)
+    disruption: dict[str, Any] | None = None  # the DisruptionTarget condition of a pod taken away
 
 
 class FakeKubelet:
@@ -221,6 +224,8 @@ class FakeKubelet:
             "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": state.start_time}],
             "startTime": state.start_time,
         }
+        if state.disruption is not None:
+            status["conditions"].append(state.disruption)
         if state.init_statuses:
             status["initContainerStatuses"] = [dict(s) for s in state.init_statuses.values()]
         status["containerStatuses"] = [dict(state.agent_status)]
@@ -563,10 +568,24 @@ class FakeKubelet:
     def evict(
         self, name: str, namespace: str = "default", message: str = "The node was low on resource: memory."
     ) -> None:
-        """Evict a running pod: its processes are terminated, it ends `Failed`/`Evicted`."""
+        """Evict a running pod as the kubelet does under node pressure (Kubernetes >= 1.26): condition
+        `DisruptionTarget=True` (reason `TerminationByKubelet`), its processes terminated, `Failed`/`Evicted`."""
         state = self.pods[(namespace, name)]
         assert state.stop is not None and not state.stop.done(), f"pod {name} is not running"
+        state.disruption = _disruption("TerminationByKubelet", message)
         state.stop.set_result(("Evicted", message))
+
+    def preempt(self, name: str, namespace: str = "default", reason: str = "PreemptionByScheduler") -> None:
+        """Take a pod away as the scheduler's preemption (or Kueue, or a drain through the Eviction API) does: add
+        `DisruptionTarget=True` with `reason` to its status, then delete it."""
+        state = self.pods[(namespace, name)]
+        state.disruption = _disruption(reason, f"{reason}: the pod was taken away to make room")
+        current = self.api.read_object(PODS, namespace, name)
+        if current is not None:
+            status = current.get("status") or {}
+            conditions = [*(status.get("conditions") or []), state.disruption]
+            self.api.set_status(PODS, namespace, name, {**status, "conditions": conditions})
+        self.api.delete_object(PODS, namespace, name)
 
     def running(self) -> list[str]:
         return [s.name for s in self.pods.values() if s.status.get("phase") == "Running"]
@@ -646,6 +665,16 @@ def _gpus(pod: dict[str, Any], resource: str) -> int:
     for c in pod["spec"].get("containers", []):
         total += int(((c.get("resources") or {}).get("requests") or {}).get(resource, 0))
     return total
+
+
+def _disruption(reason: str, message: str) -> dict[str, Any]:
+    return {
+        "type": "DisruptionTarget",
+        "status": "True",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": now_rfc3339(),
+    }
 
 
 def _container(c: dict[str, Any], state: dict[str, Any], ready: bool = False) -> dict[str, Any]:

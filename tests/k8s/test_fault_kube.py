@@ -6,6 +6,8 @@ one pod per run (no duplicates), the results on the runs volume."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -207,3 +209,109 @@ async def test_api_server_errors_are_retried(cluster: Cluster, fault: Fault) -> 
     assert_completed(cluster, "errors", 3)
     for reaction in injected:
         assert reaction.left == 0, f"a fault was never injected: {reaction.hits}"
+
+
+class Outage:
+    """A kmock reaction: every request answers 503 (with `Retry-After: 1` on every other one) until `until`
+    (monotonic seconds), as a control-plane upgrade looks from outside; then it retires. Requests the kubelet and
+    the test make in-process are not HTTP and go on: the pods keep running."""
+
+    def __init__(self, seconds: float) -> None:
+        self.until = time.monotonic() + seconds
+        self.hits = 0
+
+    def __call__(self, request: kmock.Request) -> Any:
+        if time.monotonic() >= self.until:
+            return NotImplemented
+        self.hits += 1
+        raise KubeError(503, "injected outage (fault test): the API server is being upgraded", "ServiceUnavailable")
+
+
+async def test_a_minute_of_503s_mid_campaign_fails_no_run(cluster: Cluster, fault: Fault) -> None:
+    fault(
+        "API server down for 60 s mid-campaign",
+        "while 3 runs are mid-step, every HTTP request to the API (kopf's, the operator's, the supervisors' pod "
+        "watch, creates and status patches) answers 503 for 60 s, longer than any fixed retry budget",
+        "every call waits it out per run with capped exponential back-off and jitter, for as long as the run's own "
+        "deadline allows; no run, daemon or campaign fails, no pod is duplicated, and the campaign finishes",
+    )
+    task = tiny_task(cluster.root, "patient", [WRITE, sleep(3), READ])
+    async with cluster.operator():
+        cluster.campaign("outage", tasks=[str(task)], models=["oracle"], seeds=3, concurrency=2)
+        await eventually(lambda: running_mid_step(cluster, "outage", 2), 60, what="two pods mid-step")
+        outage = Outage(60)
+        cluster.api[lambda _: True] << outage
+        await asyncio.sleep(60)
+        await eventually(lambda: phase(cluster, "outage") == "Finished", 120, what="the campaign to finish")
+
+    assert outage.hits > 10
+    assert_completed(cluster, "outage", 3)
+
+
+def mid_step_pod(cluster: Cluster, name: str, after: set[str], past_step: int = 0) -> tuple[str, int] | None:
+    """A running pod not in `after` whose agent got past step `past_step` (so past a step of its own attempt),
+    and the step it is at."""
+    cdir = CampaignDir(cluster.campaign_dir(name))
+    running = [p for p in cluster.kubelet.running() if p not in after]
+    ids = cdir.run_ids() if cdir.exists() else []
+    status = cdir.status(ids[0]) if ids else None
+    return (running[0], status.step) if running and status is not None and status.step > past_step else None
+
+
+async def test_a_pod_evicted_five_times_resumes_each_time_and_finishes(cluster: Cluster, fault: Fault) -> None:
+    fault(
+        "run pod evicted 5 times (DisruptionTarget)",
+        "the kubelet evicts the run's pod 5 times in a row, each time mid-step (node pressure: Failed/Evicted with "
+        "DisruptionTarget=True, TerminationByKubelet)",
+        "evictions are told apart from crashes and use up no crash attempt (3): each replacement pod resumes from "
+        "the checkpoint, one pod per attempt, and the run finishes with its score",
+    )
+    steps = [WRITE, *[sleep(1.5) for _ in range(8)], READ]
+    task = tiny_task(cluster.root, "evicted", steps)
+    seen: set[str] = set()
+    step = 0
+    async with cluster.operator():
+        cluster.campaign("evictions", tasks=[str(task)], models=["oracle"], seeds=1)
+        for _ in range(5):
+            pod, step = await eventually(
+                lambda step=step: mid_step_pod(cluster, "evictions", seen, step), 60, what="a pod past its own step"
+            )
+            seen.add(pod)
+            cluster.kubelet.evict(pod)
+        await eventually(lambda: phase(cluster, "evictions") == "Finished", 120, what="the campaign to finish")
+
+    (run,) = cluster.runs("evictions")
+    status = run["status"]
+    assert status["phase"] == "Finished" and status["stopReason"] == "done"
+    assert status["attempts"] == 6 and status["disruptions"] == 5 and status["crashes"] == 0
+    created = cluster.pods_created("evictions")
+    assert len(created) == 6 and len(set(created)) == 6 and set(created[:5]) == seen
+    for name in created[1:]:
+        pod = cluster.api.read_object(("", "v1", "pods"), "default", name)
+        assert pod is not None and "--resume" in pod["spec"]["containers"][0]["command"]
+    cdir = CampaignDir(cluster.campaign_dir("evictions"))
+    (run_id,) = cdir.run_ids()
+    result = cdir.result(run_id)
+    assert result is not None and result.status.value == "Finished" and result.resumes == 5
+    assert result.subtasks[0].raw == 6.0
+
+
+async def test_a_preempted_pod_resumes_without_using_a_crash_attempt(cluster: Cluster, fault: Fault) -> None:
+    fault(
+        "run pod preempted by the scheduler",
+        "the pod gets DisruptionTarget=True (PreemptionByScheduler) and is deleted mid-step, as a higher-priority "
+        "pod's preemption (or Kueue, or a drain) does",
+        "the supervisor reads the deleted pod's last state from its watch, counts a disruption, not a crash, and "
+        "a new pod resumes from the checkpoint",
+    )
+    task = tiny_task(cluster.root, "preempted", [WRITE, sleep(2), sleep(2), READ])
+    async with cluster.operator():
+        cluster.campaign("preemption", tasks=[str(task)], models=["oracle"], seeds=1)
+        pod, _ = await eventually(lambda: mid_step_pod(cluster, "preemption", set()), 60, what="a pod mid-step")
+        cluster.kubelet.preempt(pod)
+        await eventually(lambda: phase(cluster, "preemption") == "Finished", 90, what="the campaign to finish")
+
+    (run,) = cluster.runs("preemption")
+    assert run["status"]["disruptions"] == 1 and run["status"]["crashes"] == 0 and run["status"]["attempts"] == 2
+    resumed = next(c for c in run["status"]["conditions"] if c["type"] == "Resumed")
+    assert resumed["reason"] == "PreemptionByScheduler" and "resuming from the checkpoint" in resumed["message"]

@@ -106,8 +106,10 @@ async def test_evicted_pod_is_replaced_by_one_that_resumes_from_the_checkpoint(c
     (run,) = cluster.runs("evict")
     assert run["status"]["phase"] == "Finished" and run["status"]["attempts"] == 2
     resumed = condition(run, "Resumed")
-    assert resumed is not None and resumed["status"] == "True" and resumed["reason"] == "Evicted"
-    assert "attempt 2 of 3" in resumed["message"]
+    # An eviction is the cluster's doing (DisruptionTarget): it uses up no crash attempt.
+    assert resumed is not None and resumed["status"] == "True" and resumed["reason"] == "TerminationByKubelet"
+    assert "disruption 1 of at most 20; crashes 0 of 3" in resumed["message"]
+    assert run["status"]["disruptions"] == 1 and run["status"]["crashes"] == 0
     created = cluster.pods_created("evict")
     assert created == [first, run["status"]["podName"]]
     second = cluster.api.read_object(PODS, NAMESPACE, created[1])
