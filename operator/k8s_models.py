@@ -27,6 +27,7 @@ from pydantic.alias_generators import to_camel
 
 from labkube.budgets import StopReason
 from labkube.campaign import CampaignSpec
+from labkube.operator.leader import LeaderElection
 from labkube.run_spec import RunPhase, RunSpec
 from labkube.task_card import Resources, TaskFamily
 
@@ -435,6 +436,9 @@ class OperatorConfig(BaseModel):
         description="NetworkPolicy objects (without a namespace) the operator puts in every namespace with runs.",
     )
     tenancy: Tenancy = Field(default_factory=Tenancy)
+    leader_election: LeaderElection = Field(
+        default_factory=LeaderElection, description="One driver among the operator's replicas (a Lease)."
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     ray_address: str | None = Field(default=None, description="Existing Ray cluster; empty: start Ray in the pod.")
     metrics_port: int = Field(default=8080, ge=1, le=65535)

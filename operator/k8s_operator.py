@@ -32,7 +32,10 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -69,6 +72,7 @@ from labkube.operator.k8s_models import (
     set_condition,
 )
 from labkube.operator.kube import KubeError, KubeTarget, api_client, connection_info
+from labkube.operator.leader import LeaseElector
 from labkube.operator.pod_manifest import LABEL_RUN, pvc_name
 from labkube.result import RunResult
 from labkube.run_spec import RunPhase, RunSpec
@@ -116,6 +120,10 @@ class OperatorRuntime(BaseModel):
     )
     namespace: str | None = Field(
         default=None, description="The operator's own namespace, whose shared runs claim it mounts at runs_root."
+    )
+    identity: str = Field(
+        default_factory=lambda: f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}",
+        description="This replica's name in the leader lease (its pod name and a random suffix).",
     )
     status_interval_s: float = Field(default=2.0, gt=0, description="How often Campaign.status is refreshed.")
     poll_seconds: float = Field(default=2.0, gt=0, description="How often a supervisor reads status.json.")
@@ -410,8 +418,11 @@ async def run_campaign(
     stopped: kopf.DaemonStopped,
     logger: logging.Logger | logging.LoggerAdapter,  # type: ignore[type-arg]
     metrics: OperatorMetrics | None = None,
+    fenced: threading.Event | None = None,
 ) -> None:
-    """Drive one Campaign resource to the end (the daemon's body; see the module docstring)."""
+    """Drive one Campaign resource to the end (the daemon's body; see the module docstring). When `fenced` is set
+    (this replica lost the leader lease), stop driving at once, as when the operator stops: pods keep running for
+    the new leader to adopt."""
     import kopf
 
     meta = body.get("metadata") or {}
@@ -492,7 +503,7 @@ async def run_campaign(
             gpu_hours_cap=spec.gpu_hours_cap,
         )
     )
-    stopping = asyncio.ensure_future(stopped.wait())
+    stopping = asyncio.ensure_future(_either(stopped, fenced))
     try:
         while not driving.done() and not stopping.done():
             with contextlib.suppress(Exception):  # a failed refresh is retried on the next tick
@@ -504,7 +515,7 @@ async def run_campaign(
             driving.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await driving
-    if stopped.is_set():
+    if stopped.is_set() or (fenced is not None and fenced.is_set()):
         return
     try:
         driving.result()
@@ -520,6 +531,15 @@ async def run_campaign(
     await _publish_final_results(api, namespace, name, runs, cdir)
     final = await refresh(done=True)
     logger.info(f"campaign {name}: finished ({final.progress} runs final); results in {cdir.root}")
+
+
+async def _either(stopped: kopf.DaemonStopped, fenced: threading.Event | None, every_s: float = 0.5) -> None:
+    """Until the daemon is stopped or this replica is fenced."""
+    while not stopped.is_set():
+        if fenced is not None and fenced.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopped.wait(), every_s)
 
 
 async def _create_runs(
@@ -591,9 +611,13 @@ async def _mark_held(api: ClusterApi, namespace: str, campaign: str, result: Run
 
 
 def build_registry(
-    runtime: OperatorRuntime, ray_ctx: RayContext, metrics: OperatorMetrics | None = None
+    runtime: OperatorRuntime,
+    ray_ctx: RayContext,
+    metrics: OperatorMetrics | None = None,
+    fenced: threading.Event | None = None,
 ) -> kopf.OperatorRegistry:
-    """kopf handlers bound to this runtime (see the module docstring); campaign series go to `metrics`."""
+    """kopf handlers bound to this runtime (see the module docstring); campaign series go to `metrics`; campaign
+    daemons stop driving once `fenced` is set (the leader lease is lost)."""
     import kopf
 
     registry = kopf.OperatorRegistry()
@@ -626,7 +650,9 @@ def build_registry(
         key = (namespace or "default", name)
         driving.add(key)
         try:
-            await run_campaign(dict(body), runtime, api, ray_ctx, stopped, logger, metrics)
+            if fenced is not None and fenced.is_set():
+                return  # not the leader any more: the new one drives this campaign
+            await run_campaign(dict(body), runtime, api, ray_ctx, stopped, logger, metrics, fenced)
         finally:
             driving.discard(key)
 
@@ -655,29 +681,77 @@ def build_registry(
 def run_operator(
     runtime: OperatorRuntime, *, gpus: int | None = None, max_runs: int = 1000, verbose: bool = False
 ) -> None:
-    """`labkube operator`: reach the API, start (or join) Ray, run kopf until SIGTERM/SIGINT."""
+    """`labkube operator`: reach the API, win the leader lease (standing by, healthy, until then), start (or join)
+    Ray, run kopf until SIGTERM/SIGINT or until the lease is lost (then exit, to stand by again)."""
     import kopf
 
     from labkube.operator.driver import connect, shutdown
     from labkube.operator.kube import check_reachable
 
-    check_reachable(api_client(runtime.kube), runtime.kube)
+    client = api_client(runtime.kube)
+    check_reachable(client, runtime.kube)
     check_runs_root(runtime.runs_root)
+    fenced = threading.Event()
+    holder: threading.Thread | None = None
+    election = runtime.config.leader_election
+    if election.enabled:
+        if runtime.namespace is None:
+            raise OperatorError(
+                "leader election needs the operator's namespace: set LABKUBE_OPERATOR_NAMESPACE "
+                "(the chart does), or leaderElection.enabled: false for a single replica"
+            )
+        elector = LeaseElector(client, runtime.namespace, runtime.identity, election)
+        with standby_health(runtime.config.health_port):
+            asyncio.run(elector.acquire())
+        holder = threading.Thread(
+            target=lambda: asyncio.run(elector.hold(fenced.set)), name="labkube-lease", daemon=True
+        )
+        holder.start()
     ctx = connect(runtime.config.ray_address, max_runs, num_gpus=gpus, private=not runtime.config.ray_address)
     kopf.configure(verbose=verbose or runtime.config.log_level == "debug", log_prefix=True)
     metrics = OperatorMetrics()
     server = metrics.serve(runtime.config.metrics_port)
     try:
         kopf.run(
-            registry=build_registry(runtime, ctx, metrics),
+            registry=build_registry(runtime, ctx, metrics, fenced),
             standalone=True,
             clusterwide=not runtime.config.namespaces,
             namespaces=runtime.config.namespaces,
             liveness_endpoint=f"http://0.0.0.0:{runtime.config.health_port}/healthz",
+            stop_flag=fenced,
         )
     finally:
         server.shutdown()  # type: ignore[attr-defined]
         shutdown(ctx)
+    if fenced.is_set():
+        raise OperatorError(
+            f"{runtime.identity} lost the leader lease {runtime.namespace}/{election.lease_name}; "
+            "exiting to stand by again (the new leader adopts the running pods)"
+        )
+
+
+@contextlib.contextmanager
+def standby_health(port: int) -> Iterator[None]:
+    """`/healthz` answers 200 while this replica stands by for the lease (kopf serves it once it leads)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Healthy(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path.startswith("/healthz") else 404)
+            self.end_headers()
+            self.wfile.write(b"standing by for the leader lease\n")
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("0.0.0.0", port), Healthy)
+    thread = threading.Thread(target=server.serve_forever, name="labkube-standby-health", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def check_runs_root(root: Path) -> None:

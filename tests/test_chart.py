@@ -79,6 +79,11 @@ def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [d for d in docs if d["kind"] == kind]
 
 
+def watched_roles(docs: list[dict[str, Any]], kind: str = "Role") -> list[dict[str, Any]]:
+    """The operator's Roles (or RoleBindings) in watched namespaces, not the leader election's."""
+    return [d for d in by_kind(docs, kind) if not d["metadata"]["name"].endswith("-leader-election")]
+
+
 def operator_role(docs: list[dict[str, Any]]) -> dict[str, Any]:
     """The operator's own ClusterRole (the aggregated tenant roles are ClusterRoles too)."""
     (role,) = [
@@ -181,6 +186,9 @@ def test_default_values_render_valid_objects(chart: helm_python.Chart) -> None:
         "ConfigMap",
         "Deployment",
         "NetworkPolicy",  # the operator pod's; run pods' come from the operator, in each namespace with runs
+        "PodDisruptionBudget",  # two replicas: one leads, one stands by
+        "Role",  # the leader Lease
+        "RoleBinding",
         "Service",
         "ServiceAccount",
     ]
@@ -193,7 +201,7 @@ def test_every_flag_on_renders_valid_objects(chart: helm_python.Chart) -> None:
         one(docs, kind)
     assert len(by_kind(docs, "NetworkPolicy")) == 1
     assert [p["kind"] for p in run_policies(docs)] == ["NetworkPolicy", "CiliumNetworkPolicy"]
-    assert len(by_kind(docs, "Role")) == len(by_kind(docs, "RoleBinding")) == 2
+    assert len(watched_roles(docs)) == len(watched_roles(docs, "RoleBinding")) == 2
     assert len(by_kind(docs, "ConfigMap")) == 2
 
 
@@ -356,7 +364,20 @@ def test_operator_deployment(chart: helm_python.Chart) -> None:
     docs = render(chart)
     deployment = one(docs, "Deployment")
     spec = deployment["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    # Two replicas by default: one leads (a Lease), one stands by; a PodDisruptionBudget keeps one of them.
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    pdb = one(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+    election = operator_config(docs).leader_election
+    assert election.enabled and election.lease_name == "labkube-leader" and election.renew_deadline_s < election.lease_s
+    (lease_role,) = [r for r in by_kind(docs, "Role") if r["metadata"]["name"] == "labkube-leader-election"]
+    assert lease_role["metadata"]["namespace"] == NAMESPACE
+    assert rules_of(lease_role) == {("coordination.k8s.io", "leases"): {"create", "get", "update"}}
+    single = render(chart, {"operator": {"replicas": 1, "leaderElection": {"enabled": False}}})
+    assert one(single, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
+    assert not by_kind(single, "PodDisruptionBudget") and not by_kind(single, "Role")
     pod = spec["template"]["spec"]
     assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
     (container,) = pod["containers"]
@@ -461,7 +482,7 @@ def test_cluster_wide_rbac_is_least_privilege(chart: helm_python.Chart) -> None:
     binding = one(docs, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == operator_role(docs)["metadata"]["name"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "labkube", "namespace": NAMESPACE}]
-    assert not by_kind(docs, "Role")
+    assert not watched_roles(docs)
 
 
 def test_claims_are_allowed_only_when_the_operator_creates_them(chart: helm_python.Chart) -> None:
@@ -475,11 +496,11 @@ def test_namespaced_rbac_uses_a_role_per_watched_namespace(chart: helm_python.Ch
     docs = render(chart, {"operator": {"watchNamespaces": ["research", "evals"]}})
     cluster = rules_of(operator_role(docs))
     assert set(cluster) == {("apiextensions.k8s.io", "customresourcedefinitions"), ("", "namespaces")}
-    roles = by_kind(docs, "Role")
+    roles = watched_roles(docs)
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["evals", "research"]
     wide = rules_of(operator_role(render(chart)))
     assert rules_of(roles[0]) == {k: v for k, v in wide.items() if k not in cluster}  # one rule block for both
-    for binding in by_kind(docs, "RoleBinding"):
+    for binding in watched_roles(docs, "RoleBinding"):
         assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "labkube"}
         assert binding["subjects"][0]["namespace"] == NAMESPACE
 
@@ -553,6 +574,8 @@ def test_values_that_violate_the_schema_are_rejected(
         ({"networkPolicy": {"enabled": True, "allowedHosts": ["api.openai.com"]}}, r"networkPolicy\.allowedHosts"),
         ({"networkPolicy": {"enabled": False, "cilium": True}}, r"networkPolicy\.cilium"),
         ({"operator": {"metricsPort": 9000, "healthPort": 9000}}, r"operator\.metricsPort .* 9000"),
+        ({"operator": {"leaderElection": {"enabled": False}}}, r"operator\.replicas is 2 but operator\.leaderElection\.enabled is false"),
+        ({"operator": {"leaderElection": {"renewDeadlineSeconds": 20}}}, r"renewDeadlineSeconds \(20\)"),
         ({"runs": {"world": {"image": "w", "port": 9400}}}, r"runs\.world\.port .* 9400"),
         ({"runs": {"workspace": {"existingClaim": "shared"}}}, r'runs\.workspace\.existingClaim is "shared"'),
         ({"runs": {"env": {"HF_TOKEN": "hf_x"}}}, r"runs\.env\.HF_TOKEN looks like a secret"),

@@ -77,6 +77,7 @@ BUILTIN: dict[ResKey, Kind] = {
     ("", "v1", "namespaces"): Kind("Namespace", False, frozenset({"status"})),
     ("", "v1", "secrets"): Kind("Secret", True, frozenset()),
     ("networking.k8s.io", "v1", "networkpolicies"): Kind("NetworkPolicy", True, frozenset()),
+    ("coordination.k8s.io", "v1", "leases"): Kind("Lease", True, frozenset()),
     ("events.k8s.io", "v1", "events"): Kind("Event", True, frozenset()),
     ("apiextensions.k8s.io", "v1", "customresourcedefinitions"): Kind(
         "CustomResourceDefinition", False, frozenset({"status"})

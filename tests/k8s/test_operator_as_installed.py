@@ -219,6 +219,11 @@ async def test_default_values_cluster_wide_operator_finishes_a_campaign(tmp_path
         assert "RAY_AUTH_MODE" not in str(installation.container)
         async with installation.operator() as proc:
             await installation.ready(proc)
+            # It leads: the chart's two replicas elect one on a Lease in the release namespace.
+            lease = installation.api.read_object(
+                ("coordination.k8s.io", "v1", "leases"), RELEASE_NAMESPACE, "labkube-leader"
+            )
+            assert lease is not None and lease["spec"]["holderIdentity"].startswith("labkube-7d9f-abcde-")
             # Embedded Ray has token authentication on: a client without the operator's token is refused.
             said = await asyncio.to_thread(ray_client_without_the_token, gcs_port(proc.processes()))
             assert "CONNECTED" not in said and "InvalidAuthToken" in said, said

@@ -143,6 +143,12 @@ Checks values.schema.json cannot express. Every message names the key and the ba
 {{- fail (printf "networkPolicy.allowedCIDRs has %s, a link-local range holding the cloud metadata service: remove it" .) }}
 {{- end }}
 {{- end }}
+{{- if and (gt (int .Values.operator.replicas) 1) (not .Values.operator.leaderElection.enabled) }}
+{{- fail (printf "operator.replicas is %d but operator.leaderElection.enabled is false: two unfenced operators would drive the same Campaigns; enable leader election or set replicas to 1" (int .Values.operator.replicas)) }}
+{{- end }}
+{{- if ge (float64 .Values.operator.leaderElection.renewDeadlineSeconds) (float64 .Values.operator.leaderElection.leaseSeconds) }}
+{{- fail (printf "operator.leaderElection.renewDeadlineSeconds (%v) must be less than leaseSeconds (%v): a leader must stop before another may take over" .Values.operator.leaderElection.renewDeadlineSeconds .Values.operator.leaderElection.leaseSeconds) }}
+{{- end }}
 {{- if and .Values.runs.workspace.existingClaim (ne .Values.runs.workspace.mode "pvc") }}
 {{- fail (printf "runs.workspace.existingClaim is %q but runs.workspace.mode is %q: set mode to pvc" .Values.runs.workspace.existingClaim .Values.runs.workspace.mode) }}
 {{- end }}
