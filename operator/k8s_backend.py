@@ -57,7 +57,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from labkube.agent.entrypoint import DISK_FULL_EXIT
 from labkube.budgets import StopReason
 from labkube.operator.admission import read_admitted
-from labkube.operator.crds import GROUP, VERSION, run_name
+from labkube.operator.crds import GROUP, LABEL_CAMPAIGN, VERSION, run_name
 from labkube.operator.k8s_models import (
     Condition,
     ConditionStatus,
@@ -183,6 +183,9 @@ class K8sBackend(BaseModel):
         "they resume from the checkpoint and use up no crash attempt.",
     )
     poll_seconds: float = Field(default=2.0, gt=0, description="How often status.json is read while a pod runs.")
+    delete_finished_pods: bool = Field(
+        default=True, description="Delete a run's ended pods once its result is recorded (their logs go with them)."
+    )
     image_pull_timeout_s: float = Field(
         default=600.0, gt=0, description="A run whose image cannot be pulled for this long fails."
     )
@@ -340,14 +343,18 @@ def problem_message(conditions: list[Condition]) -> str:
 
 
 class PodWatcher:
-    """One list+watch of every run pod of a namespace, shared by all supervisors in this process.
+    """One list+watch of the run pods of one campaign (label selector: this operator's run pods of that campaign),
+    shared by all supervisors of the campaign in this process: the cache holds nothing else.
 
     A thread runs the (blocking) `kubernetes` client's list and watch and hands each event to the
     event loop; supervisors read the cache (`get`, `of_run`) and `wait` for a pod to change.
     """
 
-    def __init__(self, session: KubeSession, namespace: str, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, session: KubeSession, namespace: str, loop: asyncio.AbstractEventLoop, campaign: str | None = None
+    ) -> None:
         self.session = session
+        self.selector = RUN_SELECTOR + (f",{LABEL_CAMPAIGN}={campaign}" if campaign else "")
         self.namespace = namespace
         self.loop = loop
         self.pods: dict[str, dict[str, Any]] = {}
@@ -419,14 +426,14 @@ class PodWatcher:
                 if rv is None:
                     listing = raw_json(
                         core.list_namespaced_pod(
-                            self.namespace, label_selector=RUN_SELECTOR, _preload_content=False, _request_timeout=30
+                            self.namespace, label_selector=self.selector, _preload_content=False, _request_timeout=30
                         )
                     )
                     rv = str(listing["metadata"]["resourceVersion"])
                     self._post("reset", listing.get("items") or [])
                 resp: Any = core.list_namespaced_pod(
                     self.namespace,
-                    label_selector=RUN_SELECTOR,
+                    label_selector=self.selector,
                     watch=True,
                     resource_version=rv,
                     allow_watch_bookmarks=True,
@@ -495,10 +502,11 @@ class KubeSession:
         work = partial(fn, *args, **kwargs)
         return await retrying(lambda: self.loop.run_in_executor(pool, work), conflicts=conflicts, patience_s=patience_s)
 
-    def pods(self, namespace: str) -> PodWatcher:
-        if namespace not in self.watchers:
-            self.watchers[namespace] = PodWatcher(self, namespace, self.loop)
-        return self.watchers[namespace]
+    def pods(self, namespace: str, campaign: str | None = None) -> PodWatcher:
+        key = f"{namespace}/{campaign or ''}"
+        if key not in self.watchers:
+            self.watchers[key] = PodWatcher(self, namespace, self.loop, campaign)
+        return self.watchers[key]
 
 
 _SESSIONS: dict[tuple[str, int], KubeSession] = {}
@@ -615,7 +623,7 @@ class PodRun:
         self.ledger = read_model(self.ledger_file, PodLedger) or PodLedger(run_id=self.spec.run_id, gpus=self.spec.gpus)
         self.name = run_name(self.spec.campaign, self.spec.run_id)
         self.namespace = backend.namespace
-        self.watcher = session.pods(self.namespace)
+        self.watcher = session.pods(self.namespace, self.spec.campaign)
         self.status = RunStatus()
         self.published: dict[str, Any] | None = None
         self.owner: dict[str, Any] = {}
@@ -687,6 +695,14 @@ class PodRun:
             resp = await self.api(self.session.core.read_namespaced_pod, name, self.namespace, _preload_content=False)
             self.watcher.seen(raw_json(resp))
         return name
+
+    async def delete_pods(self) -> None:
+        """Delete the run's ended pods once its result is recorded (their GPU time is in the ledger): a finished
+        campaign leaves no pod behind, and the pod caches stay small."""
+        for pod in self.watcher.of_run(self.name):
+            self.track(pod)
+            if (pod.get("status") or {}).get("phase") in _TERMINAL:
+                await self.delete_pod(pod["metadata"]["name"])
 
     async def delete_pod(self, name: str) -> None:
         try:
@@ -764,6 +780,8 @@ class PodRun:
                 self.note(problem_message(self.status.conditions))
 
     async def finish(self, result: RunResult) -> RunResult:
+        if self.backend.delete_finished_pods:
+            await self.delete_pods()
         self.status.phase = result.status
         self.status.score = result.score
         self.status.tokens = result.spend.usage.total

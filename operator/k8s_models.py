@@ -436,6 +436,9 @@ class OperatorConfig(BaseModel):
         description="NetworkPolicy objects (without a namespace) the operator puts in every namespace with runs.",
     )
     tenancy: Tenancy = Field(default_factory=Tenancy)
+    delete_finished_pods: bool = Field(
+        default=True, description="Delete a run's ended pods once its result is recorded (their logs go with them)."
+    )
     leader_election: LeaderElection = Field(
         default_factory=LeaderElection, description="One driver among the operator's replicas (a Lease)."
     )

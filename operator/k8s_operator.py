@@ -145,6 +145,7 @@ class OperatorRuntime(BaseModel):
             runs=self.config.runs,
             max_attempts=self.max_attempts,
             max_disruptions=self.max_disruptions,
+            delete_finished_pods=self.config.delete_finished_pods,
             poll_seconds=self.poll_seconds,
             image_pull_timeout_s=self.image_pull_timeout_s,
         )
@@ -419,6 +420,7 @@ async def run_campaign(
     logger: logging.Logger | logging.LoggerAdapter,  # type: ignore[type-arg]
     metrics: OperatorMetrics | None = None,
     fenced: threading.Event | None = None,
+    runs_index: Mapping[tuple[str, str], Any] | None = None,
 ) -> None:
     """Drive one Campaign resource to the end (the daemon's body; see the module docstring). When `fenced` is set
     (this replica lost the leader lease), stop driving at once, as when the operator stops: pods keep running for
@@ -477,7 +479,10 @@ async def run_campaign(
 
     async def refresh(done: bool = False) -> CampaignStatus:
         nonlocal status
-        objs = await api.runs_of(namespace, name)
+        # kopf's index of Runs (fed by its watch) when the daemon has one; a LIST only without it (and at the end).
+        objs = list(runs_index.get((namespace, name), [])) if runs_index is not None and not done else None
+        if objs is None:
+            objs = await api.runs_of(namespace, name)
         new = campaign_status(
             objs, previous=status, generation=generation, held=len(held), cap=spec.gpu_hours_cap, done=done
         )
@@ -641,18 +646,34 @@ def build_registry(
         except KubeError as exc:
             raise kopf.LoginError(str(exc)) from None
 
+    @kopf.index(GROUP, VERSION, "runs", registry=registry, id="runs_by_campaign")
+    def runs_by_campaign(
+        namespace: str | None, labels: kopf.Labels, name: str, status: kopf.Status, **_: Any
+    ) -> dict[tuple[str, str], dict[str, Any]] | None:
+        """Every Run's status by (namespace, campaign), kept current by kopf's one watch of Runs."""
+        campaign = labels.get(LABEL_CAMPAIGN)
+        if not campaign:
+            return None
+        return {(namespace or "default", campaign): {"metadata": {"name": name}, "status": dict(status)}}
+
     @kopf.daemon(
         GROUP, VERSION, "campaigns", registry=registry, backoff=5, cancellation_backoff=10, cancellation_timeout=20
     )
     async def campaign(
-        body: kopf.Body, name: str, namespace: str | None, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any
+        body: kopf.Body,
+        name: str,
+        namespace: str | None,
+        stopped: kopf.DaemonStopped,
+        logger: kopf.Logger,
+        runs_by_campaign: kopf.Index[tuple[str, str], dict[str, Any]],
+        **_: Any,
     ) -> None:
         key = (namespace or "default", name)
         driving.add(key)
         try:
             if fenced is not None and fenced.is_set():
                 return  # not the leader any more: the new one drives this campaign
-            await run_campaign(dict(body), runtime, api, ray_ctx, stopped, logger, metrics, fenced)
+            await run_campaign(dict(body), runtime, api, ray_ctx, stopped, logger, metrics, fenced, runs_by_campaign)
         finally:
             driving.discard(key)
 

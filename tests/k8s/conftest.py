@@ -98,6 +98,22 @@ class Cluster:
     def pods(self, campaign: str | None = None) -> list[dict[str, Any]]:
         return self.api.objects(PODS, NAMESPACE, f"labkube.dev/campaign={campaign}" if campaign else None)
 
+    def created_pod(self, name: str, namespace: str = NAMESPACE) -> dict[str, Any]:
+        """A pod as it was created (finished pods are deleted once their result is recorded)."""
+        return next(
+            e.obj
+            for e in self.api.log
+            if e.res == PODS and e.type == "ADDED" and e.namespace == namespace and e.obj["metadata"]["name"] == name
+        )
+
+    def last_pod_state(self, name: str, namespace: str = NAMESPACE) -> dict[str, Any]:
+        """A pod's last state, also after it was deleted (the object of its last watch event)."""
+        return next(
+            e.obj
+            for e in reversed(self.api.log)
+            if e.res == PODS and e.namespace == namespace and e.obj["metadata"]["name"] == name
+        )
+
     def pods_created(self, campaign: str) -> list[str]:
         """Every pod the API ever created for the campaign, in order."""
         return [

@@ -287,8 +287,7 @@ async def test_a_pod_evicted_five_times_resumes_each_time_and_finishes(cluster: 
     created = cluster.pods_created("evictions")
     assert len(created) == 6 and len(set(created)) == 6 and set(created[:5]) == seen
     for name in created[1:]:
-        pod = cluster.api.read_object(("", "v1", "pods"), "default", name)
-        assert pod is not None and "--resume" in pod["spec"]["containers"][0]["command"]
+        assert "--resume" in cluster.created_pod(name)["spec"]["containers"][0]["command"]
     cdir = CampaignDir(cluster.campaign_dir("evictions"))
     (run_id,) = cdir.run_ids()
     result = cdir.result(run_id)

@@ -93,8 +93,7 @@ def assert_used_its_sidecar(cluster: Cluster, cdir: CampaignDir, run: dict) -> i
     assert not (run_dir / "logs" / "world.log").exists(), "the agent started a world of its own"
     records = [json.loads(x) for x in (run_dir / "transcript.jsonl").read_text().splitlines()]
     assert any(r["type"] == "world" for r in records)
-    obj = cluster.api.read_object(PODS, NAMESPACE, pod)
-    assert obj is not None
+    obj = cluster.last_pod_state(pod)  # deleted once the result was recorded
     (world,) = obj["status"]["initContainerStatuses"][1:]
     assert world["name"] == "world" and "terminated" in world["state"]  # stopped after the agent
     return port
@@ -174,7 +173,7 @@ async def test_a_world_that_never_listens_fails_the_pod_within_its_startup_time(
     assert run["status"]["phase"] == "Failed"
     first, final = cluster.pods_created("mute")  # the pod, then the finalize pod, which needs no world
     assert first == name
-    final_pod = cluster.api.read_object(PODS, NAMESPACE, final) or {}
+    final_pod = cluster.created_pod(final)
     assert [c["name"] for c in final_pod["spec"].get("initContainers", [])] == ["prepare"]
     assert run["status"]["stopReason"] == "world_error", run["status"]
     resumed = next(c for c in run["status"]["conditions"] if c["type"] == "Resumed")

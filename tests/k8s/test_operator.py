@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import NAMESPACE, PODS, UNPULLABLE, Cluster, eventually, tiny_task
+from conftest import NAMESPACE, UNPULLABLE, Cluster, eventually, tiny_task
 from prometheus_client import CollectorRegistry
 
 from labkube.operator.k8s_models import Tenancy
@@ -112,8 +112,10 @@ async def test_evicted_pod_is_replaced_by_one_that_resumes_from_the_checkpoint(c
     assert run["status"]["disruptions"] == 1 and run["status"]["crashes"] == 0
     created = cluster.pods_created("evict")
     assert created == [first, run["status"]["podName"]]
-    second = cluster.api.read_object(PODS, NAMESPACE, created[1])
-    assert second is not None and "--resume" in second["spec"]["containers"][0]["command"]
+    second = cluster.created_pod(created[1])
+    assert "--resume" in second["spec"]["containers"][0]["command"]
+    # Both pods were deleted once the result was recorded; their GPU time is in the ledger.
+    assert cluster.pods("evict") == []
     (run_id,) = cdir.run_ids()
     result = cdir.result(run_id)
     assert result is not None and result.status.value == "Finished" and result.resumes == 1
