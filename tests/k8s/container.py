@@ -5,9 +5,10 @@ set, a process that ignores SIGTERM as PID 1). `FakeKubelet` runs pods as plain 
 cannot catch those; this is for the tests that mean to.
 
 `start_container(container, pod_spec, volumes, ...)` gives a `ContainerProcess`; entered (`async with`)
-it runs `unshare` (util-linux) into new mount, PID, UTS and IPC namespaces, where a generated shell
-script (`<log_dir>/<container>.setup.sh`) builds the container's root and `exec`s the command, which
-becomes PID 1 of the PID namespace. What the kubelet and the runtime do, and what this does instead:
+it runs `unshare` (util-linux) into new mount, PID, UTS and IPC namespaces (and a network one, on
+request), where a generated shell script (`<log_dir>/<container>.setup.sh`) builds the container's
+root and `exec`s the command, which becomes PID 1 of the PID namespace. What the kubelet and the
+runtime do, and what this does instead:
 
 - Root filesystem: the image is the host's. A fresh tmpfs gets read-only binds of `/usr` and the
   `/bin`, `/lib`, ... next to it (symlinks are recreated, as on merged-/usr systems), of the test's
@@ -16,11 +17,25 @@ becomes PID 1 of the PID namespace. What the kubelet and the runtime do, and wha
   mount points such as `/etc/labkube` can be created in it, as in an image); `/tmp`, `/var/tmp` (1777),
   `/root`, `/home`, `/run` (and `/var/run` -> `../run`) are empty directories. Then, as runc does,
   the script `pivot_root`s into it and detaches the host's tree: nothing else of the host is reachable.
+  `image_dirs` adds host directories, read-only at their own paths, standing in for what the image
+  holds besides the code (a test's task in a pytest directory, which a run's `run.json` names by its
+  path); they are bound after the volumes, so one under a volume's mountPath (a pytest directory under
+  an emptyDir at /tmp) shows through it, its mount point created in that volume.
 - Kernel filesystems: a new `/proc` (of the new PID namespace; `/proc/sys`, `/proc/sysrq-trigger`,
   `/proc/irq`, `/proc/bus` read-only), `/sys` and its submounts (cgroups) read-only, and a `/dev` tmpfs
   with the device nodes runc gives (`null`, `zero`, `full`, `random`, `urandom`, `tty`), a new `devpts`
   instance, the usual symlinks, `/dev/termination-log`, and a private 64 MiB `/dev/shm` (the runtime's
   default; a pod that wants more mounts a memory emptyDir there, as it must in a cluster).
+- Termination message: with `termination_file`, that host file is bound at the container's
+  `terminationMessagePath` (default `/dev/termination-log`), mode 0666 as the kubelet makes it (and
+  owned by the container's user); the caller reads it once the container has ended (the kubelet's 4096
+  bytes, its FallbackToLogsOnError, are the caller's). Without it, an empty file of the root's `/dev`.
+- Network: with `own_network`, a new network namespace too, with only its loopback up (`ip link set lo
+  up`, or, without iproute2, the same ioctl from Python): 127.0.0.1 is the container's own, and every
+  other address, the host's services on its loopback included, is unreachable ("Network is
+  unreachable"; "Connection refused" on 127.0.0.1), as under a NetworkPolicy that denies all egress
+  (no DNS either). Without it, the container shares the host's network: ports are shared and
+  127.0.0.1 is the host.
 - Volumes: `volumes` maps a pod volume's name to the host directory standing in for it (a claim, a
   configMap's files already written, an emptyDir the caller wants to look at). Each `volumeMounts`
   entry binds it (or its `subPath`, created if missing; `subPathExpr` expanded) at `mountPath`;
@@ -64,12 +79,13 @@ becomes PID 1 of the PID namespace. What the kubelet and the runtime do, and wha
   container, PID 1 ignores signals it has no handler for (a shell or a Python process without a SIGTERM
   handler waits out the grace period), and when it ends the kernel kills every other process of the
   namespace. `__aexit__` always does this (grace: the pod's `terminationGracePeriodSeconds`, else 30 s,
-  unless `grace_s` is given), and the namespace's mounts vanish with its last process. Should the
+  unless `grace_s` is given), and the namespace's mounts vanish with its last process. A caller that
+  does not use `async with` waits (`wait`), stops (`terminate`) and then `close()`s it itself. Should the
   test process die, PID 1 and `unshare` are killed too (parent-death signals).
-- Not modelled: the network (containers share the host's, so ports are shared and 127.0.0.1 is the
-  host), resource limits, seccomp/AppArmor, image users and groups beyond /etc/passwd, probes,
-  restarts. `returncode` is asyncio's (-N: killed by signal N); `exit_code` is the containerStatus's
-  (128 + N).
+- Not modelled: a pod's network shared by its containers (each `own_network` container has its own),
+  Services and DNS, resource limits, seccomp/AppArmor, image users and groups beyond /etc/passwd,
+  probes, restarts. `returncode` is asyncio's (-N: killed by signal N); `exit_code` is the
+  containerStatus's (128 + N).
 
 Needs root and util-linux (`unshare`, `setpriv`, `pivot_root`, `mount`); otherwise `ContainerError`.
 """
@@ -165,10 +181,16 @@ def start_container(
     kube_env: Mapping[str, str] | None = None,
     pod_meta: Mapping[str, Any] | None = None,
     grace_s: float | None = None,
+    image_dirs: Sequence[Path | str] = (),
+    termination_file: Path | None = None,
+    own_network: bool = False,
 ) -> ContainerProcess:
     """The container, not started yet: `async with start_container(...) as proc:` runs it (module
     docstring). `pod_meta` is the pod's metadata (`name`, `namespace`, `uid`, `labels`, `annotations`);
-    by default the pod is named after the container, in the service account's namespace."""
+    by default the pod is named after the container, in the service account's namespace. `image_dirs`
+    are host directories bound read-only at their own paths (what an image would hold, e.g. a task);
+    `termination_file` a host file bound at the container's `terminationMessagePath`; `own_network`
+    gives the container a network namespace of its own with only loopback up."""
     return ContainerProcess(
         container,
         pod_spec,
@@ -179,6 +201,9 @@ def start_container(
         kube_env=kube_env,
         pod_meta=pod_meta,
         grace_s=grace_s,
+        image_dirs=image_dirs,
+        termination_file=termination_file,
+        own_network=own_network,
     )
 
 
@@ -197,6 +222,9 @@ class ContainerProcess:
         kube_env: Mapping[str, str] | None = None,
         pod_meta: Mapping[str, Any] | None = None,
         grace_s: float | None = None,
+        image_dirs: Sequence[Path | str] = (),
+        termination_file: Path | None = None,
+        own_network: bool = False,
     ) -> None:
         self.container = dict(container)
         self.pod_spec = dict(pod_spec)
@@ -209,6 +237,9 @@ class ContainerProcess:
         self.pod_meta = {"name": self.container["name"], "namespace": namespace, **(pod_meta or {})}
         self.grace_s = float(pod_spec.get("terminationGracePeriodSeconds", 30) if grace_s is None else grace_s)
         self.name: str = self.container["name"]
+        self.image_dirs = [os.path.normpath(os.path.abspath(d)) for d in image_dirs]
+        self.termination_file = None if termination_file is None else Path(termination_file)
+        self.own_network = own_network
         self.pid: int | None = None  # the container's PID 1, as the host sees it
         self.script = ""  # the generated setup script
         self._work: Path | None = None
@@ -216,6 +247,7 @@ class ContainerProcess:
         self._pidfd: int | None = None
         self._pidns = ""
         self._killed = False
+        self._returncode: int | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -276,6 +308,7 @@ class ContainerProcess:
                     "--pid",
                     "--uts",
                     "--ipc",
+                    *(["--net"] if self.own_network else []),
                     "--fork",
                     "--propagation=private",
                     "--kill-child=SIGKILL",
@@ -325,12 +358,13 @@ class ContainerProcess:
     @property
     def returncode(self) -> int | None:
         """The main process's exit status, as asyncio gives it (-N: killed by signal N); None while it runs."""
-        if self._proc is None or self._proc.returncode is None:
-            return None
+        if self._returncode is not None or self._proc is None or self._proc.returncode is None:
+            return self._returncode
         code = self._proc.returncode
         # unshare 2.38 re-raises the signal that killed its child, but fails to for SIGKILL and exits 1
         if code == 1 and self._killed and UNSHARE_SIGKILL_BUG in self._setup_log():
-            return -signal.SIGKILL
+            code = -signal.SIGKILL
+        self._returncode = code  # kept: the log that tells may be removed (a kubelet's pod directory)
         return code
 
     @property
@@ -360,6 +394,13 @@ class ContainerProcess:
                 self._kill_now()
                 await self._proc.wait()
         return await self.wait()
+
+    def close(self) -> None:
+        """SIGKILL what is left of the container, if anything, and release its pidfd and scratch directory: for a
+        caller that waits for it and stops it itself (`terminate`) instead of `async with`. Idempotent."""
+        if self._proc is not None and self._proc.returncode is None:
+            self._kill_now()
+        self._cleanup()
 
     def _signal(self, sig: signal.Signals) -> None:
         if self._pidfd is not None:  # a pidfd: never another process that got the same pid
@@ -535,6 +576,9 @@ class ContainerProcess:
             for file in sa.iterdir():
                 file.chmod(0o644)
             mounts.append(_Mount(SA_DIR, str(sa), True))
+        mounts += self._image_dir_mounts()
+        if self.termination_file is not None:
+            mounts.append(self._termination_mount(uid, gid))
         for mount in mounts:
             under = _covering(mount.path, _image_binds())
             if under is not None and not Path(mount.path).exists():
@@ -543,6 +587,31 @@ class ContainerProcess:
                     f"{under}"
                 )
         return sorted(mounts, key=lambda m: m.path.count("/") if m.path != "/" else 0)
+
+    def _image_dir_mounts(self) -> list[_Mount]:
+        """`image_dirs`, read-only at their own paths (after the volumes: one under a volume's mountPath,
+        such as a pytest directory under an emptyDir at /tmp, shows through it)."""
+        mounts = []
+        for path in self.image_dirs:
+            if not os.path.isdir(path):
+                raise ContainerError(f"container {self.name}: image directory {path} is not a directory on the host")
+            if _covering(path, _image_binds()) is None:  # already in the image otherwise
+                mounts.append(_Mount(path, path, True))
+        return mounts
+
+    def _termination_mount(self, uid: int, gid: int) -> _Mount:
+        """`termination_file` at `terminationMessagePath`, as the kubelet binds it: mode 0666 (and owned by
+        the container's user), so that it can write it whatever its uid."""
+        assert self.termination_file is not None
+        path = self.container.get("terminationMessagePath") or "/dev/termination-log"
+        if not path.startswith("/"):
+            raise ContainerError(f"container {self.name}: terminationMessagePath {path} is not absolute")
+        file = self.termination_file
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.touch()
+        os.chown(file, uid, gid)
+        file.chmod(0o666)
+        return _Mount(posixpath.normpath(path), str(file), False, file=True)
 
     # -- the setup script --------------------------------------------------------------------------
 
@@ -586,6 +655,7 @@ class ContainerProcess:
             "}",
             "",
             f"printf %s {q(self._hostname())} >/proc/sys/kernel/hostname",
+            *([_loopback_up(), ""] if self.own_network else []),
             'mount -t tmpfs -o mode=755 rootfs "$ROOT"',
             'mkdir -p "$ROOT/tmp" "$ROOT/var/tmp" "$ROOT/root" "$ROOT/home" "$ROOT/run" "$ROOT/proc" "$ROOT/sys" '
             '"$ROOT/dev"',
@@ -712,6 +782,25 @@ def _require_tools() -> None:
         raise ContainerError(f"running a container needs util-linux and coreutils; not found: {', '.join(missing)}")
 
 
+# SIOCGIFFLAGS / SIOCSIFFLAGS on "lo" (struct ifreq: a 16-byte name, then the flags), IFF_UP
+LOOPBACK_UP_PY = """
+import fcntl, socket, struct
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+flags = struct.unpack("16sH", fcntl.ioctl(s, 0x8913, struct.pack("16sH22x", b"lo", 0))[:18])[1]
+fcntl.ioctl(s, 0x8914, struct.pack("16sH22x", b"lo", flags | 1))
+"""
+
+
+def _loopback_up() -> str:
+    """The setup script's line that brings up `lo` of the new network namespace: `ip` (iproute2) when the host
+    has it, else this Python's ioctl (so util-linux is still all it takes)."""
+    ip = shutil.which("ip", path=SETUP_PATH)
+    if ip:
+        return f"{shlex.quote(ip)} link set lo up  # the network namespace's loopback, and nothing else"
+    python = shlex.quote(os.path.realpath(sys.executable))
+    return f"{python} -I -S -c {shlex.quote(LOOPBACK_UP_PY)}  # lo up (no iproute2 here): loopback only"
+
+
 def _image_binds() -> list[str]:
     return [p for p in IMAGE_DIRS if os.path.isdir(p) and not os.path.islink(p)] + _python_binds()
 
@@ -768,15 +857,18 @@ def _chown_tree(top: Path, uid: int, gid: int, fs_group: bool, read_only: bool) 
     for dirpath, dirnames, filenames in os.walk(top):
         paths += [os.path.join(dirpath, name) for name in [*dirnames, *filenames]]
     for path in paths:
-        info = os.lstat(path)
-        if stat.S_ISLNK(info.st_mode):
+        try:  # a shared claim changes meanwhile: a file written by rename (`x.tmp` -> `x`) may be gone
+            info = os.lstat(path)
+            if stat.S_ISLNK(info.st_mode):
+                continue
+            os.chown(path, uid, gid)
+            if fs_group:
+                mask = 0o040 if read_only else 0o060
+                if stat.S_ISDIR(info.st_mode):
+                    mask |= stat.S_ISGID | 0o010
+                os.chmod(path, stat.S_IMODE(info.st_mode) | mask)
+        except FileNotFoundError:
             continue
-        os.chown(path, uid, gid)
-        if fs_group:
-            mask = 0o040 if read_only else 0o060
-            if stat.S_ISDIR(info.st_mode):
-                mask |= stat.S_ISGID | 0o010
-            os.chmod(path, stat.S_IMODE(info.st_mode) | mask)
 
 
 _UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}

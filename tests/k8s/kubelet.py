@@ -41,6 +41,24 @@
   `preempt()` adds `DisruptionTarget=True` (e.g. `PreemptionByScheduler`) and deletes it; deleting
   the pod kills its processes.
 
+Isolation (`isolate=True`, opt-in): as above, every process runs as root on this machine's file system
+and network, so a pod can read any path (another pod's volume included) and reach every local port;
+that shows what a pod does, not that a run is confined. With `isolate`, each container instead runs
+through `container.start_container` (its module docstring says what that models): a scratch root with
+only the host's system, Python, venv and checkout read-only, plus `image_dirs` (standing in for what an
+image would hold: e.g. the tests' tasks, which a run's `run.json` names by their path), read-only at
+their own paths; the pod's user, groups, capabilities and read-only root; its own mount, PID, UTS, IPC
+and network namespaces (only loopback up: nothing of this machine or beyond is reachable, as under a
+default-deny NetworkPolicy); and only its volume mounts, at their real paths (claims as above, emptyDirs
+as directories under the pod's root, memory emptyDirs as private tmpfs; volumes chowned to the pod's
+runAsUser/fsGroup). No path is rewritten. Secrets are resolved from the API into plain values,
+`LABKUBE_METRICS_PORT` is still 0, `labkube` is the venv's script and `python` the venv's python (the
+image's PATH). The termination message file is bound at `terminationMessagePath` and read as above.
+Eviction, deadlines, deletion and the kubelet's exit terminate a container's PID 1 (SIGTERM, SIGKILL
+after the grace period; the kernel then kills the rest of its PID namespace). Native sidecars are
+refused (the pod fails with a `StartError` naming the container): a pod's containers would need one
+shared network namespace, and exec probes would have to run inside the sidecar's namespaces.
+
 `simulate` replaces the agent process (the benchmark): an async function of the pod and its local
 run directory that returns the exit code. Then no process runs at all: init containers succeed and
 sidecars start at once.
@@ -63,6 +81,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from container import ContainerError, ContainerProcess, start_container
 from fakekube import FakeKube, ResKey, now_rfc3339
 
 PODS: ResKey = ("", "v1", "pods")
@@ -70,6 +89,7 @@ Simulate = Callable[[dict[str, Any], Path | None], Awaitable[int]]
 WORLD_PORT_ENV = "LABKUBE_WORLD_PORT"
 WORLD_URL_ENV = "LABKUBE_WORLD_URL"
 _ENDED: weakref.WeakSet[asyncio.subprocess.Process] = weakref.WeakSet()  # process groups already killed
+Proc = asyncio.subprocess.Process | ContainerProcess  # a container's main process: plain, or isolated
 
 
 class StartError(Exception):
@@ -84,7 +104,7 @@ class PodState:
     gpus: int
     bound: bool = False
     task: asyncio.Task[None] | None = None
-    proc: asyncio.subprocess.Process | None = None  # the agent
+    proc: Proc | None = None  # the agent
     sidecars: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
     ports: dict[str, str] = field(default_factory=dict)  # a sidecar's port in the pod -> its local port
     stop: asyncio.Future[tuple[str, str]] | None = None  # (reason, message) of an eviction
@@ -110,6 +130,8 @@ class FakeKubelet:
         grace_s: float = 5.0,
         simulate: Simulate | None = None,
         work: Path | None = None,
+        isolate: bool = False,
+        image_dirs: Sequence[Path] = (),
     ) -> None:
         self.api = api
         self.claims = claims
@@ -120,6 +142,8 @@ class FakeKubelet:
         self.grace_s = grace_s
         self.simulate = simulate
         self.work = work or Path(tempfile.mkdtemp(prefix="kubelet-"))
+        self.isolate = isolate
+        self.image_dirs = [Path(d) for d in image_dirs]
         self.pods: dict[tuple[str, str], PodState] = {}
         self.queue: list[tuple[str, str]] = []  # pods waiting to be scheduled, in arrival order
         self.started: list[str] = []  # pod names whose agent started (in order)
@@ -483,10 +507,10 @@ class FakeKubelet:
                 raise StartError(str(exc)) from None
         return words
 
-    async def _spawn(
-        self, state: PodState, container: dict[str, Any], volumes: dict[str, Path]
-    ) -> asyncio.subprocess.Process | None:
+    async def _spawn(self, state: PodState, container: dict[str, Any], volumes: dict[str, Path]) -> Proc | None:
         """Start the container's process (`None` when simulated), its output in the pod's `logs/`."""
+        if self.isolate and self.simulate is None:
+            return await self._spawn_isolated(state, container, volumes)
         local = self._local(container, volumes)
         env = self._env(state, container, local)
         cwd = local(container.get("workingDir") or str(self.work))
@@ -516,6 +540,57 @@ class FakeKubelet:
                 stderr=err,
                 start_new_session=True,
             )
+
+    async def _spawn_isolated(
+        self, state: PodState, container: dict[str, Any], volumes: dict[str, Path]
+    ) -> ContainerProcess:
+        """Start the container through `container.start_container`: its own root, user, PID and network
+        namespaces, only its volume mounts (at their real paths: nothing is rewritten)."""
+        name = container["name"]
+        if container.get("restartPolicy") == "Always":
+            raise StartError(
+                f"the isolated fake kubelet does not run native sidecars ({name}): the pod's containers would "
+                "need one shared network namespace and its exec probes to run inside the sidecar; use isolate=False"
+            )
+        spec = state.pod["spec"]
+        volume_specs = spec.get("volumes", [])
+        memory = {v["name"] for v in volume_specs if (v.get("emptyDir") or {}).get("medium") == "Memory"}
+        command = container.get("command") or self.entrypoints.get(container.get("image", ""))
+        if not command:
+            raise StartError(f"no command, and image {container.get('image')} has no entrypoint known here")
+        env = [item for item in self._isolated_env(state, container) if item["name"] != "LABKUBE_METRICS_PORT"]
+        env.append({"name": "LABKUBE_METRICS_PORT", "value": "0"})  # as in shared-network mode
+        assert state.root is not None
+        meta = state.pod["metadata"]
+        proc = start_container(
+            {**container, "command": list(command), "env": env},
+            spec,
+            {volume: path for volume, path in volumes.items() if volume not in memory},  # those: tmpfs
+            log_dir=state.root / "logs",
+            pod_meta={k: meta[k] for k in ("name", "namespace", "uid", "labels", "annotations") if k in meta},
+            image_dirs=self.image_dirs,
+            termination_file=self._termination_file(state, container),
+            own_network=True,
+        )
+        try:
+            return await proc.start()
+        except ContainerError as exc:
+            raise StartError(str(exc)) from None
+
+    def _isolated_env(self, state: PodState, container: dict[str, Any]) -> list[dict[str, Any]]:
+        """The container's `env`, secrets resolved from the API into plain values (a missing one left out, as
+        `_env` does), for the container runner, which resolves only `value`s and `fieldRef`s."""
+        env: list[dict[str, Any]] = []
+        for item in container.get("env", []):
+            ref = (item.get("valueFrom") or {}).get("secretKeyRef")
+            if ref is None:
+                env.append(item)
+                continue
+            secret = self.api.read_object(("", "v1", "secrets"), state.namespace, ref["name"]) or {}
+            if ref["key"] in (secret.get("stringData") or {}):
+                value = str(secret["stringData"][ref["key"]])
+                env.append({"name": item["name"], "value": value.replace("$", "$$")})  # no $(VAR) expansion
+        return env
 
     def _termination_file(self, state: PodState, container: dict[str, Any]) -> Path:
         assert state.root is not None
@@ -623,16 +698,27 @@ def _killpg(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:
         os.killpg(proc.pid, sig)
 
 
-def _kill_rest(proc: asyncio.subprocess.Process) -> None:
+def _kill_rest(proc: Proc) -> None:
     """SIGKILL what is left of an ended container's process group, once: later, with the group empty, its
-    id may be another process's (pid_max can be as low as 32768)."""
-    if proc not in _ENDED:
+    id may be another process's (pid_max can be as low as 32768). An isolated container: SIGKILL its PID 1
+    if it still runs (the kernel kills the rest of its PID namespace), and release it."""
+    if isinstance(proc, ContainerProcess):
+        proc.close()
+    elif proc not in _ENDED:
         _ENDED.add(proc)
         _killpg(proc, signal.SIGKILL)
 
 
-async def _terminate(proc: asyncio.subprocess.Process, grace_s: float) -> None:
-    """SIGTERM the process group, SIGKILL it after `grace_s`, and kill what is left of it."""
+async def _terminate(proc: Proc, grace_s: float) -> None:
+    """SIGTERM the process group, SIGKILL it after `grace_s`, and kill what is left of it. An isolated
+    container: the same to its PID 1 (`ContainerProcess.terminate`), whose end ends its PID namespace."""
+    if isinstance(proc, ContainerProcess):
+        try:
+            if proc.returncode is None:
+                await proc.terminate(grace_s)
+        finally:
+            proc.close()
+        return
     if proc.returncode is None:
         _killpg(proc, signal.SIGTERM)
         try:
@@ -643,10 +729,14 @@ async def _terminate(proc: asyncio.subprocess.Process, grace_s: float) -> None:
     _kill_rest(proc)
 
 
-def _exit_code(proc: asyncio.subprocess.Process) -> int:
-    code = proc.returncode
-    assert code is not None
-    return 128 - code if code < 0 else code
+def _exit_code(proc: Proc) -> int:
+    if isinstance(proc, ContainerProcess):
+        code = proc.exit_code
+        assert code is not None
+        return code
+    returncode = proc.returncode
+    assert returncode is not None
+    return 128 - returncode if returncode < 0 else returncode
 
 
 def _sidecar_ports(inits: list[dict[str, Any]]) -> list[str]:

@@ -1,19 +1,31 @@
-"""The container runner (`container.py`) enforces what it claims, and in-cluster configuration works
-against `FakeKube` over TLS (`tls.py`). Needs root and util-linux: without them these tests fail with
-`ContainerError`, on purpose (they are what would catch a chart that cannot work in a cluster)."""
+"""The container runner (`container.py`) enforces what it claims, the fake kubelet's isolated mode runs pods
+through it, and in-cluster configuration works against `FakeKube` over TLS (`tls.py`). Needs root and
+util-linux: without them these tests fail with `ContainerError`, on purpose (they are what would catch a
+chart that cannot work in a cluster)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import shutil
+import socket
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from container import DEFAULT_IMAGE_PATH, REPO, SA_DIR, ContainerError, ServiceAccountMount, start_container
+from container import (
+    DEFAULT_IMAGE_PATH,
+    REPO,
+    SA_DIR,
+    ContainerError,
+    ContainerProcess,
+    ServiceAccountMount,
+    start_container,
+)
 from fakekube import FakeKube
+from kubelet import FakeKubelet
 from kubernetes import client
 from kubernetes.config.incluster_config import InClusterConfigLoader
 from tls import https_server, kubernetes_service_env, make_tls
@@ -249,6 +261,195 @@ async def test_exit_codes_and_stopping_on_an_error(tmp_path: Path, volumes: dict
             assert len(proc.processes()) >= 1
             raise RuntimeError("the test failed")
     assert proc.exit_code == 137 and proc.processes() == []
+
+
+NETWORK_PROBE = """
+import socket
+own = socket.create_server(("127.0.0.1", 0))
+for host, port in [("127.0.0.1", HOST_PORT), ("169.254.169.254", 80), ("127.0.0.1", own.getsockname()[1])]:
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+        print(host, port, "connected")
+    except OSError as exc:
+        print(host, port, exc.strerror)
+"""
+
+
+@pytest.mark.parametrize("iproute2", [True, False], ids=["ip", "ioctl"])
+async def test_image_dirs_termination_file_and_own_network(
+    tmp_path: Path, volumes: dict[str, Path], monkeypatch: pytest.MonkeyPatch, iproute2: bool
+) -> None:
+    if not iproute2:  # lo brought up by Python's ioctl, as on a host without iproute2
+        which = shutil.which
+        monkeypatch.setattr(shutil, "which", lambda cmd, *a, **kw: None if cmd == "ip" else which(cmd, *a, **kw))
+    image = tmp_path / "image" / "task"  # under /tmp, where the pod has an emptyDir: it shows through
+    image.mkdir(parents=True)
+    (image / "grade.sh").write_text("echo graded\n")
+    termination = tmp_path / "termination" / "agent"
+    with socket.create_server(("127.0.0.1", 0)) as host_service:
+        port = host_service.getsockname()[1]
+        socket.create_connection(("127.0.0.1", port), timeout=3).close()  # the host reaches it
+        script = f"""
+            sh {image}/grade.sh
+            touch {image}/new 2>&1
+            echo '{{"score": 6}}' >/dev/termination-log && echo "termination: written"
+            echo "interfaces: $$(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | tr '\\n' ' ')"
+            python -c '{NETWORK_PROBE.replace("HOST_PORT", str(port))}'
+        """
+        code, out, err = await run(
+            tmp_path,
+            agent(script),
+            pod_spec(),
+            volumes,
+            image_dirs=[image],
+            termination_file=termination,
+            own_network=True,
+        )
+    assert code == 0, err
+    assert "graded\n" in out
+    assert f"touch: cannot touch '{image}/new': Read-only file system" in out
+    assert "termination: written" in out
+    assert termination.read_text() == '{"score": 6}\n'  # the host file, written by uid 1000 through the bind
+    assert termination.stat().st_uid == UID and termination.stat().st_mode & 0o777 == 0o666
+    assert "interfaces: lo \n" in out  # a network namespace of its own: loopback only
+    setup = (tmp_path / "logs" / "agent.setup.sh").read_text()
+    assert ("link set lo up" in setup, "0x8914" in setup) == (iproute2, not iproute2)
+    assert f"127.0.0.1 {port} Connection refused" in out  # the host's loopback service: not this loopback
+    assert "169.254.169.254 80 Network is unreachable" in out  # no route anywhere
+    assert out.rstrip().endswith("connected")  # its own loopback is up
+    assert not (image / "new").exists()
+
+
+# -- the fake kubelet's isolated mode ------------------------------------------------------------
+
+PODS = ("", "v1", "pods")
+
+
+def kube_pod(name: str, script: str, **spec: Any) -> dict[str, Any]:
+    """A pod as the operator shapes a run's: `prepare` writes into the run's folder of the claim, `agent` runs
+    `script` there."""
+    runs = {"name": "runs", "mountPath": f"/runs/{name}", "subPath": f"default/{name}"}
+    secure = {**SECURE, "readOnlyRootFilesystem": True}
+    return {
+        "metadata": {"name": name, "namespace": "default", "labels": {"run": name}},
+        "spec": {
+            "restartPolicy": "Never",
+            "securityContext": {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": GID, "fsGroup": FS_GROUP},
+            "initContainers": [
+                {
+                    "name": "prepare",
+                    "image": "labkube:test",
+                    "command": ["sh", "-c", f"echo prepared > /runs/{name}/prepared"],
+                    "securityContext": secure,
+                    "volumeMounts": [runs],
+                }
+            ],
+            "containers": [
+                {
+                    "name": "agent",
+                    "image": "labkube:test",
+                    "command": ["sh", "-c", script],
+                    "workingDir": f"/runs/{name}",
+                    "env": [
+                        {"name": "HOME", "value": "/tmp"},
+                        {"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "keys", "key": "k"}}},
+                    ],
+                    "securityContext": secure,
+                    "terminationMessagePath": "/dev/termination-log",
+                    "terminationMessagePolicy": "FallbackToLogsOnError",
+                    "volumeMounts": [
+                        runs,
+                        {"name": "tmp", "mountPath": "/tmp"},
+                        {"name": "dshm", "mountPath": "/dev/shm"},
+                    ],
+                }
+            ],
+            "volumes": [
+                {"name": "runs", "persistentVolumeClaim": {"claimName": "labkube-runs"}},
+                {"name": "tmp", "emptyDir": {}},
+                {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
+            ],
+            **spec,
+        },
+    }
+
+
+async def test_isolated_kubelet_runs_pods_in_containers_and_stops_them(tmp_path: Path) -> None:
+    """`FakeKubelet(isolate=True)`: a pod's containers run through `start_container` (volumes at their real paths,
+    secrets as values, termination messages through the bound file), and eviction, the deadline, deletion and the
+    kubelet's exit each stop a container's whole PID namespace."""
+    claim = tmp_path / "claim"
+    claim.mkdir()
+    started = "sleep 1000 & echo started; wait"  # PID 1 ignores SIGTERM (no handler): SIGKILL after the grace period
+    pods = {
+        "done": 'echo "$KEY" >/dev/termination-log',
+        "failing": "echo 'it went wrong'; exit 3",
+        "evicted": started,
+        "deadline": started,
+        "deleted": started,
+        "left": started,
+    }
+    async with FakeKube() as api:
+        api.create_object(
+            ("", "v1", "secrets"), "default", {"metadata": {"name": "keys"}, "stringData": {"k": "a$(HOME)b"}}
+        )
+        kubelet = FakeKubelet(api, claims={"labkube-runs": claim}, grace_s=1.0, isolate=True, work=tmp_path / "kubelet")
+        async with kubelet:
+            for name, script in pods.items():
+                extra = {"activeDeadlineSeconds": 4} if name == "deadline" else {}
+                api.create_object(PODS, "default", kube_pod(name, script, **extra))
+            sidecar = kube_pod("sidecar", "true")
+            sidecar["spec"]["initContainers"].append(
+                {**sidecar["spec"]["initContainers"][0], "name": "world", "restartPolicy": "Always"}
+            )
+            api.create_object(PODS, "default", sidecar)
+
+            def status(name: str) -> dict[str, Any]:
+                return (api.read_object(PODS, "default", name) or {}).get("status") or {}
+
+            async def until(check: Any, what: str) -> None:
+                for _ in range(300):
+                    if check():
+                        return
+                    await asyncio.sleep(0.1)
+                raise AssertionError(f"timed out waiting for {what}")
+
+            running = ("evicted", "deadline", "deleted", "left")
+            await until(lambda: all("started" in kubelet.log(n, "agent") for n in running), "the agents to start")
+            procs = {name: kubelet.pods[("default", name)].proc for name in running}
+            assert all(isinstance(proc, ContainerProcess) and len(proc.processes()) == 2 for proc in procs.values())
+            kubelet.evict("evicted")
+            api.delete_object(PODS, "default", "deleted")
+            for name in ("done", "failing", "sidecar", "evicted", "deadline"):
+                await until(lambda n=name: status(n).get("phase") in ("Succeeded", "Failed"), f"pod {name} to end")
+            await until(lambda: procs["deleted"].returncode is not None, "the deleted pod's agent to end")
+            assert procs["left"].returncode is None
+        # the kubelet has gone: nothing of any container is left
+        assert {name: (proc.processes(), proc.exit_code) for name, proc in procs.items()} == {
+            name: ([], 137) for name in running
+        }
+        api.close_watches()
+
+    def agent_state(name: str) -> dict[str, Any]:
+        return status(name)["containerStatuses"][0]["state"]
+
+    assert status("done")["phase"] == "Succeeded"
+    assert agent_state("done")["terminated"]["message"] == "a$(HOME)b\n"  # the secret, verbatim, as the message
+    for name in ("done", "failing"):
+        prepared = claim / "default" / name / "prepared"
+        assert prepared.read_text() == "prepared\n" and prepared.stat().st_uid == UID
+    assert status("failing")["phase"] == "Failed"
+    assert agent_state("failing")["terminated"] | {"finishedAt": ""} == {
+        "exitCode": 3,
+        "reason": "Error",
+        "finishedAt": "",
+        "message": "it went wrong",  # FallbackToLogsOnError: the log's tail
+    }
+    assert (status("evicted")["phase"], status("evicted")["reason"]) == ("Failed", "Evicted")
+    assert agent_state("evicted")["terminated"]["exitCode"] == 137
+    assert (status("deadline")["phase"], status("deadline")["reason"]) == ("Failed", "DeadlineExceeded")
+    assert status("sidecar")["phase"] == "Failed"
+    assert "does not run native sidecars (world)" in status("sidecar")["message"]
 
 
 def _is_under(path: Path, top: Path) -> bool:

@@ -9,22 +9,34 @@ What the fake cluster enforces and what it does not (checked object by object in
   field by field (`kube_policy.pss_restricted_violations`).
 - The fake kubelet maps a pod's volume mounts onto local directories per namespace (claims are
   namespaced, as in Kubernetes): which folder of which claim a pod can see is decided by its mounts.
+  In the hostile-run test it runs the pods isolated (`FakeKubelet(isolate=True)`: each container in a
+  scratch root of its own with only its mounts, as uid 1000, in a network namespace of its own), so
+  what a run cannot reach there it really cannot reach; its network is closed entirely, stricter than
+  the run policy (no DNS), which is why the policy itself is checked object by object.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import socket
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import kmock
 import pytest
 from conftest import CAMPAIGNS, CLAIM, PODS, RUNS, Cluster, eventually, tiny_task
+from fakekube import FakeKube
 from kube_policy import Endpoint, allowed, pss_restricted_violations
+from kubelet import FakeKubelet
 
 from labkube.operator.crds import API_VERSION
+from labkube.operator.driver import RayContext
 from labkube.operator.k8s_backend import PodLedger, ledger_path
 from labkube.operator.k8s_models import Tenancy
+from labkube.run_spec import make_run_id
 from labkube.store import CampaignDir, read_model
 
 pytestmark = pytest.mark.slow
@@ -87,7 +99,10 @@ def pod_endpoint(pod: dict[str, Any], ip: str) -> Endpoint:
 async def test_same_campaign_name_in_two_namespaces_finishes_with_separate_results(
     cluster: Cluster, two_tenants: dict[str, Path], tmp_path: Path
 ) -> None:
-    task = tiny_task(cluster.root, "tenant", [WRITE, READ], resources={"gpus": 1})
+    # a second of pod time at least: pod times have one-second resolution
+    task = tiny_task(
+        cluster.root, "tenant", [WRITE, {"tool": "bash", "args": {"command": "sleep 1.5"}}, READ], resources={"gpus": 1}
+    )
     operator_root = tmp_path / "operator-runs"
     async with cluster.operator(namespace=OPERATOR_NAMESPACE, runs_root=operator_root, run_policies=[RUN_POLICY]):
         for ns in two_tenants:
@@ -111,8 +126,12 @@ async def test_same_campaign_name_in_two_namespaces_finishes_with_separate_resul
         ledger = read_model(ledger_path(cdir.root, run_id), PodLedger)
         assert ledger is not None and len(ledger.pods) == 1 and ledger.gpus == 1
         assert status["gpuHours"] == pytest.approx(ledger.gpu_hours(), abs=1e-6) and status["gpuHours"] > 0
-        (pod,) = cluster.api.objects(PODS, ns, "labkube.dev/campaign=sweep")
-        window = ledger.pods[pod["metadata"]["name"]]
+        assert cluster.api.objects(PODS, ns, "labkube.dev/campaign=sweep") == []  # deleted once recorded
+        (name,) = [
+            n for verb, plural, where, n in cluster.api.audit if verb == "create" and plural == "pods" and where == ns
+        ]
+        pod = cluster.last_pod_state(name, ns)
+        window = ledger.pods[name]
         assert window.start.isoformat().replace("+00:00", "Z") == pod["status"]["startTime"]
         for container in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]]:
             for mount in container["volumeMounts"]:
@@ -130,43 +149,140 @@ async def test_same_campaign_name_in_two_namespaces_finishes_with_separate_resul
     assert not (operator_root / OPERATOR_NAMESPACE).exists()
 
 
-async def test_a_run_cannot_reach_its_siblings_or_the_cluster_and_still_finishes(cluster: Cluster) -> None:
-    """Each pod of a 2-seed campaign on the shared claim tries to read and overwrite the other's files and
-    to inflate the GPU-hour meter through its own status.json; the pods see only their own folder."""
+@pytest.fixture
+async def isolated_cluster(tmp_path: Path, ray_local: RayContext) -> AsyncIterator[Cluster]:
+    """conftest's `cluster`, but its kubelet runs every container isolated (`FakeKubelet(isolate=True)`): own
+    root, user, PID and network namespaces, only its own mounts; tasks made under `root / "tasks"`, the
+    stand-in for what the image holds."""
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    (tmp_path / "tasks").mkdir()
+    async with FakeKube() as api, kmock.Server(api) as server:
+        kubelet = FakeKubelet(
+            api,
+            claims={CLAIM: volume},
+            gpus=2,
+            work=tmp_path / "kubelet",
+            isolate=True,
+            image_dirs=[tmp_path / "tasks"],
+        )
+        async with kubelet:
+            yield Cluster(api, str(server.url).rstrip("/"), kubelet, volume, ray_local, tmp_path)
+        api.close_watches()
+
+
+# A run's attempts to get out, from inside its pod; everything it sees goes into its workspace, the current
+# directory (`/runs/<run-id>/workspace`; the agent's commands get no LABKUBE_* variables).
+NOSY_FILES = """\
+me=$(basename "$(dirname "$PWD")")
+for i in $(seq 600); do [ -e ../go ] && echo go > go.txt && break; sleep 0.1; done  # the test: both runs are up
+ls /runs > seen.txt 2>&1
+cat "/runs/$me/status.json" > own.txt 2>&1
+for s in {siblings}; do
+  [ "$s" = "$me" ] && continue
+  for d in "/runs/$s" "../$s" "../../$s" "{claim_runs}/$s"; do
+    echo "== $d" >> stolen.txt; cat "$d/status.json" >> stolen.txt 2>&1
+    echo "== $d" >> denied.txt
+    {{ echo '{{"phase": "Failed"}}' > "$d/status.json"; echo planted > "$d/planted.txt"; }} 2>> denied.txt
+  done
+done
+"""
+NOSY_NET = """\
+import socket
+own = socket.create_server(("127.0.0.1", 0))  # the pod's own loopback works
+targets = {targets} + [("127.0.0.1", own.getsockname()[1])]
+with open("net.txt", "w") as out:
+    for host, port in targets:
+        try:
+            socket.create_connection((host, port), timeout=3).close()
+            outcome = "connected"
+        except OSError as exc:
+            outcome = exc.strerror or type(exc).__name__
+        out.write(f"{{host}}:{{port}} {{outcome}}\\n")
+"""
+ZERO_WALL = """\
+import json
+s = json.load(open("../status.json")); s["spend"]["wall_seconds"] = 0.0
+json.dump(s, open("../status.json", "w"))
+open("zeroed.txt", "w").write("zeroed\\n")
+"""
+
+
+async def test_a_run_cannot_reach_its_siblings_or_the_cluster_and_still_finishes(isolated_cluster: Cluster) -> None:
+    """Each pod of a 2-seed campaign on the shared claim, run isolated, tries to list /runs, to read and overwrite
+    the other run's files by every path it might take (its mount path, relative paths, the claim's host path), to
+    reach the API server, Ray and the cloud metadata address, and to inflate the GPU-hour meter through its own
+    status.json; it sees only its own folder and its own loopback, and still finishes and is graded."""
+    cluster = isolated_cluster
+    import ray
+
+    api = urlsplit(cluster.url)
+    gcs_host, gcs_port = ray.get_runtime_context().gcs_address.rsplit(":", 1)
+    targets = [(api.hostname, api.port), ("127.0.0.1", int(gcs_port)), ("169.254.169.254", 80)]
+    if gcs_host != "127.0.0.1":
+        targets.append((gcs_host, int(gcs_port)))
+    for host, port in targets[:2] + targets[3:]:  # from the test's process, they answer
+        socket.create_connection((host, port), timeout=3).close()
+    task_root = cluster.root / "tasks"
+    ids = [make_run_id(str(task_root / "nosy"), "oracle", seed) for seed in (0, 1)]
+    claim_runs = cluster.campaign_dir("nosy") / "runs"
+    files = NOSY_FILES.format(siblings=" ".join(ids), claim_runs=claim_runs)
+    net = f"python3 - <<'PY'\n{NOSY_NET.format(targets=targets)}PY\n"
+    zero = f"python3 - <<'PY'\n{ZERO_WALL}PY\n"
     nosy = {
         "tool": "bash",
-        "args": {
-            "command": "ls /runs > seen.txt 2>&1; "
-            "for d in /runs/*--s0 /runs/*--s1 ../*; do cat $d/status.json >> stolen.txt 2>&1; "
-            'echo \'{"phase": "Failed"}\' > $d/status.json.tmp 2>>denied.txt; done; '
-            "python3 - <<'PY'\nimport json, os\np = os.environ['LABKUBE_RUN_DIR'] + '/status.json'\n"
-            "s = json.load(open(p)); s['spend']['wall_seconds'] = 0.0\njson.dump(s, open(p, 'w'))\nPY\n"
-            "sleep 1.5; echo 6 > result.txt"  # pod times have one-second resolution
-        },
+        # pod times have one-second resolution: the sleep makes the GPU-hours visible
+        "args": {"command": f"{files}{net}{zero}sleep 1.5; echo 6 > result.txt"},
     }
-    task = tiny_task(cluster.root, "nosy", [nosy, READ], resources={"gpus": 1})
+    task = tiny_task(task_root, "nosy", [nosy, READ], resources={"gpus": 1})
     async with cluster.operator():
         cluster.campaign("nosy", tasks=[str(task)], models=["oracle"], seeds=2, concurrency=2)
+        # both runs' files exist on the claim before either goes looking for the other's
+        status_files = [claim_runs / run_id / "status.json" for run_id in ids]
+        await eventually(lambda: all(p.exists() for p in status_files), 90, what="both runs' status.json")
+        pods = cluster.pods("nosy")  # as they run (the operator deletes finished pods)
+        for run_id in ids:
+            (claim_runs / run_id / "go").touch()
         await eventually(lambda: phase(cluster, "default", "nosy") == "Finished", 120, what="the campaign to finish")
 
     cdir = CampaignDir(cluster.campaign_dir("nosy"))
-    ids = cdir.run_ids()
-    assert len(ids) == 2
+    assert sorted(cdir.run_ids()) == sorted(ids)
     for run_id in ids:
         result = cdir.result(run_id)
         assert result is not None and result.status.value == "Finished" and result.subtasks[0].raw == 6.0
         workspace = cdir.run_dir(run_id) / "workspace"
-        stolen = (workspace / "stolen.txt").read_text()
-        assert '"run_id"' not in stolen, "a run read a status.json"
-        for other in ids:
-            assert not (cdir.run_dir(other) / "status.json.tmp").exists()
+        assert (workspace / "go.txt").read_text() == "go\n"  # it looked once both runs were there
+        assert (workspace / "zeroed.txt").read_text() == "zeroed\n"  # it did zero its own charged time
+        assert (workspace / "seen.txt").read_text() == f"{run_id}\n"  # /runs holds its own folder only
+        assert '"run_id"' in (workspace / "own.txt").read_text()  # its own status.json it can read
+        (sibling,) = set(ids) - {run_id}
+        paths = [f"/runs/{sibling}", f"../{sibling}", f"../../{sibling}", f"{claim_runs}/{sibling}"]
+        for name, per_path in (("stolen.txt", 1), ("denied.txt", 2)):
+            attempts = (workspace / name).read_text().split("== ")[1:]
+            assert [a.split("\n", 1)[0] for a in attempts] == paths
+            for attempt in attempts:  # every read and every write: the path does not exist in the pod
+                assert attempt.count("No such file or directory") == per_path, (name, attempt)
+        assert '"run_id"' not in (workspace / "stolen.txt").read_text(), "a run read its sibling's status.json"
+        outcomes = dict(line.split(" ", 1) for line in (workspace / "net.txt").read_text().splitlines())
+        assert outcomes.pop(f"{api.hostname}:{api.port}") == "Connection refused"  # the API server
+        assert outcomes.pop(f"127.0.0.1:{gcs_port}") == "Connection refused"  # Ray's GCS
+        assert outcomes.pop("169.254.169.254:80") == "Network is unreachable"  # cloud metadata
+        if gcs_host != "127.0.0.1":
+            assert outcomes.pop(f"{gcs_host}:{gcs_port}") == "Network is unreachable"
+        assert list(outcomes.values()) == ["connected"]  # its own listener on its own loopback
+        # Its files on the claim are its own, written as the pod's user; nothing of the sibling's was touched.
+        status = json.loads((claim_runs / run_id / "status.json").read_text())
+        assert status["run_id"] == run_id and status["phase"] != "Failed"
+        assert (claim_runs / run_id / "status.json").stat().st_uid == 1000
+    assert list(cluster.volume.rglob("planted.txt")) == []
     for run in cluster.runs("nosy"):
         # Zeroing its own charged wall time did not zero the GPU-hours: the API's pod times did the counting.
         ledger = read_model(ledger_path(cdir.root, run["spec"]["run_id"]), PodLedger)
         assert ledger is not None
         assert run["status"]["gpuHours"] == pytest.approx(ledger.gpu_hours(), abs=1e-6)
         assert run["status"]["gpuHours"] > 0
-    for pod in cluster.pods("nosy"):
+    assert len(pods) == 2
+    for pod in pods:
         assert pss_restricted_violations(pod, version="1.33") == []
         assert pod["spec"]["automountServiceAccountToken"] is False
 
@@ -226,7 +342,8 @@ async def test_pods_are_built_from_the_admitted_campaign_not_from_an_edited_run(
         first = await eventually(lambda: cluster.kubelet.running(), 60, what="a running pod")
         cluster.kubelet.evict(first[0])
         await eventually(lambda: phase(cluster, "default", "edited") == "Finished", 90, what="the campaign")
-    pods = cluster.pods("edited")
+    assert cluster.pods("edited") == []  # deleted once the result was recorded
+    pods = [cluster.created_pod(name) for name in cluster.pods_created("edited")]
     assert len(pods) == 2
     for pod in pods:
         assert pod["spec"]["priorityClassName"] == "research"
