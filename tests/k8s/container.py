@@ -577,6 +577,10 @@ class ContainerProcess:
                 file.chmod(0o644)
             mounts.append(_Mount(SA_DIR, str(sa), True))
         mounts += self._image_dir_mounts()
+        # The test's Python, venv and checkout are the image: a volume mounted over one of them (the pod's /tmp
+        # emptyDir over a checkout under /tmp, as CI's may be) must not hide it, so it is bound again on top.
+        volume_paths = [m.path for m in mounts]
+        mounts += [_Mount(path, path, True) for path in _python_binds() if _covering(path, volume_paths) is not None]
         if self.termination_file is not None:
             mounts.append(self._termination_mount(uid, gid))
         for mount in mounts:

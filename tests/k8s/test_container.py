@@ -164,8 +164,9 @@ async def test_sees_only_its_own_files_and_processes(tmp_path: Path, volumes: di
     host_only += [p for p in Path.home().iterdir() if not _is_under(Path(sys.base_prefix), p)]
     host_only = [p for p in host_only if p.exists()]
     assert len(host_only) >= 3
+    top = Path("/", REPO.parts[1])  # the checkout's top directory (/work here, /tmp in a clone under /tmp)
     script = f"""
-        for path in {" ".join(map(str, host_only))} /work; do
+        for path in {" ".join(map(str, host_only))} {top}; do
             [ -e "$path" ] && echo "visible: $path" || echo "hidden: $path"
         done
         echo "repo: $(ls {REPO / "pyproject.toml"})"
@@ -175,7 +176,7 @@ async def test_sees_only_its_own_files_and_processes(tmp_path: Path, volumes: di
     """
     code, out, err = await run(tmp_path, agent(script), pod_spec(), volumes, pod_meta={"name": "run-a-pod"})
     assert code == 0, err
-    assert [line for line in out.splitlines() if line.startswith("visible: /")] == ["visible: /work"]
+    assert [line for line in out.splitlines() if line.startswith("visible: /")] == [f"visible: {top}"]
     for path in host_only:
         assert f"hidden: {path}\n" in out  # a volume is at its mountPath only
     assert f"repo: {REPO / 'pyproject.toml'}" in out
