@@ -278,9 +278,9 @@ class WorkspaceOptions(BaseModel):
     model_config = _KUBE
 
     mode: Literal["emptyDir", "pvc"] = Field(
-        default="emptyDir",
-        description="`emptyDir` is lost with the pod (a retried run starts over); "
-        "`pvc` keeps checkpoints so a retried run resumes.",
+        default="pvc",
+        description="`pvc` (default) keeps checkpoints so a replaced pod resumes (a claim per run, or "
+        "`existingClaim`); `emptyDir` is lost with the pod (a replaced pod starts over).",
     )
     size_limit: str | None = Field(default=None, pattern=_QUANTITY, description="emptyDir size limit.")
     existing_claim: str | None = Field(

@@ -416,7 +416,9 @@ def test_operator_config_is_what_the_operator_reads(chart: helm_python.Chart, va
     else:
         assert config.namespaces == [] and config.ray_address is None
         assert config.runs.default_image == "ghcr.io/labkube/labkube:0.1.0"
-        assert config.runs.workspace.mode == "emptyDir" and config.runs.world is None
+        # a claim per run by default: a replaced pod resumes from its checkpoint
+        assert config.runs.workspace.mode == "pvc" and config.runs.workspace.claim_per_run
+        assert config.runs.world is None
         assert [k.env for k in config.runs.api_keys] == ["OPENAI_API_KEY", "ANTHROPIC_API_KEY"]
     # ... and the pods it builds from it are valid.
     run = RunResourceSpec(
@@ -476,7 +478,7 @@ def test_cluster_wide_rbac_is_least_privilege(chart: helm_python.Chart) -> None:
     assert ("cilium.io", "ciliumnetworkpolicies") not in rules
     assert rules[("apiextensions.k8s.io", "customresourcedefinitions")] == {"list", "watch"}
     assert rules[("", "namespaces")] == {"list", "watch"}
-    assert ("", "persistentvolumeclaims") not in rules  # emptyDir mode
+    assert rules[("", "persistentvolumeclaims")] == {"create", "delete", "get", "list", "watch"}  # a claim per run
     assert ("", "secrets") not in rules  # pods reference Secrets by name; the operator never reads them
     assert all("*" not in group + resource and "*" not in verbs for (group, resource), verbs in rules.items())
     binding = one(docs, "ClusterRoleBinding")
@@ -490,6 +492,8 @@ def test_claims_are_allowed_only_when_the_operator_creates_them(chart: helm_pyth
     assert per_run[("", "persistentvolumeclaims")] == {"create", "delete", "get", "list", "watch"}
     shared = {"runs": {"workspace": {"mode": "pvc", "existingClaim": "labkube-runs"}}}
     assert ("", "persistentvolumeclaims") not in rules_of(operator_role(render(chart, shared)))
+    scratch = {"runs": {"workspace": {"mode": "emptyDir"}}}
+    assert ("", "persistentvolumeclaims") not in rules_of(operator_role(render(chart, scratch)))
 
 
 def test_namespaced_rbac_uses_a_role_per_watched_namespace(chart: helm_python.Chart) -> None:
@@ -574,10 +578,16 @@ def test_values_that_violate_the_schema_are_rejected(
         ({"networkPolicy": {"enabled": True, "allowedHosts": ["api.openai.com"]}}, r"networkPolicy\.allowedHosts"),
         ({"networkPolicy": {"enabled": False, "cilium": True}}, r"networkPolicy\.cilium"),
         ({"operator": {"metricsPort": 9000, "healthPort": 9000}}, r"operator\.metricsPort .* 9000"),
-        ({"operator": {"leaderElection": {"enabled": False}}}, r"operator\.replicas is 2 but operator\.leaderElection\.enabled is false"),
+        (
+            {"operator": {"leaderElection": {"enabled": False}}},
+            r"operator\.replicas is 2 but operator\.leaderElection\.enabled is false",
+        ),
         ({"operator": {"leaderElection": {"renewDeadlineSeconds": 20}}}, r"renewDeadlineSeconds \(20\)"),
         ({"runs": {"world": {"image": "w", "port": 9400}}}, r"runs\.world\.port .* 9400"),
-        ({"runs": {"workspace": {"existingClaim": "shared"}}}, r'runs\.workspace\.existingClaim is "shared"'),
+        (
+            {"runs": {"workspace": {"mode": "emptyDir", "existingClaim": "shared"}}},
+            r'runs\.workspace\.existingClaim is "shared"',
+        ),
         ({"runs": {"env": {"HF_TOKEN": "hf_x"}}}, r"runs\.env\.HF_TOKEN looks like a secret"),
         ({"serviceAccount": {"create": False}}, r"serviceAccount\.name"),
     ],

@@ -106,8 +106,8 @@ def check_pod(pod: dict[str, Any]) -> None:
 
 
 WORKSPACES = {
-    "emptyDir": WorkspaceOptions(),
-    "emptyDir-limited": WorkspaceOptions(size_limit="50Gi"),
+    "emptyDir": WorkspaceOptions(mode="emptyDir"),
+    "emptyDir-limited": WorkspaceOptions(mode="emptyDir", size_limit="50Gi"),
     "pvc": WorkspaceOptions(mode="pvc", storage_class_name="fast", size="200Gi"),
     "pvc-shared": WorkspaceOptions(mode="pvc", existing_claim="labkube-runs", access_modes=["ReadWriteMany"]),
 }
@@ -314,7 +314,7 @@ def test_empty_dir_workspace() -> None:
     pod = build_pod_manifest(make_run(), make_options(workspace=WORKSPACES["emptyDir-limited"]), owner=OWNER)
     runs = next(v for v in pod["spec"]["volumes"] if v["name"] == "runs")
     assert runs == {"name": "runs", "emptyDir": {"sizeLimit": "50Gi"}}
-    assert build_pvc_manifest(make_run(), make_options(), owner=OWNER) is None
+    assert build_pvc_manifest(make_run(), make_options(workspace=WORKSPACES["emptyDir"]), owner=OWNER) is None
 
 
 def test_claim_per_run_workspace() -> None:

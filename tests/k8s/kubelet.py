@@ -32,7 +32,9 @@
   `state.terminated.message`, or, with `terminationMessagePolicy: FallbackToLogsOnError` and an empty
   file after a failure, the last 80 lines (at most 2048 bytes) of its log, as the real kubelet does.
 - Claims are namespaced: `claims[(namespace, name)]` first, then `claims[name]` (one claim name in
-  every namespace standing for the same volume only when a test says so).
+  every namespace standing for the same volume only when a test says so); a claim the API holds and
+  the test did not name (the operator's claim per run) is provisioned as a directory of its own, kept
+  across the run's pods.
 - Phases: `Pending` -> `Running` -> `Succeeded`/`Failed` from the agent's exit code (an init
   container that fails: `Failed`, with a pod `message` naming it, which real Kubernetes leaves to the
   container's status; the agent then stays `waiting`); `activeDeadlineSeconds` (from
@@ -433,12 +435,22 @@ class FakeKubelet:
         for volume in state.pod["spec"].get("volumes", []):
             if "persistentVolumeClaim" in volume:
                 claim = volume["persistentVolumeClaim"]["claimName"]
-                paths[volume["name"]] = self.claims.get((state.namespace, claim)) or self.claims[claim]
+                paths[volume["name"]] = self._claim(state.namespace, claim)
             else:
                 assert state.root is not None
                 paths[volume["name"]] = state.root / "volumes" / volume["name"]
             paths[volume["name"]].mkdir(parents=True, exist_ok=True)
         return paths
+
+    def _claim(self, namespace: str, name: str) -> Path:
+        """The directory of a claim: one the test gave (`claims`), else one the API holds (a claim per run the
+        operator created), provisioned on first use and kept across pods, as a storage class would."""
+        given = self.claims.get((namespace, name)) or self.claims.get(name)
+        if given is not None:
+            return given
+        if self.api.read_object(("", "v1", "persistentvolumeclaims"), namespace, name) is None:
+            raise StartError(f'persistentvolumeclaim "{name}" not found')
+        return self.work / "provisioned" / namespace / name
 
     def _free_port(self) -> int:
         while True:

@@ -228,6 +228,9 @@ async def test_default_values_cluster_wide_operator_finishes_a_campaign(tmp_path
             said = await asyncio.to_thread(ray_client_without_the_token, gcs_port(proc.processes()))
             assert "CONNECTED" not in said and "InvalidAuthToken" in said, said
         await finish_a_campaign(installation, installation.volumes["runs"])
+        # The default workspace is a claim per run (so a replaced pod resumes), owned by its Run.
+        claims = installation.api.objects(("", "v1", "persistentvolumeclaims"), "default")
+        assert len(claims) == 4 and all(c["metadata"]["ownerReferences"][0]["kind"] == "Run" for c in claims)
         policy = installation.api.read_object(("networking.k8s.io", "v1", "networkpolicies"), "default", "labkube-runs")
         assert policy is not None and policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
 
