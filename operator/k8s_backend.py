@@ -66,7 +66,7 @@ from labkube.operator.k8s_models import (
     RunStatus,
     set_condition,
 )
-from labkube.operator.kube import KubeTarget, api_client
+from labkube.operator.kube import KubeTarget, api_client, parse_time
 from labkube.operator.pod_manifest import (
     LABEL_ATTEMPT,
     LABEL_COMPONENT,
@@ -133,24 +133,15 @@ def ledger_path(campaign_root: Path, run_id: str) -> Path:
     return campaign_root / "pods" / f"{run_id}.json"
 
 
-def _rfc3339(text: object) -> datetime | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 def pod_time(pod: Mapping[str, Any]) -> PodTime | None:
     """From the pod's start (scheduled, its GPUs bound) to the end of its last container; None before it starts."""
     status = pod.get("status") or {}
-    start = _rfc3339(status.get("startTime"))
+    start = parse_time(status.get("startTime"))
     if start is None:
         return None
     if status.get("phase") not in _TERMINAL:
         return PodTime(start=start)
-    ends = [_rfc3339(((cs.get("state") or {}).get("terminated") or {}).get("finishedAt")) for cs in _statuses(pod)]
+    ends = [parse_time(((cs.get("state") or {}).get("terminated") or {}).get("finishedAt")) for cs in _statuses(pod)]
     known = [e for e in ends if e is not None]
     return PodTime(start=start, end=max(known) if known else datetime.now(UTC))
 

@@ -16,6 +16,7 @@ the pod's service account (in a cluster) > the kubeconfig's current context.
 from __future__ import annotations
 
 import os
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,7 @@ __all__ = [
     "connection_info",
     "default_namespace",
     "load_configuration",
+    "parse_time",
 ]
 
 _SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -185,3 +187,13 @@ def connection_info(target: KubeTarget) -> kopf.ConnectionInfo:
         certificate_path=config.cert_file,
         private_key_path=config.key_file,
     )
+
+
+def parse_time(text: object) -> datetime | None:
+    """A Kubernetes timestamp (RFC 3339, `Time` or `MicroTime`) as an aware datetime; None when absent or malformed."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None

@@ -24,6 +24,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from labkube.operator.kube import parse_time
+
 __all__ = ["LeaderElection", "LeaseElector"]
 
 log = logging.getLogger("labkube.operator.leader")
@@ -49,15 +51,6 @@ def _now() -> datetime:
 
 def _micro(at: datetime) -> str:
     return at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _parse(text: object) -> datetime | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 class LeaseElector:
@@ -128,7 +121,7 @@ class LeaseElector:
             return True
         spec = current.get("spec") or {}
         holder = spec.get("holderIdentity")
-        renewed = _parse(spec.get("renewTime")) or _parse(spec.get("acquireTime"))
+        renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime"))
         duration = float(spec.get("leaseDurationSeconds") or self.settings.lease_s)
         expired = renewed is None or (now - renewed).total_seconds() > duration
         if holder and holder != self.identity and not expired:
