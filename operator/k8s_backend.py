@@ -41,7 +41,6 @@ import copy
 import json
 import logging
 import random
-import re
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -146,11 +145,16 @@ def pod_time(pod: Mapping[str, Any]) -> PodTime | None:
     return PodTime(start=start, end=max(known) if known else datetime.now(UTC))
 
 
-def agent_termination_message(pod: Mapping[str, Any]) -> str | None:
+def _agent_terminated(pod: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The agent container's `state.terminated`, once it ended."""
     for cs in (pod.get("status") or {}).get("containerStatuses") or []:
         if cs.get("name") == "agent":
-            return ((cs.get("state") or {}).get("terminated") or {}).get("message")
+            return (cs.get("state") or {}).get("terminated")
     return None
+
+
+def agent_termination_message(pod: Mapping[str, Any]) -> str | None:
+    return (_agent_terminated(pod) or {}).get("message")
 
 
 class K8sBackend(BaseModel):
@@ -235,12 +239,8 @@ def failed_init_container(pod: Mapping[str, Any]) -> str | None:
 
 def pod_exit_code(pod: Mapping[str, Any]) -> int | None:
     """The agent container's exit code, once it terminated."""
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        if cs.get("name") == "agent":
-            terminated = (cs.get("state") or {}).get("terminated")
-            if terminated is not None:
-                return int(terminated.get("exitCode", -1))
-    return None
+    terminated = _agent_terminated(pod)
+    return int(terminated.get("exitCode", -1)) if terminated is not None else None
 
 
 def pod_attempt(pod: Mapping[str, Any]) -> int:
@@ -988,11 +988,10 @@ class PodRun:
 
 
 def _reason_of(end: PodEnd) -> str:
-    if end.pod is None:
-        disrupted = disruption_of(end.last)
-        return disrupted if disrupted is not None and re.fullmatch(r"[A-Za-z][A-Za-z0-9]*", disrupted) else "PodDeleted"
-    if (disrupted := disruption_of(end.pod)) is not None:
+    if (disrupted := disruption_of(end.pod if end.pod is not None else end.last)) is not None:
         return disrupted
+    if end.pod is None:
+        return "PodDeleted"
     reason = (end.pod.get("status") or {}).get("reason")
     return str(reason) if reason else "PodFailed"
 
@@ -1012,4 +1011,8 @@ async def supervise_pod(run_dir: str, backend: Mapping[str, Any] | K8sBackend) -
         return run.detached("its Run resource was deleted")
     except Exception as exc:  # the API down past the run's own deadline, or a bug: this run fails, not its campaign
         log.exception("run %s: supervision failed", run.name)
-        return await run.fail(f"supervising its pod failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+        why = f"supervising its pod failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:300]}"
+        try:
+            return await run.fail(why)
+        except RunGone:
+            return run.detached("its Run resource was deleted")

@@ -32,6 +32,7 @@ from labkube.run_spec import RunPhase, RunSpec
 from labkube.task_card import Resources, TaskFamily
 
 __all__ = [
+    "POLICY_PLURALS",
     "ApiKeySecret",
     "CampaignPhase",
     "CampaignResourceSpec",
@@ -398,6 +399,13 @@ class PodOptions(PodSettings):
         return self
 
 
+# The policy kinds the operator puts into namespaces with runs: (apiVersion, kind) -> the resource's plural.
+POLICY_PLURALS = {
+    ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
+    ("cilium.io/v2", "CiliumNetworkPolicy"): "ciliumnetworkpolicies",
+}
+
+
 class Tenancy(BaseModel):
     """What a Campaign (and the tasks it names) may choose for its pods beyond the chart's own settings.
 
@@ -435,6 +443,19 @@ class OperatorConfig(BaseModel):
         default_factory=list,
         description="NetworkPolicy objects (without a namespace) the operator puts in every namespace with runs.",
     )
+
+    @field_validator("run_policies")
+    @classmethod
+    def _known_policy_kinds(cls, policies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for policy in policies:
+            key = (policy.get("apiVersion"), policy.get("kind"))
+            if key not in POLICY_PLURALS:
+                known = ", ".join(f"{v}/{k}" for v, k in POLICY_PLURALS)
+                raise ValueError(f"runPolicies: {key[0]}/{key[1]} is not a policy kind labkube applies ({known})")
+            if not (policy.get("metadata") or {}).get("name") or "spec" not in policy:
+                raise ValueError(f"runPolicies: a {key[1]} needs metadata.name and spec")
+        return policies
+
     tenancy: Tenancy = Field(default_factory=Tenancy)
     delete_finished_pods: bool = Field(
         default=True, description="Delete a run's ended pods once its result is recorded (their logs go with them)."

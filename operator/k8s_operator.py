@@ -61,6 +61,7 @@ from labkube.operator.crds import (
 from labkube.operator.driver import HELD, DriverError, RayContext, drive
 from labkube.operator.k8s_backend import K8sBackend, PodLedger, ledger_path, raw_json, retrying
 from labkube.operator.k8s_models import (
+    POLICY_PLURALS,
     CampaignPhase,
     CampaignStatus,
     Condition,
@@ -283,8 +284,7 @@ class ClusterApi:
         for policy in policies:
             body = {**policy, "metadata": {**policy.get("metadata", {}), "namespace": namespace}}
             group, _, version = str(body["apiVersion"]).rpartition("/")
-            kind = str(body["kind"]).lower()
-            plural = f"{kind[:-1]}ies" if kind.endswith("y") else f"{kind}s"  # networkpolicies
+            plural = POLICY_PLURALS[(body["apiVersion"], body["kind"])]  # OperatorConfig checked the kinds
             name = body["metadata"]["name"]
             try:
                 await self.call(self.custom.create_namespaced_custom_object, group, version, namespace, plural, body)
@@ -713,7 +713,6 @@ def run_operator(
     check_reachable(client, runtime.kube)
     check_runs_root(runtime.runs_root)
     fenced = threading.Event()
-    holder: threading.Thread | None = None
     election = runtime.config.leader_election
     if election.enabled:
         if runtime.namespace is None:
@@ -724,10 +723,9 @@ def run_operator(
         elector = LeaseElector(client, runtime.namespace, runtime.identity, election)
         with standby_health(runtime.config.health_port):
             asyncio.run(elector.acquire())
-        holder = threading.Thread(
+        threading.Thread(
             target=lambda: asyncio.run(elector.hold(fenced.set)), name="labkube-lease", daemon=True
-        )
-        holder.start()
+        ).start()
     ctx = connect(runtime.config.ray_address, max_runs, num_gpus=gpus, private=not runtime.config.ray_address)
     kopf.configure(verbose=verbose or runtime.config.log_level == "debug", log_prefix=True)
     metrics = OperatorMetrics()

@@ -1,0 +1,224 @@
+"""Plain functions of the operator that the cluster tests use but do not pin down: the termination report's
+size limit, the API retry policy, what counts as a disruption, admission of every tenancy field, the run
+policy kinds, and the standby's health endpoint. No cluster, no Ray."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+import urllib.request
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from labkube.operator.admission import admission_violations, image_allowed
+from labkube.operator.k8s_backend import backoff_delay, disruption_of, retry_after, retrying
+from labkube.operator.k8s_models import OperatorConfig, PodOptions, PodSettings, RunResourceSpec, Tenancy
+from labkube.operator.k8s_operator import standby_health
+from labkube.result import TERMINATION_MESSAGE_LIMIT, RunResult, SubtaskScore, result_from_report, termination_report
+from labkube.run_spec import RunPhase
+from labkube.task_card import Resources
+
+# -- the termination report -----------------------------------------------------------------------
+
+
+def big_result(subtasks: int, error: str | None = None) -> RunResult:
+    return RunResult(
+        run_id="r",
+        task="researchgym/x",
+        model="openai:gpt-5",
+        seed=1,
+        status=RunPhase.failed if error else RunPhase.finished,
+        score=0.7,
+        error=error,
+        subtasks=[SubtaskScore(id=f"table_{i}_metric_with_a_long_name", raw=float(i)) for i in range(subtasks)],
+    )
+
+
+def test_a_small_result_round_trips_through_the_termination_message() -> None:
+    result = big_result(3)
+    text = termination_report(result)
+    assert result_from_report(text) == result.model_copy(update={"score_curve": [], "details": {}})
+
+
+def test_a_large_result_is_cut_to_the_kubernetes_limit_keeping_the_outcome() -> None:
+    for result in (big_result(200), big_result(200, error="x" * 10_000)):
+        text = termination_report(result)
+        assert len(text.encode()) <= TERMINATION_MESSAGE_LIMIT
+        back = result_from_report(text)
+        assert back is not None and back.status == result.status and back.score == 0.7
+        assert back.subtasks == [] and (back.error is None or len(back.error) <= 300)
+
+
+def test_a_log_tail_is_not_a_report() -> None:
+    assert result_from_report("Traceback (most recent call last):\n  boom") is None
+    assert result_from_report(None) is None and result_from_report('{"other": 1}') is None
+
+
+# -- retries ----------------------------------------------------------------------------------------
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, headers: dict[str, str] | None = None) -> None:
+        super().__init__(f"({status})")
+        self.status, self.headers = status, headers or {}
+
+
+def test_backoff_is_capped_exponential_with_jitter() -> None:
+    for attempt, ceiling in ((0, 0.5), (1, 1.0), (3, 4.0), (20, 30.0)):
+        delays = {backoff_delay(attempt) for _ in range(50)}
+        assert all(ceiling / 2 <= d <= ceiling for d in delays) and len(delays) > 1
+
+
+def test_retry_after_is_read_from_the_answer() -> None:
+    assert retry_after(ApiError(429, {"Retry-After": "3"})) == 3.0
+    assert retry_after(ApiError(503)) is None and retry_after(ApiError(503, {"Retry-After": "soon"})) is None
+
+
+async def test_retrying_waits_out_transient_errors_and_honours_retry_after() -> None:
+    answers: list[Exception | str] = [ApiError(503), ApiError(429, {"Retry-After": "0.6"}), ApiError(410), "ok"]
+    started = time.monotonic()
+
+    async def call() -> str:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    assert await retrying(call, first_delay_s=0.01) == "ok"
+    assert time.monotonic() - started >= 0.6  # the server asked for 0.6 s
+
+
+async def test_retrying_gives_up_past_its_patience_and_never_retries_a_client_error() -> None:
+    calls = 0
+
+    async def down() -> None:
+        nonlocal calls
+        calls += 1
+        raise ApiError(503)
+
+    started = time.monotonic()
+    with pytest.raises(ApiError):
+        await retrying(down, patience_s=0.5, first_delay_s=0.05)
+    assert 0.2 < time.monotonic() - started < 1.0 and calls > 2
+
+    async def not_found() -> None:
+        raise ApiError(404)
+
+    with pytest.raises(ApiError):
+        await asyncio.wait_for(retrying(not_found), 1.0)
+
+
+# -- disruptions --------------------------------------------------------------------------------------
+
+
+def pod(reason: str = "", conditions: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"status": {"phase": "Failed", "reason": reason, "conditions": conditions or []}}
+
+
+@pytest.mark.parametrize(
+    ("obj", "expected"),
+    [
+        (
+            pod(conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]),
+            "PreemptionByScheduler",
+        ),
+        (
+            pod(conditions=[{"type": "TerminationTarget", "status": "True", "reason": "StoppedByKueue"}]),
+            "StoppedByKueue",
+        ),
+        (pod(conditions=[{"type": "DisruptionTarget", "status": "False", "reason": "X"}]), None),
+        (pod("Evicted"), "Evicted"),
+        (pod("Terminated"), "Terminated"),  # graceful node shutdown (a spot reclaim)
+        (pod("OOMKilled"), None),
+        (pod(), None),
+        (None, None),
+    ],
+)
+def test_what_counts_as_a_disruption(obj: dict[str, Any] | None, expected: str | None) -> None:
+    assert disruption_of(obj) == expected
+
+
+# -- admission ----------------------------------------------------------------------------------------
+
+
+def run(pod: PodSettings | None = None, **resources: Any) -> RunResourceSpec:
+    return RunResourceSpec(
+        run_id="r", campaign="c", task="t", task_path="/t", model="oracle", seed=0,
+        resources=Resources(**resources), pod=pod or PodSettings(),
+    )  # fmt: skip
+
+
+OPTIONS = PodOptions(default_image="ghcr.io/labkube/labkube:1", priority_class_name="batch", runtime_class_name="runc")
+
+
+def test_every_tenancy_field_is_refused_outside_its_list_and_allowed_inside() -> None:
+    asking = run(
+        PodSettings(
+            priority_class_name="urgent",
+            queue_name="fast",
+            node_selector={"pool": "h100"},
+            tolerations=[{"key": "dedicated", "operator": "Exists"}],
+            runtime_class_name="kata",
+        ),
+        image="evil.example/x:1",
+        runtime_class="gvisor",
+        node_selector={"zone": "z9"},
+    )
+    refused = admission_violations([asking], OPTIONS, Tenancy())
+    fields = [line.split(":", 1)[0] for line in refused]
+    assert fields == [
+        "spec.pod.priorityClassName",
+        "spec.pod.queueName",
+        "spec.pod.nodeSelector",
+        "task t",  # resources.node_selector
+        "spec.pod.tolerations",
+        "spec.pod.runtimeClassName",
+        "task t",  # resources.runtime_class
+        "task t",  # resources.image
+    ]
+    assert all("none allowed (chart value tenancy)" in line for line in refused)
+    tenancy = Tenancy(
+        priority_classes=["urgent"],
+        queue_names=["fast"],
+        node_selectors={"pool": ["h100"], "zone": ["z9"]},
+        toleration_keys=["dedicated"],
+        runtime_classes=["kata", "gvisor"],
+        images=["evil.example/"],
+    )
+    assert admission_violations([asking], OPTIONS, tenancy) == []
+    # What the chart itself sets is always allowed.
+    chart_own = run(
+        PodSettings(priority_class_name="batch", runtime_class_name="runc"), image="ghcr.io/labkube/labkube:1"
+    )
+    assert admission_violations([chart_own], OPTIONS, Tenancy()) == []
+
+
+def test_an_image_entry_is_exact_or_a_registry_or_repository_prefix() -> None:
+    allowed = ["ghcr.io/labkube/", "docker.io/library/python:", "quay.io/x/y:1"]
+    assert image_allowed("ghcr.io/labkube/runner:0.1", allowed)
+    assert image_allowed("docker.io/library/python:3.11", allowed) and image_allowed("quay.io/x/y:1", allowed)
+    assert not image_allowed("ghcr.io/labkube-evil/x:1", allowed) and not image_allowed("quay.io/x/y:2", allowed)
+
+
+# -- config ---------------------------------------------------------------------------------------------
+
+
+def test_run_policies_of_an_unknown_kind_are_refused_at_start() -> None:
+    policy = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": "p"}, "spec": {}}
+    runs = {"defaultImage": "i"}
+    assert OperatorConfig.model_validate({"runs": runs, "runPolicies": [policy]}).run_policies == [policy]
+    with pytest.raises(ValidationError, match="is not a policy kind labkube applies"):
+        OperatorConfig.model_validate({"runs": runs, "runPolicies": [{**policy, "kind": "AdminNetworkPolicy"}]})
+
+
+def test_a_standby_answers_its_health_probe() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    with standby_health(port), urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
+        assert resp.status == 200 and b"standing by" in resp.read()
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)  # gone once it leads
