@@ -7,8 +7,10 @@ result.json into the run directory on the "shared volume" (a local directory). T
 the real command (`labkube operator --config ... --kube-context ...`) in its own process, with its
 own embedded Ray, so its memory is its own.
 
-Prints, as a table: how long the campaign took, the operator's memory (RSS of the operator process,
-of its Ray supervisor actors, of Ray's own processes; peak, sampled every 2 s), and the latency from
+Prints, as a table: how long the campaign took, API requests per Run per minute (every request the
+fake API served, from the operator's start to the campaign's end, by verb), the peak RSS of every
+process of the control plane (the operator, its Ray supervisor actors and each of Ray's own processes,
+sampled every 2 s) and of all of them together, and the latency from
 a pod's phase change (as the kubelet writes it to the API) to the Run's status showing it
 (Running -> Run `Running`, Succeeded -> Run `Finished`), median and p95.
 
@@ -144,13 +146,32 @@ def _processes() -> dict[int, tuple[int, str, float]]:
     return out
 
 
+PROCESS_KINDS = (
+    ("ray::SupervisorActor", "Ray: supervisor actors"),
+    ("gcs_server", "Ray: GCS"),
+    ("raylet", "Ray: raylet"),
+    ("ray::DashboardAgent", "Ray: dashboard agent"),
+    ("ray::RuntimeEnvAgent", "Ray: runtime-env agent"),
+    ("dashboard/dashboard.py", "Ray: dashboard (API server)"),
+    ("log_monitor.py", "Ray: log monitor"),
+    ("autoscaler/_private/monitor.py", "Ray: autoscaler monitor"),
+    ("ray::IDLE", "Ray: idle workers"),
+)
+
+
+def process_kind(cmdline: str) -> str:
+    return next((kind for marker, kind in PROCESS_KINDS if marker in cmdline), "other")
+
+
 class Memory:
-    """Peak RSS of the operator process, its Ray supervisor actors and Ray's own processes."""
+    """Peak RSS of every process of the control plane: the operator and all its descendants (embedded Ray's
+    processes, the supervisor actors), by kind, and the peak of their sum."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
-        self.peak = {"operator": 0.0, "supervisors": 0.0, "ray": 0.0}
-        self.actors = 0
+        self.peak: dict[str, float] = {"operator": 0.0}
+        self.counts: dict[str, int] = {}
+        self.total = 0.0
 
     def sample(self) -> None:
         procs = _processes()
@@ -162,18 +183,18 @@ class Memory:
             children = [pid for pid, (ppid, _, _) in procs.items() if ppid == parent]
             family.update(children)
             frontier.extend(children)
-        now = {"operator": procs[self.pid][2], "supervisors": 0.0, "ray": 0.0}
-        actors = 0
+        now: dict[str, float] = {"operator": procs[self.pid][2]}
+        counts: dict[str, int] = {}
         for pid in family:
             _, cmdline, rss = procs[pid]
-            if "SupervisorActor" in cmdline:
-                now["supervisors"] += rss
-                actors += 1
-            else:
-                now["ray"] += rss
+            kind = process_kind(cmdline)
+            now[kind] = now.get(kind, 0.0) + rss
+            counts[kind] = counts.get(kind, 0) + 1
         for key, value in now.items():
-            self.peak[key] = max(self.peak[key], value)
-        self.actors = max(self.actors, actors)
+            self.peak[key] = max(self.peak.get(key, 0.0), value)
+        for key, value in counts.items():
+            self.counts[key] = max(self.counts.get(key, 0), value)
+        self.total = max(self.total, sum(now.values()))
 
 
 async def stop(operator: asyncio.subprocess.Process) -> None:
@@ -279,6 +300,8 @@ async def bench(runs: int, run_seconds: float, timeout: float, console: Console)
                 total = time.monotonic() - started
                 finished = sum(1 for r in api.objects(RUNS) if (r.get("status") or {}).get("phase") == "Finished")
                 created = sum(1 for verb, plural, _, _ in api.audit if verb == "create" and plural == "pods")
+                verbs = dict(api.request_counts)
+                requests = sum(verbs.values())
                 await stop(operator)
             api.close_watches()
     finally:
@@ -295,11 +318,13 @@ async def bench(runs: int, run_seconds: float, timeout: float, console: Console)
     table.add_row("pods created", str(created))
     table.add_row("campaign wall time", f"{total:.1f} s (simulated agents run {run_seconds:g} s ±20%)")
     table.add_row("all pods created after", f"{all_pods_at:.1f} s" if all_pods_at is not None else "—")
-    table.add_row("operator process RSS (peak)", f"{memory.peak['operator']:.0f} MiB")
-    table.add_row(
-        f"Ray supervisor actors RSS (peak, {memory.actors} processes)", f"{memory.peak['supervisors']:.0f} MiB"
-    )
-    table.add_row("Ray's own processes RSS (peak)", f"{memory.peak['ray']:.0f} MiB")
+    minutes = total / 60.0
+    table.add_row("API requests per Run per minute", f"{requests / runs / minutes:.2f}")
+    table.add_row("  of which (verb: count)", ", ".join(f"{verb} {n}" for verb, n in sorted(verbs.items())))
+    for kind, peak in memory.peak.items():
+        count = memory.counts.get(kind, 1)
+        table.add_row(f"RSS peak: {kind}" + (f" ({count} processes)" if count > 1 else ""), f"{peak:.0f} MiB")
+    table.add_row("RSS peak: the control plane together", f"{memory.total:.0f} MiB")
     table.add_row("pod Running -> Run Running: median", running_median)
     table.add_row("pod Running -> Run Running: p95", running_p95)
     table.add_row("pod Succeeded -> Run Finished: median", done_median)

@@ -4,7 +4,15 @@ Runs are supervised by asyncio coroutines inside a few Ray actors (not one
 process per run), so thousands of runs can be in flight. Concurrency is bounded
 through Ray resources: each run holds a placement-group bundle of one
 `labkube_run_slot` (plus its GPUs) while it runs. `ray.init()` on this machine
-by default; `ray_address` connects to an existing cluster (KubeRay).
+by default; `ray_address` connects to an existing cluster (KubeRay: Ray Client,
+`ray://<cluster>-head-svc:10001`, with the cluster's token in RAY_AUTH_TOKEN).
+
+On a cluster whose nodes declare `labkube_supervisor` (the workers of the chart's
+RayCluster), supervisor actors run only there, spread over them; when a node dies
+its actors are replaced on the others and their runs re-attach to their pods.
+Run pods' GPUs are the `labkube_pod_gpu` resource (the cluster's allocatable GPUs,
+declared by the operator's embedded Ray or on the RayCluster's head), not Ray's
+own `GPU`: supervisors need none, the pods do.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import ray
 import ray.exceptions
@@ -25,7 +34,10 @@ from labkube.run_spec import RunPhase, RunSpec, RunStatus
 from labkube.store import CampaignDir, read_model, utcnow, write_model
 
 SLOT = "labkube_run_slot"
-RUNS_PER_ACTOR = 250
+SUPERVISOR = "labkube_supervisor"  # a node resource: the nodes that host supervisor actors
+POD_GPU = "labkube_pod_gpu"  # GPUs of the Kubernetes cluster that run pods may hold at once
+RUNS_PER_ACTOR = 1000  # one actor's event loop keeps up with this many runs (benchmarks/operator_scale.py)
+MAX_ACTORS = 64
 HELD = "not started: "  # the start of the error of a run held back by the GPU-hour cap
 
 
@@ -51,42 +63,74 @@ class SupervisorActor:
 class RayContext:
     started_here: bool
     slots: bool  # whether the cluster has our slot resource
-    gpus: float = 0.0
+    gpus: float = 0.0  # Ray's GPU resource: GPUs of this machine for local runs
     extra: dict = field(default_factory=dict)
+    pod_gpus: float = 0.0  # POD_GPU: the Kubernetes cluster's GPUs for run pods (0: the scheduler alone bounds them)
+    supervisor_nodes: int = 0  # alive nodes that declare SUPERVISOR
 
 
-def connect(address: str | None, concurrency: int, num_gpus: int | None = None, *, private: bool = False) -> RayContext:
+def _context(started_here: bool) -> RayContext:
+    res = ray.cluster_resources()
+    nodes = sum(1 for n in ray.nodes() if n.get("Alive") and SUPERVISOR in (n.get("Resources") or {}))
+    return RayContext(
+        started_here, SLOT in res, res.get("GPU", 0.0), pod_gpus=res.get(POD_GPU, 0.0), supervisor_nodes=nodes
+    )
+
+
+def _use_token(token: str) -> None:
+    """Token authentication for this process and the Ray processes it starts. Ray reads the mode and the token
+    when it is imported (this module imports it): without a refresh the driver keeps "disabled" and sends no
+    token to a GCS that requires one (found by the as-installed operator test)."""
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN"] = token
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
+def connect(
+    address: str | None,
+    concurrency: int,
+    num_gpus: int | None = None,
+    *,
+    private: bool = False,
+    pod_gpus: int | None = None,
+) -> RayContext:
     """Start Ray on this machine, or connect to `address`; a dead cluster is a one-line error.
 
     `private` (the operator's embedded Ray): token authentication on, with a fresh random token that only
     this process and its children hold, and the node's address on the loopback. Ray 2.60 still listens on
     every interface for its gRPC ports, so the chart's NetworkPolicy admits nothing but the operator's
     metrics and health ports; the token stops whatever gets past a policy (docs/kubernetes.md, "Security
-    model"). Otherwise (`labkube run` on a workstation) auth stays off unless RAY_AUTH_MODE says so."""
+    model"). The embedded node hosts the supervisors (SUPERVISOR) and declares `pod_gpus` as POD_GPU.
+    With `address`, a RAY_AUTH_TOKEN in the environment (the chart maps the cluster's Secret there) turns
+    token authentication on. Otherwise (`labkube run` on a workstation) auth stays off unless RAY_AUTH_MODE
+    says so."""
     init_args: dict[str, object] = {}
+    resources = {SLOT: float(concurrency)}
+    if pod_gpus:
+        resources[POD_GPU] = float(pod_gpus)
     if private and not address:
         import secrets
 
-        from ray._raylet import AuthenticationTokenLoader, Config
-
-        os.environ["RAY_AUTH_MODE"] = "token"
-        os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
-        # Ray reads both when it is imported (this module imports it): without a refresh the driver keeps
-        # "disabled" and sends no token to a GCS that requires one (found by the as-installed operator test).
-        Config.initialize("")
-        AuthenticationTokenLoader.instance().reset_cache()
+        _use_token(os.environ.get("RAY_AUTH_TOKEN") or secrets.token_hex(32))
         init_args["_node_ip_address"] = "127.0.0.1"
+        init_args["num_cpus"] = 0  # supervisors take no CPU resource: no idle worker is prestarted
+        resources[SUPERVISOR] = float(MAX_ACTORS)
+    elif address and os.environ.get("RAY_AUTH_TOKEN"):
+        _use_token(os.environ["RAY_AUTH_TOKEN"])
     else:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if ray.is_initialized():
-        res = ray.cluster_resources()
-        return RayContext(False, SLOT in res, res.get("GPU", 0.0))
+        return _context(False)
     try:
         if address:
             ray.init(address=address, log_to_driver=False, logging_level="ERROR")
         else:
             ray.init(
-                resources={SLOT: float(concurrency)},
+                address="local",  # a new instance, never one a `ray start` on this machine left in /tmp/ray
+                resources=resources,
                 num_gpus=num_gpus,
                 include_dashboard=False,
                 log_to_driver=False,
@@ -96,8 +140,7 @@ def connect(address: str | None, concurrency: int, num_gpus: int | None = None, 
     except (ConnectionError, RuntimeError, TimeoutError, ValueError) as exc:
         where = address or "this machine"
         raise DriverError(f"cannot start or reach Ray at {where}: {str(exc).splitlines()[0]}") from None
-    res = ray.cluster_resources()
-    return RayContext(not address, SLOT in res, res.get("GPU", 0.0))
+    return _context(not address)
 
 
 def shutdown(ctx: RayContext) -> None:
@@ -106,17 +149,18 @@ def shutdown(ctx: RayContext) -> None:
 
 
 async def _reserve(run: RunSpec, ctx: RayContext, strict: bool = True) -> PlacementGroup | None:
-    """A placement group holding the run's slot and GPUs. With `strict=False` (pods on Kubernetes) a
-    run needing more GPUs than Ray knows of holds only its slot: the cluster's scheduler decides, and
-    the run's pod says why it cannot be placed."""
+    """A placement group holding the run's slot and GPUs. With `strict=False` (pods on Kubernetes) the GPUs are
+    the cluster's (POD_GPU); a run needing more than that holds only its slot: the cluster's scheduler decides,
+    and the run's pod says why it cannot be placed."""
     bundle: dict[str, float] = {}
     if ctx.slots:
         bundle[SLOT] = 1.0
-    if run.gpus:
-        if run.gpus > ctx.gpus and strict:
+    if run.gpus and strict:
+        if run.gpus > ctx.gpus:
             raise DriverError(f"run {run.run_id} needs {run.gpus} GPUs; the Ray cluster has {ctx.gpus:g}")
-        if run.gpus <= ctx.gpus:
-            bundle["GPU"] = float(run.gpus)
+        bundle["GPU"] = float(run.gpus)
+    elif run.gpus and run.gpus <= ctx.pod_gpus:
+        bundle[POD_GPU] = float(run.gpus)
     if not bundle:
         return None
     pg = placement_group([bundle], strategy="PACK")
@@ -127,6 +171,20 @@ async def _reserve(run: RunSpec, ctx: RayContext, strict: bool = True) -> Placem
 ACTOR_RESTARTS = 3
 
 
+def new_supervisor(ctx: RayContext) -> Any:
+    """A supervisor actor: on the SUPERVISOR nodes when the cluster has any, spread over them."""
+    if ctx.supervisor_nodes:
+        return SupervisorActor.options(resources={SUPERVISOR: 0.001}, scheduling_strategy="SPREAD").remote()
+    return SupervisorActor.options(scheduling_strategy="SPREAD").remote()
+
+
+def actor_count(ctx: RayContext, concurrency: int, runs: int) -> int:
+    """Enough actors for the runs in flight (RUNS_PER_ACTOR each), and at least one per supervisor node, so a
+    node's death takes only its share."""
+    wanted = max(math.ceil(min(concurrency, runs) / RUNS_PER_ACTOR), ctx.supervisor_nodes)
+    return max(1, min(MAX_ACTORS, runs, wanted))
+
+
 async def supervise_on(
     actors: list,
     idx: int,
@@ -134,6 +192,7 @@ async def supervise_on(
     env: dict[str, str] | None,
     backend: dict | None = None,
     stopping: asyncio.Event | None = None,
+    ctx: RayContext | None = None,
 ) -> dict:
     """Supervise on actor `idx`; if that actor's process dies, replace it and supervise again (the run
     resumes from its checkpoint: its orphaned agent checkpoints and exits by itself). Once `stopping` is set
@@ -148,7 +207,7 @@ async def supervise_on(
             if attempt == ACTOR_RESTARTS:
                 raise DriverError(f"the Ray worker supervising {run_dir} died {attempt + 1} times") from None
             if actors[idx] is actor:
-                actors[idx] = SupervisorActor.remote()
+                actors[idx] = new_supervisor(ctx) if ctx is not None else SupervisorActor.remote()
     raise AssertionError("unreachable")
 
 
@@ -173,8 +232,8 @@ async def drive(
     """
     if not runs:
         return []
-    n_actors = max(1, min(8, math.ceil(min(concurrency, len(runs)) / RUNS_PER_ACTOR)))
-    actors = [SupervisorActor.remote() for _ in range(n_actors)]
+    n_actors = actor_count(ctx, concurrency, len(runs))
+    actors = [new_supervisor(ctx) for _ in range(n_actors)]
     await asyncio.gather(*(a.ping.remote() for a in actors))
     limit = asyncio.Semaphore(concurrency)
     meter = GpuHoursMeter(campaign_root, runs, pods=backend is not None) if gpu_hours_cap is not None else None
@@ -203,7 +262,7 @@ async def drive(
                 return held
             try:
                 run_dir = str(campaign_root / "runs" / run.run_id)
-                data = await supervise_on(actors, i % n_actors, run_dir, env, backend, stopping)
+                data = await supervise_on(actors, i % n_actors, run_dir, env, backend, stopping, ctx)
             finally:
                 if pg is not None:
                     remove_placement_group(pg)

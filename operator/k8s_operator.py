@@ -713,6 +713,10 @@ def run_operator(
     check_reachable(client, runtime.kube)
     check_runs_root(runtime.runs_root)
     fenced = threading.Event()
+    # kopf waits for a threading.Event stop flag in a thread of its loop's default executor, which the loop joins
+    # when it closes: the flag must be set however kopf stops (lease lost, or SIGTERM: the cleanup below), or the
+    # process never exits.
+    stop_flag = threading.Event()
     election = runtime.config.leader_election
     if election.enabled:
         if runtime.namespace is None:
@@ -724,20 +728,29 @@ def run_operator(
         with standby_health(runtime.config.health_port):
             asyncio.run(elector.acquire())
         threading.Thread(
-            target=lambda: asyncio.run(elector.hold(fenced.set)), name="labkube-lease", daemon=True
+            target=lambda: asyncio.run(elector.hold(lambda: (fenced.set(), stop_flag.set()))),
+            name="labkube-lease",
+            daemon=True,
         ).start()
-    ctx = connect(runtime.config.ray_address, max_runs, num_gpus=gpus, private=not runtime.config.ray_address)
+    pod_gpus = gpus if gpus is not None else cluster_gpus(client, runtime.config.runs.gpu_resource_name)
+    ctx = connect(runtime.config.ray_address, max_runs, private=not runtime.config.ray_address, pod_gpus=pod_gpus)
     kopf.configure(verbose=verbose or runtime.config.log_level == "debug", log_prefix=True)
     metrics = OperatorMetrics()
     server = metrics.serve(runtime.config.metrics_port)
     try:
+        registry = build_registry(runtime, ctx, metrics, fenced)
+
+        @kopf.on.cleanup(registry=registry)
+        async def release_stop_flag(**_: Any) -> None:
+            stop_flag.set()
+
         kopf.run(
-            registry=build_registry(runtime, ctx, metrics, fenced),
+            registry=registry,
             standalone=True,
             clusterwide=not runtime.config.namespaces,
             namespaces=runtime.config.namespaces,
             liveness_endpoint=f"http://0.0.0.0:{runtime.config.health_port}/healthz",
-            stop_flag=fenced,
+            stop_flag=stop_flag,
         )
     finally:
         server.shutdown()  # type: ignore[attr-defined]
@@ -747,6 +760,22 @@ def run_operator(
             f"{runtime.identity} lost the leader lease {runtime.namespace}/{election.lease_name}; "
             "exiting to stand by again (the new leader adopts the running pods)"
         )
+
+
+def cluster_gpus(client: Any, resource: str) -> int | None:
+    """The cluster's allocatable GPUs, so Ray (not a queue of Pending pods) holds back runs beyond them. Read at
+    start-up: a node added later counts after the operator restarts (a leader change does it too)."""
+    from labkube.operator.kube import allocatable_gpus
+
+    found = allocatable_gpus(client, resource)
+    if found is None:
+        log.warning(
+            "cannot list nodes (RBAC): GPU runs are bounded by the Kubernetes scheduler alone; "
+            "grant `list nodes` or pass --gpus N"
+        )
+    else:
+        log.info("the cluster has %d allocatable %s; Ray hands them to runs", found, resource)
+    return found
 
 
 @contextlib.contextmanager

@@ -35,6 +35,7 @@ __all__ = [
     "default_namespace",
     "load_configuration",
     "parse_time",
+    "allocatable_gpus",
 ]
 
 _SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -197,3 +198,24 @@ def parse_time(text: object) -> datetime | None:
         return datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         return None
+
+
+def allocatable_gpus(client: ApiClient, resource: str) -> int | None:
+    """The cluster's GPUs (`resource`, e.g. nvidia.com/gpu) that pods can be given: the sum of `status.allocatable`
+    over Ready, schedulable nodes. None if the operator may not list nodes (say so, and let the scheduler bound)."""
+    from kubernetes.client import ApiException, CoreV1Api
+
+    try:
+        nodes = CoreV1Api(client).list_node(_request_timeout=30).items
+    except ApiException as exc:
+        if exc.status in (401, 403, 404):
+            return None
+        raise
+    total = 0
+    for node in nodes:
+        ready = any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
+        if node.spec.unschedulable or not ready:
+            continue
+        text = str((node.status.allocatable or {}).get(resource, "0"))
+        total += int(text) if text.isdigit() else 0
+    return total

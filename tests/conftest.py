@@ -11,13 +11,14 @@ pytest_plugins = ["fault_record"]  # the `fault` fixture and docs/reliability.md
 
 @pytest.fixture(scope="session")
 def ray_local():
-    """One real Ray instance on this machine for the in-process driver tests; stopped at the end."""
+    """One real Ray instance on this machine for the in-process driver tests (2 GPUs for local runs, 2 of the fake
+    cluster for run pods); stopped at the end."""
     import ray
 
     from labkube.operator.driver import connect, shutdown
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ctx = connect(None, concurrency=64, num_gpus=2)
+    ctx = connect(None, concurrency=64, num_gpus=2, pod_gpus=2)
     ctx.started_here = True
     yield ctx
     shutdown(ctx)

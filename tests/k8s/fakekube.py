@@ -7,6 +7,11 @@ kmock's own emulator lacks, and this subclass adds (DESIGN.md, "Testing without 
   anything outside metadata and status changes), `creationTimestamp`, `generateName`;
 - JSON patch with a failing `test` answers 422 (kopf's finalizer patches rely on it), merge and
   strategic-merge patches merge as RFC 7386, PUT replaces (409 on a stale resourceVersion);
+  a strategic-merge patch of a custom resource answers 415, as kube-apiserver does (custom
+  resources have no patch strategies);
+- custom resources are pruned by their CRD's structural schema on every write: a field the schema
+  does not declare is dropped (kept under `x-kubernetes-preserve-unknown-fields`), as the API
+  server does, so code that writes a field the CRD lacks loses it here too;
 - `/status` is a subresource: a patch of the object ignores its status, a patch of `/status`
   changes only the status, a create drops the status of resources with the subresource;
 - finalizers: a DELETE of an object with finalizers sets `deletionTimestamp`; removing the last
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import collections
 import copy
 import json
 import math
@@ -51,6 +57,7 @@ from typing import Any
 import aiohttp.web
 import jsonpatch
 import kmock
+from kube_schema import prune
 
 from labkube.operator.crds import campaign_crd, run_crd
 
@@ -75,6 +82,7 @@ BUILTIN: dict[ResKey, Kind] = {
     ("", "v1", "persistentvolumeclaims"): Kind("PersistentVolumeClaim", True, frozenset({"status"})),
     ("", "v1", "events"): Kind("Event", True, frozenset()),
     ("", "v1", "namespaces"): Kind("Namespace", False, frozenset({"status"})),
+    ("", "v1", "nodes"): Kind("Node", False, frozenset({"status"}), frozenset({"no"})),
     ("", "v1", "secrets"): Kind("Secret", True, frozenset()),
     ("networking.k8s.io", "v1", "networkpolicies"): Kind("NetworkPolicy", True, frozenset()),
     ("coordination.k8s.io", "v1", "leases"): Kind("Lease", True, frozenset()),
@@ -198,6 +206,7 @@ class FakeKube(kmock.KubernetesScaffold):
         super().__init__(**kwargs)
         self.fallback["get /version/"] << self._serve_server_version  # the kubernetes client's path
         self.kinds: dict[ResKey, Kind] = {}
+        self.schemas: dict[ResKey, dict[str, Any]] = {}  # custom resources: the CRD version's openAPIV3Schema
         self.store: dict[ObjKey, dict[str, Any]] = {}
         self.rv = 0
         self.log: list[Event] = []
@@ -208,6 +217,7 @@ class FakeKube(kmock.KubernetesScaffold):
         self.listeners: list[Listener] = []
         self.audit: list[tuple[str, str, str, str]] = []  # (verb, plural, namespace, name) of writes
         self.keep_requests = True
+        self.request_counts: collections.Counter[str] = collections.Counter()  # "get"/"list"/"watch"/... served
         self.closing = False
         self.watch_epoch = 0  # bumped by `expire_watches`
         self.expired_rv = 0  # a watch from an older resourceVersion answers 410 Gone
@@ -249,6 +259,11 @@ class FakeKube(kmock.KubernetesScaffold):
         spec = crd["spec"]
         names = spec["names"]
         for version in spec["versions"]:
+            res = (spec["group"], version["name"], names["plural"])
+            self.schemas[res] = (version.get("schema") or {}).get("openAPIV3Schema") or {
+                "type": "object",
+                "x-kubernetes-preserve-unknown-fields": True,
+            }
             self.add_kind(
                 (spec["group"], version["name"], names["plural"]),
                 Kind(
@@ -295,6 +310,8 @@ class FakeKube(kmock.KubernetesScaffold):
             obj.pop("status", None)
         if res == ("", "v1", "pods"):
             obj.setdefault("status", {"phase": "Pending"})
+        if res in self.schemas:
+            obj = prune(obj, self.schemas[res], root=True)
         self._commit(key, "ADDED", obj)
         self.audit.append(("create", res[2], ns, name))
         return copy.deepcopy(obj)
@@ -307,6 +324,8 @@ class FakeKube(kmock.KubernetesScaffold):
             return None
         obj = {**old, "status": copy.deepcopy(status)}
         obj["metadata"] = dict(old["metadata"])
+        if res in self.schemas:
+            obj = prune(obj, self.schemas[res], root=True)
         self._commit(key, "MODIFIED", obj)
         return copy.deepcopy(obj)
 
@@ -368,6 +387,9 @@ class FakeKube(kmock.KubernetesScaffold):
     # -- HTTP ---------------------------------------------------------------------------------------
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        watch = raw_request.query.get("watch") in ("true", "1")
+        verb = "watch" if watch else raw_request.method.lower()
+        self.request_counts[verb] += 1
         if raw_request.path.rstrip("/") == "/api/v1/namespaces":
             return await self._namespaces(raw_request)
         response = await super().__call__(raw_request)
@@ -509,6 +531,14 @@ class FakeKube(kmock.KubernetesScaffold):
                 new = jsonpatch.apply_patch(copy.deepcopy(old), body)
             except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
                 raise KubeError(422, f"the patch cannot be applied: {exc}") from None
+        elif ctype == "application/strategic-merge-patch+json" and res in self.schemas:
+            raise KubeError(
+                415,
+                f"the body of the request was in an unknown format - accepted media types include: "
+                f"application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml "
+                f"({res[2]}.{res[0]} is a custom resource)",
+                "UnsupportedMediaType",
+            )
         elif ctype in ("application/merge-patch+json", "application/strategic-merge-patch+json", "application/json"):
             if not isinstance(body, dict):
                 raise KubeError(400, "a merge patch is an object")
@@ -532,6 +562,9 @@ class FakeKube(kmock.KubernetesScaffold):
                 meta.pop(fixed, None)
         new["metadata"] = meta
         new["apiVersion"], new["kind"] = old["apiVersion"], old["kind"]
+        if res in self.schemas:
+            new = prune(new, self.schemas[res], root=True)
+            meta = new["metadata"]
         if {k: v for k, v in new.items() if k not in ("metadata", "status")} != {
             k: v for k, v in old.items() if k not in ("metadata", "status")
         }:

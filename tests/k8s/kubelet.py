@@ -87,6 +87,8 @@ from container import ContainerError, ContainerProcess, start_container
 from fakekube import FakeKube, ResKey, now_rfc3339
 
 PODS: ResKey = ("", "v1", "pods")
+NODES: ResKey = ("", "v1", "nodes")
+NODE_NAME = "fake-node"
 Simulate = Callable[[dict[str, Any], Path | None], Awaitable[int]]
 WORLD_PORT_ENV = "LABKUBE_WORLD_PORT"
 WORLD_URL_ENV = "LABKUBE_WORLD_URL"
@@ -161,6 +163,13 @@ class FakeKubelet:
 
     async def __aenter__(self) -> FakeKubelet:
         self.api.listeners.append(self._hear)
+        if self.api.read_object(NODES, "", NODE_NAME) is None:  # the node, as the real kubelet registers it
+            self.api.create_object(NODES, "", {"metadata": {"name": NODE_NAME}, "spec": {}})
+            allocatable = {"cpu": "64", "memory": "512Gi", "pods": "10000", self.gpu_resource: str(self.gpus)}
+            ready = {"type": "Ready", "status": "True", "reason": "KubeletReady"}
+            self.api.set_status(
+                NODES, "", NODE_NAME, {"capacity": allocatable, "allocatable": allocatable, "conditions": [ready]}
+            )
         for pod in self.api.objects(PODS):
             self._events.put_nowait(("ADDED", pod))
         self._loop_task = asyncio.create_task(self._loop())

@@ -157,6 +157,18 @@ Checks values.schema.json cannot express. Every message names the key and the ba
 {{- fail (printf "runs.env.%s looks like a secret: put it in a Secret and list it in runs.apiKeys" $name) }}
 {{- end }}
 {{- end }}
+{{- if .Values.rayCluster.enabled }}
+{{- if .Values.operator.rayAddress }}
+{{- fail (printf "rayCluster.enabled is true and operator.rayAddress is %q: use the chart's RayCluster or an existing cluster, not both" .Values.operator.rayAddress) }}
+{{- end }}
+{{- if not .Values.runs.workspace.existingClaim }}
+{{- fail "rayCluster.enabled needs runs.workspace.existingClaim: the Ray workers that supervise runs write their run directories to the claim the operator reads (a ReadWriteMany claim)" }}
+{{- end }}
+{{- $w := .Values.rayCluster.workers }}
+{{- if or (gt (int $w.minReplicas) (int $w.replicas)) (gt (int $w.replicas) (int $w.maxReplicas)) }}
+{{- fail (printf "rayCluster.workers: need minReplicas (%d) <= replicas (%d) <= maxReplicas (%d)" (int $w.minReplicas) (int $w.replicas) (int $w.maxReplicas)) }}
+{{- end }}
+{{- end }}
 {{- if and (not .Values.serviceAccount.create) (not .Values.serviceAccount.name) .Values.rbac.create }}
 {{- fail "rbac.create is true but serviceAccount.create is false and serviceAccount.name is empty: name the ServiceAccount to bind" }}
 {{- end }}
@@ -265,6 +277,12 @@ What kopf needs cluster-wide to discover resources and namespaces.
   verbs:
   - list
   - watch
+- apiGroups:
+  - ""
+  resources:
+  - nodes
+  verbs:
+  - list
 {{- end -}}
 
 {{/*
@@ -393,4 +411,51 @@ spec:
               protocol: TCP
             {{- end }}
     {{- end }}
+{{- end -}}
+
+{{/*
+The chart's RayCluster (rayCluster.enabled): its name, and KubeRay's head Service in front of it.
+*/}}
+{{- define "labkube.rayClusterName" -}}
+{{- printf "%s-ray" (include "labkube.fullname" .) | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "labkube.rayLabels" -}}
+helm.sh/chart: {{ include "labkube.chart" . }}
+app.kubernetes.io/name: {{ include "labkube.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: ray
+app.kubernetes.io/part-of: labkube
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "labkube.rayScheduling" -}}
+{{- with .Values.rayCluster.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.rayCluster.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The Ray cluster the operator drives through: the chart's RayCluster (Ray Client on KubeRay's head Service), else
+operator.rayAddress; empty: Ray inside the operator pod. And the Secret with its auth token.
+*/}}
+{{- define "labkube.rayAddress" -}}
+{{- if .Values.rayCluster.enabled -}}
+{{- printf "ray://%s-head-svc.%s.svc:10001" (include "labkube.rayClusterName" .) .Release.Namespace -}}
+{{- else -}}
+{{- .Values.operator.rayAddress -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "labkube.rayTokenSecret" -}}
+{{- if .Values.rayCluster.enabled -}}
+{{- include "labkube.rayClusterName" . -}}
+{{- else -}}
+{{- .Values.operator.rayAuthTokenSecret -}}
+{{- end -}}
 {{- end -}}

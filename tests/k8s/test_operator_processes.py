@@ -1,0 +1,207 @@
+"""Faults of the control plane with `labkube operator` as real processes (`operator_process.py`), each with its own
+Ray, against the fake API and kubelet of this process:
+
+- the operator killed (SIGKILL to its whole process group, Ray included, as a node failure does) and restarted,
+  twice, mid-campaign;
+- two replicas started at once (leader election on a Lease): one drives, the other stands by; the leader is killed
+  and the standby takes the campaign over;
+- a Ray worker node of a multi-node Ray cluster (`raynodes.LocalRayCluster`: `ray start --head` and two
+  `ray start --address` nodes, reached through Ray Client as a KubeRay head service is) killed mid-campaign.
+
+Each ends with every Run Finished, one pod per Run (none created twice), and no orphan: no process of a stopped
+operator outlives it, and no supervisor actor is left on any Ray node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kmock
+import pytest
+from conftest import CAMPAIGNS, CLAIM, PODS, RUNS, eventually, tiny_task
+from fakekube import FakeKube
+from kubelet import FakeKubelet
+from operator_process import OperatorProcess, health, operator_config, supervisor_actor_pids, write_kubeconfig
+from raynodes import LocalRayCluster
+
+from labkube.operator.crds import API_VERSION
+
+pytestmark = pytest.mark.slow
+
+NAMESPACE = "default"
+OPERATOR_NAMESPACE = "labkube-system"
+LEASES = ("coordination.k8s.io", "v1", "leases")
+FAST_LEASE = {"leaseSeconds": 3, "renewDeadlineSeconds": 2, "retrySeconds": 0.5}
+WRITE = {"tool": "bash", "args": {"command": "echo 6 > result.txt"}}
+READ = {"tool": "read_file", "args": {"path": "result.txt"}}
+
+
+@dataclass
+class Fake:
+    api: FakeKube
+    kubelet: FakeKubelet
+    volume: Path
+    kubeconfig: Path
+    work: Path
+
+    def config(self, **extra: Any) -> tuple[Path, int]:
+        runs = {
+            "defaultImage": "labkube:test",
+            "workspace": {"mode": "pvc", "existingClaim": CLAIM, "accessModes": ["ReadWriteMany"]},
+            "terminationGracePeriodSeconds": 5,
+        }
+        return operator_config(self.work, runs=runs, leaderElection=FAST_LEASE, **extra)
+
+    async def operator(self, config: Path, name: str, **kwargs: Any) -> OperatorProcess:
+        env = {"LABKUBE_OPERATOR_NAMESPACE": OPERATOR_NAMESPACE, **kwargs.pop("env", {})}
+        return await OperatorProcess.start(
+            config, self.kubeconfig, self.volume, self.work / f"{name}.log", env=env, **kwargs
+        )
+
+    def campaign(self, name: str, task: Path, seeds: int) -> None:
+        spec = {"tasks": [str(task)], "models": ["oracle"], "seeds": seeds, "concurrency": seeds}
+        body = {"apiVersion": API_VERSION, "kind": "Campaign", "metadata": {"name": name}, "spec": spec}
+        self.api.create_object(CAMPAIGNS, NAMESPACE, body)
+
+    def phase(self, name: str) -> str | None:
+        return ((self.api.read_object(CAMPAIGNS, NAMESPACE, name) or {}).get("status") or {}).get("phase")
+
+    def pods_created(self, campaign: str) -> list[str]:
+        return [
+            n
+            for verb, plural, _, n in self.api.audit
+            if verb == "create" and plural == "pods" and n.startswith(f"{campaign}-")
+        ]
+
+    def running(self, campaign: str) -> int:
+        pods = self.api.objects(PODS, NAMESPACE, f"labkube.dev/campaign={campaign}")
+        return sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Running")
+
+    async def finished(self, campaign: str, operators: list[OperatorProcess], timeout: float = 180) -> None:
+        def done() -> bool:
+            for op in operators:
+                if op.returncode is not None and op.returncode != 0:
+                    raise AssertionError(f"an operator exited {op.returncode}: {op.said()}")
+            return self.phase(campaign) == "Finished"
+
+        try:
+            await eventually(done, timeout, every=0.5, what=f"campaign {campaign} to finish")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n" + "\n".join(op.said(2500) for op in operators)) from None
+
+    def assert_one_pod_per_run(self, campaign: str, runs: int) -> None:
+        created = self.pods_created(campaign)
+        assert len(created) == len(set(created)) == runs, f"pods created: {created}"
+        objs = self.api.objects(RUNS, NAMESPACE, f"labkube.dev/campaign={campaign}")
+        assert len(objs) == runs
+        for run in objs:
+            assert run["status"]["phase"] == "Finished" and run["status"]["attempts"] == 1, run["status"]
+            assert run["status"]["score"] is not None
+
+
+@pytest.fixture
+async def fake(tmp_path: Path) -> AsyncIterator[Fake]:
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    async with FakeKube() as api, kmock.Server(api) as server:
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", str(server.url).rstrip("/"))
+        kubelet = FakeKubelet(api, claims={CLAIM: volume}, gpus=0, work=tmp_path / "kubelet")
+        async with kubelet:
+            yield Fake(api, kubelet, volume, kubeconfig, tmp_path)
+        api.close_watches()
+
+
+def slow_task(fake: Fake, name: str, seconds: int) -> Path:
+    return tiny_task(fake.work, name, [WRITE, {"tool": "bash", "args": {"command": f"sleep {seconds}"}}, READ])
+
+
+async def wait_healthy(op: OperatorProcess, port: int, timeout: float = 90) -> str:
+    async def answer() -> str | None:
+        if op.returncode is not None:
+            raise AssertionError(f"the operator exited {op.returncode}: {op.said()}")
+        return await asyncio.to_thread(health, port)
+
+    deadline = asyncio.get_running_loop().time() + timeout
+    while (said := await answer()) is None:
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"the operator never answered /healthz: {op.said()}")
+        await asyncio.sleep(0.3)
+    return said
+
+
+async def test_the_operator_killed_and_restarted_twice_finishes_every_run(fake: Fake) -> None:
+    task = slow_task(fake, "restarts", 10)
+    config, port = fake.config()
+    first = await fake.operator(config, "first")
+    fake.campaign("restarts", task, seeds=3)
+    await eventually(lambda: fake.running("restarts") == 3, 120, what="three running pods")
+    await first.kill()
+    assert first.pids() == [], "the killed operator left processes"
+    second = await fake.operator(config, "second")
+    await wait_healthy(second, port)
+    await asyncio.sleep(3)  # it leads, adopts the pods and drives for a while
+    await second.kill()
+    assert fake.running("restarts") == 3, "a pod died with the operator"
+    third = await fake.operator(config, "third")
+    await fake.finished("restarts", [third])
+    code, leftovers = await third.stop()
+    assert code == 0 and leftovers == [], (code, leftovers, third.said())
+    fake.assert_one_pod_per_run("restarts", 3)
+    assert supervisor_actor_pids() == []
+
+
+async def test_two_replicas_started_at_once_one_drives_and_the_standby_takes_over(fake: Fake) -> None:
+    task = slow_task(fake, "replicas", 8)
+    (config_a, port_a), (config_b, port_b) = fake.config(), fake.config()
+    a, b = await asyncio.gather(fake.operator(config_a, "a"), fake.operator(config_b, "b"))
+    said = dict(zip("ab", await asyncio.gather(wait_healthy(a, port_a), wait_healthy(b, port_b)), strict=True))
+    lease = fake.api.read_object(LEASES, OPERATOR_NAMESPACE, "labkube-operator")
+    assert lease is not None and lease["spec"]["holderIdentity"]
+    standing_by = [k for k, text in said.items() if "standing by" in text]
+    assert len(standing_by) == 1, said
+    leader, standby = (b, a) if standing_by == ["a"] else (a, b)
+    fake.campaign("replicas", task, seeds=3)
+    await eventually(lambda: fake.running("replicas") == 3, 120, what="three running pods")
+    assert len(fake.pods_created("replicas")) == 3
+    await leader.kill()
+    await fake.finished("replicas", [standby])
+    code, leftovers = await standby.stop()
+    assert code == 0 and leftovers == [], (code, leftovers, standby.said())
+    fake.assert_one_pod_per_run("replicas", 3)
+    lease = fake.api.read_object(LEASES, OPERATOR_NAMESPACE, "labkube-operator")
+    assert lease is not None and lease["spec"]["leaseTransitions"] >= 1
+    assert supervisor_actor_pids() == []
+
+
+async def test_a_ray_worker_node_killed_mid_campaign_loses_no_run(fake: Fake) -> None:
+    """The operator drives through a Ray cluster of its own (rayAddress: Ray Client, with the cluster's token, as the
+    chart wires a KubeRay cluster); its supervisors run on the two worker nodes. One worker node is killed with
+    every process on it; its actors are replaced on the other node and their runs re-attach to their pods."""
+    task = slow_task(fake, "raynode", 12)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "LABKUBE_"))}
+    env["KUBECONFIG"] = str(fake.kubeconfig)  # what a RayCluster worker's service account gives it
+    ray_cluster = await asyncio.to_thread(LocalRayCluster, fake.work / "ray", 2, env, {"labkube_run_slot": 16})
+    try:
+        config, port = fake.config(rayAddress=ray_cluster.client_address)
+        op = await fake.operator(config, "ray", env={"RAY_AUTH_TOKEN": ray_cluster.token})
+        await wait_healthy(op, port, timeout=120)
+        fake.campaign("raynode", task, seeds=4)
+        await eventually(lambda: fake.running("raynode") == 4, 120, what="four running pods")
+        hosts = {i: set(w.pids()) & set(supervisor_actor_pids()) for i, w in enumerate(ray_cluster.workers)}
+        assert all(hosts.values()), f"supervisors are not spread over both worker nodes: {hosts}"
+        doomed = ray_cluster.workers[0]
+        await asyncio.to_thread(doomed.kill)
+        assert doomed.pids() == []
+        await fake.finished("raynode", [op], timeout=240)
+        code, leftovers = await op.stop()
+        assert code == 0 and leftovers == [], (code, leftovers, op.said())
+        fake.assert_one_pod_per_run("raynode", 4)
+        await eventually(lambda: supervisor_actor_pids() == [], 30, what="the supervisor actors to be gone")
+    finally:
+        await asyncio.to_thread(ray_cluster.stop)
+    assert ray_cluster.leftovers() == []

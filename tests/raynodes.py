@@ -1,0 +1,153 @@
+"""A multi-node Ray cluster on this machine, as `ray start` builds one: a head (`ray start --head`) and worker
+nodes (`ray start --address`), each a process group of its own, so a test can kill one node (SIGKILL to its
+group: raylet, agents, actor workers) the way a KubeRay worker pod dies. This stands in for a RayCluster in the
+tests: the operator reaches it through Ray Client (`ray://`), as it reaches a KubeRay head service."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RAY = str(Path(sys.executable).with_name("ray"))
+# Node deaths are noticed in a few seconds instead of Ray's default half minute.
+FAST_HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RayNode:
+    """One `ray start --block` and everything it starts (its own session and process group)."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log
+        self.handle = log.open("wb")
+        self.proc = subprocess.Popen(
+            [RAY, "start", "--block", "--node-ip-address=127.0.0.1", "--disable-usage-stats", *args],
+            env=env,
+            stdout=self.handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def wait_started(self, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while "Ray runtime started" not in self.log.read_text(errors="replace"):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ray start exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"ray start did not start in {timeout:g}s: {self.log.read_text()[-2000:]}")
+            time.sleep(0.2)
+
+    def pids(self) -> list[int]:
+        """Every live process of this node's process group."""
+        out = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError, ProcessLookupError):
+                    if os.getpgid(int(entry.name)) == self.proc.pid and _alive(int(entry.name)):
+                        out.append(int(entry.name))
+        return out
+
+    def kill(self) -> None:
+        """The node dies at once (a worker pod killed): SIGKILL to every process of the node."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        """SIGTERM to the node (Ray stops its processes), SIGKILL to whatever is left after 10 s (`ray start --block`
+        itself may not exit on SIGTERM)."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while self.pids() and time.monotonic() < deadline:
+                time.sleep(0.2)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+        self.handle.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+class LocalRayCluster:
+    """A head (no supervisors: like the chart's RayCluster head, `num-cpus: 0`) and `workers` nodes that declare
+    `labkube_supervisor`; token authentication on, the token in `token`; Ray Client at `client_address`."""
+
+    def __init__(self, work: Path, workers: int, env: dict[str, str], head_resources: dict[str, float]) -> None:
+        from labkube.operator.driver import SUPERVISOR
+
+        self.token = os.urandom(32).hex()
+        self.env = {**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token}
+        self.gcs_port, self.client_port = free_port(), free_port()
+        work.mkdir(parents=True, exist_ok=True)
+        # A session directory of its own: `ray start --head` records its address in <temp-dir>/ray_current_cluster,
+        # which a later `ray.init()` on this machine would otherwise join. Short: Ray's socket paths live there.
+        self.temp_dir = tempfile.mkdtemp(prefix="lkray-", dir="/tmp")
+        self.head = RayNode(
+            [
+                "--head",
+                f"--temp-dir={self.temp_dir}",
+                f"--port={self.gcs_port}",
+                f"--ray-client-server-port={self.client_port}",
+                "--num-cpus=0",
+                "--include-dashboard=false",
+                f"--resources={json.dumps(head_resources)}",
+                f"--system-config={json.dumps(FAST_HEALTH_CHECKS)}",
+            ],
+            self.env,
+            work / "head.log",
+        )
+        self.workers: list[RayNode] = []
+        try:
+            self.head.wait_started()
+            for i in range(workers):
+                self.workers.append(
+                    RayNode(
+                        [
+                            f"--address=127.0.0.1:{self.gcs_port}",
+                            "--num-cpus=0",
+                            f"--resources={json.dumps({SUPERVISOR: 64})}",
+                        ],
+                        self.env,
+                        work / f"worker-{i}.log",
+                    )
+                )
+            for worker in self.workers:
+                worker.wait_started()
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def client_address(self) -> str:
+        return f"ray://127.0.0.1:{self.client_port}"
+
+    def stop(self) -> None:
+        for node in [*self.workers, self.head]:
+            node.stop()
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def leftovers(self) -> list[int]:
+        return [pid for node in [self.head, *self.workers] for pid in node.pids()]
