@@ -709,6 +709,7 @@ def run_operator(
     from labkube.operator.driver import connect, shutdown
     from labkube.operator.kube import check_reachable
 
+    kopf.configure(verbose=verbose or runtime.config.log_level == "debug", log_prefix=True)
     client = api_client(runtime.kube)
     check_reachable(client, runtime.kube)
     check_runs_root(runtime.runs_root)
@@ -734,7 +735,6 @@ def run_operator(
         ).start()
     pod_gpus = gpus if gpus is not None else cluster_gpus(client, runtime.config.runs.gpu_resource_name)
     ctx = connect(runtime.config.ray_address, max_runs, private=not runtime.config.ray_address, pod_gpus=pod_gpus)
-    kopf.configure(verbose=verbose or runtime.config.log_level == "debug", log_prefix=True)
     metrics = OperatorMetrics()
     server = metrics.serve(runtime.config.metrics_port)
     try:

@@ -29,13 +29,13 @@ if TYPE_CHECKING:
 __all__ = [
     "KubeError",
     "KubeTarget",
+    "allocatable_gpus",
     "api_client",
     "check_reachable",
     "connection_info",
     "default_namespace",
     "load_configuration",
     "parse_time",
-    "allocatable_gpus",
 ]
 
 _SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")

@@ -35,7 +35,17 @@ class RayNode:
         self.log = log
         self.handle = log.open("wb")
         self.proc = subprocess.Popen(
-            [RAY, "start", "--block", "--node-ip-address=127.0.0.1", "--disable-usage-stats", *args],
+            [
+                RAY,
+                "start",
+                "--block",
+                "--node-ip-address=127.0.0.1",
+                "--disable-usage-stats",
+                # several nodes on one machine: each needs ports of its own where Ray's defaults are fixed
+                f"--dashboard-agent-listen-port={free_port()}",
+                f"--metrics-export-port={free_port()}",
+                *args,
+            ],
             env=env,
             stdout=self.handle,
             stderr=subprocess.STDOUT,
@@ -52,19 +62,18 @@ class RayNode:
             time.sleep(0.2)
 
     def pids(self) -> list[int]:
-        """Every live process of this node's process group."""
-        out = []
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                with contextlib.suppress(OSError, ProcessLookupError):
-                    if os.getpgid(int(entry.name)) == self.proc.pid and _alive(int(entry.name)):
-                        out.append(int(entry.name))
-        return out
+        """Every live process of this node: its process group and every descendant (Ray's workers, the actors, run
+        in sessions of their own)."""
+        return node_processes(self.proc.pid)
 
     def kill(self) -> None:
         """The node dies at once (a worker pod killed): SIGKILL to every process of the node."""
+        doomed = self.pids()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
+        for pid in doomed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         self.proc.wait(10)
 
     def stop(self) -> None:
@@ -76,6 +85,9 @@ class RayNode:
             deadline = time.monotonic() + 10
             while self.pids() and time.monotonic() < deadline:
                 time.sleep(0.2)
+        for pid in self.pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -83,12 +95,25 @@ class RayNode:
         self.handle.close()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+def node_processes(root: int) -> list[int]:
+    """Live processes in `root`'s process group or below it in the process tree."""
+    parents: dict[int, int] = {}
+    groups: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if fields[0] != "Z":
+                    parents[int(entry.name)], groups[int(entry.name)] = int(fields[1]), int(fields[2])
+    found = {pid for pid, group in groups.items() if group == root}
+    frontier = [root, *found]
+    while frontier:
+        parent = frontier.pop()
+        for pid, ppid in parents.items():
+            if ppid == parent and pid not in found:
+                found.add(pid)
+                frontier.append(pid)
+    return sorted(pid for pid in found if pid in parents)
 
 
 class LocalRayCluster:
@@ -122,19 +147,17 @@ class LocalRayCluster:
         self.workers: list[RayNode] = []
         try:
             self.head.wait_started()
-            for i in range(workers):
-                self.workers.append(
-                    RayNode(
-                        [
-                            f"--address=127.0.0.1:{self.gcs_port}",
-                            "--num-cpus=0",
-                            f"--resources={json.dumps({SUPERVISOR: 64})}",
-                        ],
-                        self.env,
-                        work / f"worker-{i}.log",
-                    )
+            for i in range(workers):  # one at a time: nodes starting together on one machine race for ports
+                worker = RayNode(
+                    [
+                        f"--address=127.0.0.1:{self.gcs_port}",
+                        "--num-cpus=0",
+                        f"--resources={json.dumps({SUPERVISOR: 64})}",
+                    ],
+                    self.env,
+                    work / f"worker-{i}.log",
                 )
-            for worker in self.workers:
+                self.workers.append(worker)
                 worker.wait_started()
         except BaseException:
             self.stop()

@@ -478,6 +478,7 @@ def test_cluster_wide_rbac_is_least_privilege(chart: helm_python.Chart) -> None:
     assert ("cilium.io", "ciliumnetworkpolicies") not in rules
     assert rules[("apiextensions.k8s.io", "customresourcedefinitions")] == {"list", "watch"}
     assert rules[("", "namespaces")] == {"list", "watch"}
+    assert rules[("", "nodes")] == {"list"}  # allocatable GPUs, so Ray holds back runs beyond them
     assert rules[("", "persistentvolumeclaims")] == {"create", "delete", "get", "list", "watch"}  # a claim per run
     assert ("", "secrets") not in rules  # pods reference Secrets by name; the operator never reads them
     assert all("*" not in group + resource and "*" not in verbs for (group, resource), verbs in rules.items())
@@ -499,7 +500,9 @@ def test_claims_are_allowed_only_when_the_operator_creates_them(chart: helm_pyth
 def test_namespaced_rbac_uses_a_role_per_watched_namespace(chart: helm_python.Chart) -> None:
     docs = render(chart, {"operator": {"watchNamespaces": ["research", "evals"]}})
     cluster = rules_of(operator_role(docs))
-    assert set(cluster) == {("apiextensions.k8s.io", "customresourcedefinitions"), ("", "namespaces")}
+    # discovery, and the nodes' allocatable GPUs (read-only, cluster-scoped) in both modes
+    assert set(cluster) == {("apiextensions.k8s.io", "customresourcedefinitions"), ("", "namespaces"), ("", "nodes")}
+    assert cluster[("", "nodes")] == {"list"}
     roles = watched_roles(docs)
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["evals", "research"]
     wide = rules_of(operator_role(render(chart)))

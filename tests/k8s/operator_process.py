@@ -83,9 +83,8 @@ class OperatorProcess:
         gpus: int | None = None,
     ) -> OperatorProcess:
         handle = log.open("ab")
-        args = [
-            "--config", str(config), "--kube-context", CONTEXT, "--runs-root", str(runs_root), "--max-runs", str(max_runs)
-        ]  # fmt: skip
+        args = ["--config", str(config), "--kube-context", CONTEXT, "--runs-root", str(runs_root)]
+        args += ["--max-runs", str(max_runs)]
         if gpus is not None:
             args += ["--gpus", str(gpus)]
         base = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "LABKUBE_"))}

@@ -61,7 +61,7 @@ async def test_a_strategic_merge_patch_of_a_custom_resource_is_415_as_on_a_real_
 
 
 async def test_unknown_fields_are_pruned_by_the_crd_schema_on_create_patch_and_status(served: Any) -> None:
-    api, url = served
+    _, url = served
     custom = custom_api(url)
     body = campaign("c", tasks=["t"], models=["oracle"], notAField=1)
     body["spec"]["budgets"] = {"wall_hours": 1, "invented": True}

@@ -110,7 +110,8 @@ async def fake(tmp_path: Path) -> AsyncIterator[Fake]:
     volume.mkdir()
     async with FakeKube() as api, kmock.Server(api) as server:
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", str(server.url).rstrip("/"))
-        kubelet = FakeKubelet(api, claims={CLAIM: volume}, gpus=0, work=tmp_path / "kubelet")
+        # one node with two allocatable GPUs (the kubelet registers it), as `kubectl get nodes` would list it
+        kubelet = FakeKubelet(api, claims={CLAIM: volume}, gpus=2, work=tmp_path / "kubelet")
         async with kubelet:
             yield Fake(api, kubelet, volume, kubeconfig, tmp_path)
         api.close_watches()
@@ -153,6 +154,35 @@ async def test_the_operator_killed_and_restarted_twice_finishes_every_run(fake: 
     assert code == 0 and leftovers == [], (code, leftovers, third.said())
     fake.assert_one_pod_per_run("restarts", 3)
     assert supervisor_actor_pids() == []
+
+
+async def test_ray_holds_back_gpu_runs_beyond_the_clusters_allocatable_gpus(fake: Fake) -> None:
+    """The operator reads the nodes' allocatable GPUs (2) into its Ray: of three one-GPU runs, the third waits in Ray
+    (no pod) until a GPU is free, instead of sitting in the scheduler's queue as an Unschedulable pod."""
+    task = tiny_task(
+        fake.work, "gpus", [WRITE, {"tool": "bash", "args": {"command": "sleep 4"}}, READ], resources={"gpus": 1}
+    )
+    config, _ = fake.config()
+    op = await fake.operator(config, "gpus")
+    fake.campaign("gpus", task, seeds=3)
+    await fake.finished("gpus", [op])
+    code, leftovers = await op.stop()
+    assert code == 0 and leftovers == [], (code, leftovers, op.said())
+    assert "the cluster has 2 allocatable nvidia.com/gpu" in op.said(20_000)
+    fake.assert_one_pod_per_run("gpus", 3)
+    live, most = set(), 0
+    for event in fake.api.log:
+        if event.res != PODS:
+            continue
+        name, status = event.obj["metadata"]["name"], event.obj.get("status") or {}
+        conditions = {c["type"]: c for c in status.get("conditions") or []}
+        assert conditions.get("PodScheduled", {}).get("reason") != "Unschedulable", f"{name} waited in the scheduler"
+        if event.type == "DELETED" or status.get("phase") in ("Succeeded", "Failed"):
+            live.discard(name)
+        else:
+            live.add(name)
+        most = max(most, len(live))
+    assert most == 2, f"at most {most} GPU pods existed at once"
 
 
 async def test_two_replicas_started_at_once_one_drives_and_the_standby_takes_over(fake: Fake) -> None:
