@@ -18,8 +18,10 @@ own `GPU`: supervisors need none, the pods do.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,14 +69,35 @@ class RayContext:
     extra: dict = field(default_factory=dict)
     pod_gpus: float = 0.0  # POD_GPU: the Kubernetes cluster's GPUs for run pods (0: the scheduler alone bounds them)
     supervisor_nodes: int = 0  # alive nodes that declare SUPERVISOR
+    slot_count: float = 0.0  # SLOT: runs supervised at once in all
 
 
 def _context(started_here: bool) -> RayContext:
     res = ray.cluster_resources()
     nodes = sum(1 for n in ray.nodes() if n.get("Alive") and SUPERVISOR in (n.get("Resources") or {}))
     return RayContext(
-        started_here, SLOT in res, res.get("GPU", 0.0), pod_gpus=res.get(POD_GPU, 0.0), supervisor_nodes=nodes
+        started_here,
+        SLOT in res,
+        res.get("GPU", 0.0),
+        pod_gpus=res.get(POD_GPU, 0.0),
+        supervisor_nodes=nodes,
+        slot_count=res.get(SLOT, 0.0),
     )
+
+
+_POD_SLOTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
+def pod_slots(ctx: RayContext) -> asyncio.Semaphore | None:
+    """The SLOT bound for runs in pods, counted in this process (the operator drives every campaign from one event
+    loop), not by a placement group per run: at 5,000 runs, creating and removing a placement group per run kept
+    Ray's raylet busy and slowed pod creation to ~20 a second (benchmarks/operator_scale.py). GPUs stay Ray's."""
+    if not ctx.slots:
+        return None
+    loop = asyncio.get_running_loop()
+    if loop not in _POD_SLOTS:
+        _POD_SLOTS[loop] = asyncio.Semaphore(max(1, int(ctx.slot_count)))
+    return _POD_SLOTS[loop]
 
 
 def _use_token(token: str) -> None:
@@ -153,7 +176,7 @@ async def _reserve(run: RunSpec, ctx: RayContext, strict: bool = True) -> Placem
     the cluster's (POD_GPU); a run needing more than that holds only its slot: the cluster's scheduler decides,
     and the run's pod says why it cannot be placed."""
     bundle: dict[str, float] = {}
-    if ctx.slots:
+    if ctx.slots and strict:  # pods count their slot in `pod_slots`
         bundle[SLOT] = 1.0
     if run.gpus and strict:
         if run.gpus > ctx.gpus:
@@ -240,9 +263,11 @@ async def drive(
 
     waiting = 0
 
+    slots = pod_slots(ctx) if backend is not None else None
+
     async def one(i: int, run: RunSpec) -> RunResult:
         nonlocal waiting
-        async with limit:
+        async with limit, slots or contextlib.nullcontext():
             waiting += 1 if run.gpus else 0
             if on_waiting is not None:
                 on_waiting(waiting)

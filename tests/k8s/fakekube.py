@@ -215,6 +215,9 @@ class FakeKube(kmock.KubernetesScaffold):
         self.bookmark_s = bookmark_s
         self.bell = asyncio.Event()
         self.listeners: list[Listener] = []
+        # mutating admission (what a webhook such as Kueue's does to a pod at creation): called with the resource
+        # and the new object before it is stored
+        self.admission: list[Callable[[ResKey, dict[str, Any]], None]] = []
         self.audit: list[tuple[str, str, str, str]] = []  # (verb, plural, namespace, name) of writes
         self.keep_requests = True
         self.request_counts: collections.Counter[str] = collections.Counter()  # "get"/"list"/"watch"/... served
@@ -312,6 +315,8 @@ class FakeKube(kmock.KubernetesScaffold):
             obj.setdefault("status", {"phase": "Pending"})
         if res in self.schemas:
             obj = prune(obj, self.schemas[res], root=True)
+        for admit in self.admission:
+            admit(res, obj)
         self._commit(key, "ADDED", obj)
         self.audit.append(("create", res[2], ns, name))
         return copy.deepcopy(obj)
@@ -328,6 +333,22 @@ class FakeKube(kmock.KubernetesScaffold):
             obj = prune(obj, self.schemas[res], root=True)
         self._commit(key, "MODIFIED", obj)
         return copy.deepcopy(obj)
+
+    def update_object(
+        self, res: ResKey, namespace: str, name: str, change: Callable[[dict[str, Any]], None]
+    ) -> dict[str, Any] | None:
+        """Change an object in place as a controller's update would (`change` mutates a copy; status kept)."""
+        key = (*res, namespace, name)
+        old = self.store.get(key)
+        if old is None:
+            return None
+        new = copy.deepcopy(old)
+        change(new)
+        if res == ("", "v1", "pods"):
+            _check_pod_update(old, new)
+        self.audit.append(("update", res[2], namespace, name))
+        self._commit(key, "MODIFIED", new)
+        return copy.deepcopy(new)
 
     def delete_object(self, res: ResKey, namespace: str, name: str) -> dict[str, Any]:
         key = (*res, namespace, name)
@@ -565,6 +586,8 @@ class FakeKube(kmock.KubernetesScaffold):
         if res in self.schemas:
             new = prune(new, self.schemas[res], root=True)
             meta = new["metadata"]
+        if res == ("", "v1", "pods"):
+            _check_pod_update(old, new)
         if {k: v for k, v in new.items() if k not in ("metadata", "status")} != {
             k: v for k, v in old.items() if k not in ("metadata", "status")
         }:
@@ -659,6 +682,14 @@ def _gone(since: int) -> dict[str, Any]:
             "code": 410,
         },
     }
+
+
+def _check_pod_update(old: dict[str, Any], new: dict[str, Any]) -> None:
+    """kube-apiserver's pod update validation, where tests depend on it: scheduling gates can only be removed."""
+    before = [g.get("name") for g in (old.get("spec") or {}).get("schedulingGates") or []]
+    after = [g.get("name") for g in (new.get("spec") or {}).get("schedulingGates") or []]
+    if any(gate not in before for gate in after):
+        raise KubeError(422, "spec.schedulingGates: Forbidden: only deletion is allowed, but found new scheduling gate")
 
 
 def merge_patch(target: Any, patch: Any) -> Any:

@@ -195,6 +195,13 @@ class FakeKubelet:
     def _hear(self, type_: str, res: ResKey, obj: dict[str, Any]) -> None:
         if res == PODS and type_ in ("ADDED", "DELETED"):
             self._events.put_nowait((type_, obj))
+        elif res == PODS and type_ == "MODIFIED":  # a scheduling gate removed (Kueue admitting the pod)
+            key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+            state = self.pods.get(key)
+            gates = (obj.get("spec") or {}).get("schedulingGates") or []
+            if state is not None and key in self.queue and gates != (state.pod["spec"].get("schedulingGates") or []):
+                state.pod = {**state.pod, "spec": {**state.pod["spec"], "schedulingGates": gates}}  # never mutate events
+                self._events.put_nowait(("RESCHEDULE", obj))
 
     async def _loop(self) -> None:
         while True:
@@ -203,6 +210,8 @@ class FakeKubelet:
             if type_ == "ADDED" and key not in self.pods:
                 self.pods[key] = PodState(key[0], key[1], pod, _gpus(pod, self.gpu_resource))
                 self.queue.append(key)
+            elif type_ == "RESCHEDULE":
+                pass  # _schedule below
             elif type_ == "DELETED" and key in self.pods:
                 state = self.pods.pop(key)
                 state.deleted = True

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from raynodes import LocalRayCluster
 from labkube.operator.crds import API_VERSION
 
 pytestmark = pytest.mark.slow
+Fault = Callable[[str, str, str], object]
 
 NAMESPACE = "default"
 OPERATOR_NAMESPACE = "labkube-system"
@@ -135,7 +136,14 @@ async def wait_healthy(op: OperatorProcess, port: int, timeout: float = 90) -> s
     return said
 
 
-async def test_the_operator_killed_and_restarted_twice_finishes_every_run(fake: Fake) -> None:
+async def test_the_operator_killed_and_restarted_twice_finishes_every_run(fake: Fake, fault: Fault) -> None:
+    fault(
+        "operator killed and restarted twice",
+        "`labkube operator` as a process (its own embedded Ray) is SIGKILLed with its whole process group while 3 "
+        "runs are mid-step, restarted, SIGKILLed again 3 s after it leads, and restarted again",
+        "the pods keep running; each new leader adopts them (no second pod, no extra attempt) and the campaign "
+        "finishes; the last operator exits 0 on SIGTERM with no process left behind, and no supervisor actor survives",
+    )
     task = slow_task(fake, "restarts", 10)
     config, port = fake.config()
     first = await fake.operator(config, "first")
@@ -185,7 +193,14 @@ async def test_ray_holds_back_gpu_runs_beyond_the_clusters_allocatable_gpus(fake
     assert most == 2, f"at most {most} GPU pods existed at once"
 
 
-async def test_two_replicas_started_at_once_one_drives_and_the_standby_takes_over(fake: Fake) -> None:
+async def test_two_replicas_started_at_once_one_drives_and_the_standby_takes_over(fake: Fake, fault: Fault) -> None:
+    fault(
+        "two operator replicas started at once",
+        "two `labkube operator` processes start together against one API (leader election on a Lease, 3 s); the "
+        "leader is SIGKILLed while its 3 runs are mid-step",
+        "one leads and drives, the other answers /healthz as standing by and creates nothing; after the kill it takes "
+        "the lease and adopts the running pods: one pod per run, every run Finished on its first attempt",
+    )
     task = slow_task(fake, "replicas", 8)
     (config_a, port_a), (config_b, port_b) = fake.config(), fake.config()
     a, b = await asyncio.gather(fake.operator(config_a, "a"), fake.operator(config_b, "b"))
@@ -208,7 +223,14 @@ async def test_two_replicas_started_at_once_one_drives_and_the_standby_takes_ove
     assert supervisor_actor_pids() == []
 
 
-async def test_a_ray_worker_node_killed_mid_campaign_loses_no_run(fake: Fake) -> None:
+async def test_a_ray_worker_node_killed_mid_campaign_loses_no_run(fake: Fake, fault: Fault) -> None:
+    fault(
+        "Ray worker node killed (multi-node Ray, as a KubeRay worker pod)",
+        "the operator drives through a Ray cluster of a head and two worker nodes (`ray start`, Ray Client with token "
+        "auth); once its 4 runs' pods run, one worker node and every process on it is SIGKILLed",
+        "the supervisors on the dead node are replaced on the other one and re-attach to their runs' pods: every "
+        "run Finished, one pod per run, no supervisor actor left after the campaign",
+    )
     """The operator drives through a Ray cluster of its own (rayAddress: Ray Client, with the cluster's token, as the
     chart wires a KubeRay cluster); its supervisors run on the two worker nodes. One worker node is killed with
     every process on it; its actors are replaced on the other node and their runs re-attach to their pods."""
