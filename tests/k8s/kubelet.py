@@ -200,7 +200,8 @@ class FakeKubelet:
             state = self.pods.get(key)
             gates = (obj.get("spec") or {}).get("schedulingGates") or []
             if state is not None and key in self.queue and gates != (state.pod["spec"].get("schedulingGates") or []):
-                state.pod = {**state.pod, "spec": {**state.pod["spec"], "schedulingGates": gates}}  # never mutate events
+                # a new dict: the old one is also the event other listeners got
+                state.pod = {**state.pod, "spec": {**state.pod["spec"], "schedulingGates": gates}}
                 self._events.put_nowait(("RESCHEDULE", obj))
 
     async def _loop(self) -> None:
