@@ -30,6 +30,7 @@ from typing import Any
 import ray
 import ray.exceptions
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from labkube.result import RunResult
 from labkube.run_spec import RunPhase, RunSpec, RunStatus
@@ -194,6 +195,19 @@ async def _reserve(run: RunSpec, ctx: RayContext, strict: bool = True) -> Placem
 ACTOR_RESTARTS = 3
 
 
+@ray.remote(num_cpus=0)
+def _gpu_ids() -> list[str]:
+    return [str(i) for i in ray.get_gpu_ids()]
+
+
+async def allocated_gpus(pg: PlacementGroup, gpus: int) -> str:
+    """The GPU indices Ray gave the run's placement group, as CUDA_VISIBLE_DEVICES: a probe task in the bundle
+    asks Ray which of the node's GPUs are its (a bundle keeps the same GPUs while it lives)."""
+    strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=0)
+    ids = await _gpu_ids.options(num_gpus=gpus, scheduling_strategy=strategy).remote()
+    return ",".join(ids)
+
+
 def new_supervisor(ctx: RayContext) -> Any:
     """A supervisor actor: on the SUPERVISOR nodes when the cluster has any, spread over them."""
     if ctx.supervisor_nodes:
@@ -287,7 +301,10 @@ async def drive(
                 return held
             try:
                 run_dir = str(campaign_root / "runs" / run.run_id)
-                data = await supervise_on(actors, i % n_actors, run_dir, env, backend, stopping, ctx)
+                run_env = env
+                if backend is None and run.gpus and pg is not None:  # locally: the run sees only its own GPUs
+                    run_env = {**(env or {}), "CUDA_VISIBLE_DEVICES": await allocated_gpus(pg, run.gpus)}
+                data = await supervise_on(actors, i % n_actors, run_dir, run_env, backend, stopping, ctx)
             finally:
                 if pg is not None:
                     remove_placement_group(pg)
