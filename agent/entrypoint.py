@@ -224,6 +224,7 @@ async def run_agent(run_dir: Path, resume: bool = False) -> RunResult:
     rd = RunDir(run_dir)
     spec = rd.spec()
     card = card_for_run(spec.task, spec.task_path, spec.task_id, spec.family)
+    use_task_environment(rd, card)
     prepare_run_workspace(card, rd.workspace, spec.idea_hint)
     rd.logs.mkdir(parents=True, exist_ok=True)
 
@@ -449,6 +450,7 @@ def finalize(
         details={"gaia2": ckpt.world_verdict} if card.gaia2 and ckpt.world_verdict else {},
         finished_at=utcnow(),
         resumes=ckpt.resumes,
+        setup_seconds=setup_seconds(rd),
     )
     save_checkpoint(rd, ckpt)
     write_model(rd.result_json, result)
@@ -485,6 +487,7 @@ def finalize_stopped(run_dir: Path, reason: StopReason) -> RunResult:
     rd = RunDir(run_dir)
     spec = rd.spec()
     card = card_for_run(spec.task, spec.task_path, spec.task_id, spec.family)
+    use_task_environment(rd, card)
     prepare_run_workspace(card, rd.workspace, spec.idea_hint)
     ckpt = read_model(rd.checkpoint_json, Checkpoint) or Checkpoint()
     ckpt.stop_reason = ckpt.stop_reason or reason
@@ -579,3 +582,44 @@ def _locked_main(run_dir: Path, resume: bool, finalize_reason: StopReason | None
     except ProviderError as exc:
         raise AgentError(str(exc)) from None
     return 0 if result.status is RunPhase.finished else 1
+
+
+def setup_seconds(rd: RunDir) -> float | None:
+    """The sandbox's time on the task environment (`setup.json`), reported beside the budget, not in it."""
+    from labkube.tasks.environment import TaskEnv
+
+    env = read_model(rd.root / "setup.json", TaskEnv)
+    return round(env.seconds, 3) if env is not None else None
+
+
+def use_task_environment(rd: RunDir, card: TaskCard) -> None:
+    """The task's environment for this process's tools and grader. The local sandbox builds it first and names it
+    (LABKUBE_TASK_ENV); in a pod an init container or the image has built it into LABKUBE_ENV_CACHE, found here by
+    its key. Only if neither did is it built here, and recorded in `setup.json` the same way."""
+    from labkube.tasks.environment import ENV_VARIABLE, SetupError, ensure_env
+
+    if os.environ.get(ENV_VARIABLE) or card.gaia2 is not None or card.gaia is not None:
+        return
+    try:
+        env = ensure_env(card)
+    except SetupError as exc:  # the agent never starts: a final result that says why, then the one-line error
+        spec = rd.spec()
+        result = RunResult(
+            run_id=spec.run_id,
+            task=spec.task,
+            model=spec.model,
+            agent=spec.agent,
+            seed=spec.seed,
+            status=RunPhase.failed,
+            stop_reason=StopReason.setup_error,
+            error=str(exc),
+            details={"setup_log_tail": exc.log_tail} if exc.log_tail else {},
+            finished_at=utcnow(),
+        )
+        write_model(rd.result_json, result)
+        raise AgentError(str(exc)) from None
+    if env is None:
+        return
+    os.environ[ENV_VARIABLE] = str(env.path)
+    if not (rd.root / "setup.json").exists():
+        write_model(rd.root / "setup.json", env)

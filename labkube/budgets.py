@@ -43,6 +43,7 @@ class StopReason(StrEnum):
     world_error = "world_error"  # the Gaia2 world process died or failed
     error = "error"  # harness error
     killed = "killed"  # terminated from outside with no checkpoint to resume
+    setup_error = "setup_error"  # the task environment could not be built; the agent never started
 
 
 class Usage(BaseModel):

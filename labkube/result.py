@@ -61,6 +61,10 @@ class RunResult(BaseModel):
     started_at: datetime | None = None
     finished_at: datetime | None = None
     resumes: int = 0
+    setup_seconds: float | None = Field(
+        default=None,
+        description="Time the sandbox spent on the task environment before the agent started (not charged to it).",
+    )
 
     @property
     def final(self) -> bool:

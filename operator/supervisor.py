@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from labkube.agent.entrypoint import DISK_FULL_EXIT
 from labkube.budgets import StopReason
 from labkube.operator.local_sandbox import SandboxExit, run_local
 from labkube.result import RunResult
 from labkube.run_spec import RunPhase, RunStatus
 from labkube.store import RunDir, read_model, utcnow, write_model
+from labkube.tasks.environment import SetupError
 
 MAX_ATTEMPTS = 3
 GRADE_ALLOWANCE_S = 900.0  # the agent's own final grading, after its time budget
@@ -41,6 +44,10 @@ async def supervise_run(run_dir: str, env: dict[str, str] | None = None, backend
     spec = rd.spec()
     if not rd.status_json.exists():
         write_model(rd.status_json, RunStatus(run_id=spec.run_id, phase=RunPhase.starting, updated_at=utcnow()))
+    try:
+        env = await task_environment(rd, env)
+    except SetupError as exc:
+        return _harness_failure(rd, str(exc), StopReason.setup_error, exc.log_tail)
     exit_: SandboxExit | None = None
     for _attempt in range(MAX_ATTEMPTS):
         extra = ("--resume",) if rd.checkpoint_json.exists() else ()
@@ -60,6 +67,32 @@ async def supervise_run(run_dir: str, env: dict[str, str] | None = None, backend
     return _harness_failure(rd, f"agent exited {exit_.returncode if exit_ else '?'} without a result; see logs/")
 
 
+async def task_environment(rd: RunDir, env: dict[str, str] | None) -> dict[str, str] | None:
+    """Build (or reuse) the task's environment before the agent starts; `env` for the agent with it named. Its time
+    goes to `setup.json` (and the result's `setup_seconds`), not to the run's budget: the agent is not running."""
+    from labkube.tasks import card_for_run
+    from labkube.tasks.environment import ENV_VARIABLE, ensure_env
+
+    spec = rd.spec()
+    if spec.family != "researchgym":
+        return env
+    card = card_for_run(spec.task, spec.task_path, spec.task_id, spec.family)
+    status = read_model(rd.status_json, RunStatus) or RunStatus(run_id=spec.run_id)
+    write_model(rd.status_json, status.model_copy(update={"message": "building the task environment"}))
+
+    def progress(line: str) -> None:
+        with (rd.logs / "setup.log").open("a") as out:
+            out.write(line + "\n")
+
+    rd.logs.mkdir(parents=True, exist_ok=True)
+    built = await asyncio.to_thread(ensure_env, card, progress=progress)
+    write_model(rd.status_json, status.model_copy(update={"message": ""}))
+    if built is None:
+        return env
+    write_model(rd.root / "setup.json", built)
+    return {**(env or {}), ENV_VARIABLE: str(built.path)}
+
+
 def last_error_line(rd: RunDir) -> str | None:
     try:
         lines = (rd.logs / "agent.stderr").read_text(errors="replace").strip().splitlines()
@@ -68,7 +101,9 @@ def last_error_line(rd: RunDir) -> str | None:
     return lines[-1].removeprefix("error: ").strip() if lines else None
 
 
-def _harness_failure(rd: RunDir, message: str) -> RunResult:
+def _harness_failure(
+    rd: RunDir, message: str, reason: StopReason = StopReason.error, log_tail: str = ""
+) -> RunResult:
     spec = rd.spec()
     status = read_model(rd.status_json, RunStatus)
     result = RunResult(
@@ -78,8 +113,9 @@ def _harness_failure(rd: RunDir, message: str) -> RunResult:
         agent=spec.agent,
         seed=spec.seed,
         status=RunPhase.failed,
-        stop_reason=StopReason.error,
+        stop_reason=reason,
         error=message,
+        details={"setup_log_tail": log_tail} if log_tail else {},
         spend=status.spend if status else RunStatus(run_id=spec.run_id).spend,
         finished_at=utcnow(),
     )
@@ -95,7 +131,7 @@ def _harness_failure(rd: RunDir, message: str) -> RunResult:
             message=message,
             updated_at=utcnow(),
             spend=result.spend,
-            stop_reason=StopReason.error,
+            stop_reason=reason,
         ),
     )
     return result

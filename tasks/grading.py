@@ -119,8 +119,13 @@ def grade_workspace(card: TaskCard, workspace: Path, scratch: Path, log_file: Pa
         build_grading_view(card, workspace, view)
     except OSError as exc:
         return GradeOutcome([score_subtask(None, s) for s in card.subtasks], None, f"grading view: {exc}")
+    from labkube.tasks.environment import activate, current_env
+
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    task_env = current_env()
+    if task_env is not None:  # the grader runs in the task's environment, as the agent's code does
+        env = activate(task_env.venv, env)
     for key in list(env):
         if key.endswith("_API_KEY"):
             del env[key]

@@ -54,6 +54,11 @@ def prepare_workspace(card: TaskCard, dest: Path, idea_hint: bool = False) -> Pa
     if dest.exists():
         shutil.rmtree(dest)
     shutil.copytree(src, dest, ignore=ignore, symlinks=True)
+    from labkube.tasks.environment import current_env, link_setup_outputs
+
+    env = current_env()
+    if env is not None:  # what install.sh made (data, markers) is part of the task as the agent receives it
+        link_setup_outputs(env, src, dest)
     commit_pristine(dest)
     return dest
 

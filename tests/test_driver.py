@@ -83,3 +83,21 @@ def test_local_gpu_hour_cap_holds_back_runs_once_used_up(ray_local, tmp_path: Pa
     assert again.returncode == 1, again.stdout + again.stderr
     assert "1 run(s) not started:" in again.stderr and "raise gpu_hours_cap" in again.stderr
     assert not (held / "result.json").exists()
+
+
+def test_two_one_gpu_runs_each_see_their_own_gpu(ray_local, tmp_path: Path) -> None:
+    """Ray's allocation becomes CUDA_VISIBLE_DEVICES (the agent process's environment, so its commands, jobs and
+    grader inherit it): on 2 logical GPUs, two concurrent 1-GPU runs get different ones."""
+    show = {"tool": "bash", "args": {"command": "echo -n \"$CUDA_VISIBLE_DEVICES\" > cuda.txt; sleep 2"}}
+    task = make_tiny_task(tmp_path, [WRITE, show], resources={"gpus": 1})
+    spec = CampaignSpec(name="cuda", tasks=[str(task)], models=["oracle"], seeds=2, concurrency=2)
+    results = launch(spec, tmp_path / "out", ray_ctx=ray_local)
+    assert all(r.status.value == "Finished" for r in results)
+    seen = [(tmp_path / "out" / "runs" / r.run_id / "workspace" / "cuda.txt").read_text() for r in results]
+    assert sorted(seen) == ["0", "1"], seen
+    records = []
+    for r in results:
+        lines = (tmp_path / "out" / "runs" / r.run_id / "transcript.jsonl").read_text().splitlines()
+        records.append([json.loads(x)["ts"] for x in lines])
+    (_, a_end), (b_start, _) = sorted((rec[0], rec[-1]) for rec in records)
+    assert b_start < a_end, "the two runs did not overlap, so the test proves nothing"
