@@ -333,6 +333,19 @@ def problem_message(conditions: list[Condition]) -> str:
 # -- the API, from a Ray worker ------------------------------------------------------------------
 
 
+def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
+    """What supervisors read of a watched pod: its metadata and status. Its spec (containers, their env with the run
+    spec, volumes, affinity) is most of its size and is never read from the cache; at 5,000 Runs every supervisor
+    process caches every pod of the campaign (benchmarks/operator_scale.py)."""
+    meta = {k: v for k, v in (pod.get("metadata") or {}).items() if k != "managedFields"}
+    spec = pod.get("spec") or {}
+    return {
+        "metadata": meta,
+        "spec": {"nodeName": spec["nodeName"]} if "nodeName" in spec else {},
+        "status": pod.get("status") or {},
+    }
+
+
 class PodWatcher:
     """One list+watch of the run pods of one campaign (label selector: this operator's run pods of that campaign),
     shared by all supervisors of the campaign in this process: the cache holds nothing else.
@@ -366,7 +379,7 @@ class PodWatcher:
         """Record a pod the API just returned (it reaches the watch soon; do not wait for it)."""
         name = pod["metadata"]["name"]
         if name not in self.pods:
-            self.pods[name] = pod
+            self.pods[name] = slim_pod(pod)
             self._ring(name)
 
     async def wait(self, name: str, timeout: float) -> None:
@@ -386,12 +399,12 @@ class PodWatcher:
     def _apply(self, kind: str, payload: Any) -> None:
         if kind == "reset":
             old = set(self.pods)
-            self.pods = {p["metadata"]["name"]: p for p in payload}
+            self.pods = {p["metadata"]["name"]: slim_pod(p) for p in payload}
             for name in old | set(self.pods):
                 self._ring(name)
             self.synced.set()
             return
-        obj = payload
+        obj = slim_pod(payload)
         name = obj["metadata"]["name"]
         if kind == "DELETED":
             self.pods.pop(name, None)

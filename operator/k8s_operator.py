@@ -773,8 +773,10 @@ def cluster_gpus(client: Any, resource: str) -> int | None:
             "cannot list nodes (RBAC): GPU runs are bounded by the Kubernetes scheduler alone; "
             "grant `list nodes` or pass --gpus N"
         )
-    else:
+    elif found:
         log.info("the cluster has %d allocatable %s; Ray hands them to runs", found, resource)
+    else:
+        log.info("the cluster has no allocatable %s: GPU runs get their pods and wait for the scheduler", resource)
     return found
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 
 from labkube.agent.entrypoint import DISK_FULL_EXIT
 from labkube.budgets import StopReason
@@ -85,6 +87,15 @@ async def task_environment(rd: RunDir, env: dict[str, str] | None) -> dict[str, 
             out.write(line + "\n")
 
     rd.logs.mkdir(parents=True, exist_ok=True)
+    if spec.gpus and shutil.which("nvidia-smi"):  # what the run's GPUs were at setup, for whoever reads the logs
+        smi = await asyncio.create_subprocess_exec(
+            "nvidia-smi",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
+        out, _ = await smi.communicate()
+        progress("$ nvidia-smi\n" + out.decode(errors="replace"))
     built = await asyncio.to_thread(ensure_env, card, progress=progress)
     write_model(rd.status_json, status.model_copy(update={"message": ""}))
     if built is None:
@@ -101,9 +112,7 @@ def last_error_line(rd: RunDir) -> str | None:
     return lines[-1].removeprefix("error: ").strip() if lines else None
 
 
-def _harness_failure(
-    rd: RunDir, message: str, reason: StopReason = StopReason.error, log_tail: str = ""
-) -> RunResult:
+def _harness_failure(rd: RunDir, message: str, reason: StopReason = StopReason.error, log_tail: str = "") -> RunResult:
     spec = rd.spec()
     status = read_model(rd.status_json, RunStatus)
     result = RunResult(
