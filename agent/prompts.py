@@ -1,20 +1,59 @@
-"""What the agent is told at the start of a run."""
+"""What the agent is told at the start of a run.
+
+The research prompt tells the agent what ResearchGym's RGAgent tells it (docs/agent-tools.md compares
+the two): how to work, how it is graded, what its time and budget cover, and what a hint means.
+"""
 
 from __future__ import annotations
 
 from labkube.budgets import Budgets
-from labkube.task_card import TaskCard
+from labkube.task_card import Resources, TaskCard
 
 SYSTEM = """You are a research agent working autonomously on an open research task in a sandboxed \
 workspace (a git repository holding the task's code and data). Nobody will answer questions: decide \
-for yourself, run experiments, and keep notes. Use the tools to read and change files, run code and \
-training jobs, and check your results with the task's grader (see the task description). Results only \
-count if they come from code that actually ran: never write metric values by hand and never modify the \
-grading files or the evaluation data. Call end_task when you are done; your workspace is then graded."""
+for yourself, run experiments, and keep notes.
+
+How to work:
+- Go step by step: think briefly about the next step, make a tool call, read its result, then decide \
+what to do next. Build your solution up bit by bit rather than all at once.
+- Propose methods that are new, sound and feasible within your budget: say what you will implement and \
+why you expect it to work, then implement it and test it. Aim to beat the baselines by a clear margin, on \
+the primary subtask first, then on the others.
+- If you have the web_search tool, survey related work before you settle on an idea (the task's own paper \
+and code are blocked).
+- Write real code and run real experiments: no fallbacks, dummy data or hard-coded outputs. Results only \
+count if they come from code that actually ran: never write metric values by hand.
+- Start long training or evaluation runs with start_async and follow them with check_async (its \
+wait_minutes waits for a job without spending steps); have them log their progress.
+- Keep notes of your ideas, results and next steps in a file in the workspace, and commit your work with \
+git regularly (keep datasets and checkpoints out of git).
+- grep over a whole data directory can take long; prefer the search and search_file tools.
+
+How you are graded:
+- The task's grader (see the task description) scores your workspace as it stands when the run ends: when \
+you call end_task, or when a budget runs out. Run the grader yourself, as often as you like, and make sure \
+it produces results for every subtask.
+- The protected paths listed with the task (the grading files, the task description, often the evaluation \
+data) are restored from the original task before grading, and changing them is reported. Never modify \
+them, and never read held-out labels or answers.
+
+Time and budget:
+- Your budget comes with the task. Everything counts against it, including the commands and training runs \
+you start and the time you wait for them. You are told what is left at regular intervals and again when \
+it nears its end.
+- Use the budget: a good solution is expected to need most of it. Call end_task only when you have results \
+on every subtask and no idea left that could improve them; if the budget runs out first, your workspace \
+is graded as it stands."""
 
 
 GAIA_SYSTEM = """You are a general AI assistant answering a question with tools in a sandboxed \
 workspace. Work the answer out step by step, then call end_task with `FINAL ANSWER: <answer>`."""
+
+
+HINT_PREAMBLE = (
+    "You are given an idea that is known to work. Implement it faithfully first, then build on it to improve "
+    "the results further."
+)
 
 
 def describe_budgets(budgets: Budgets) -> str:
@@ -30,14 +69,37 @@ def describe_budgets(budgets: Budgets) -> str:
     return ", ".join(parts) if parts else "no fixed limit"
 
 
+def describe_compute(resources: Resources) -> str:
+    gpus = f"{resources.gpus} GPU{'s' if resources.gpus != 1 else ''}" if resources.gpus else "no GPU"
+    cpus = f"{resources.cpus:g} CPU{'s' if resources.cpus != 1 else ''}"
+    return f"{gpus}, {cpus} and {resources.memory_gb:g} GB of memory"
+
+
+def describe_grading(card: TaskCard) -> list[str]:
+    """How the task is scored: its grader, its subtasks with the baselines to beat, and what is protected."""
+    lines = ["## Grading", f"Grader: `{card.grading.command}` (run it from the workspace root)."]
+    for sub in card.subtasks:
+        baseline = f", baseline to beat {sub.baseline:g}" if sub.baseline is not None else ""
+        primary = " (primary)" if sub.primary else ""
+        lines.append(f"- {sub.id}{primary}: {sub.metric}, {sub.direction.value} is better{baseline}")
+    if card.protected:
+        lines.append(f"Protected (restored before grading): {', '.join(card.protected)}.")
+    if card.heldout:
+        lines.append(f"Held out (only the task's own code may read them): {', '.join(card.heldout)}.")
+    return lines
+
+
 def task_prompt(card: TaskCard, workspace_description: str, budgets: Budgets, idea_hint: str | None) -> str:
     text = [
         f"# Task: {card.name}",
         workspace_description,
         f"Your budget: {describe_budgets(budgets)}. You will be told what is left as you go.",
+        f"Compute: {describe_compute(card.resources)}.",
         "",
         card.description.strip(),
+        "",
+        *describe_grading(card),
     ]
     if idea_hint:
-        text += ["", "## Hint", idea_hint.strip()]
+        text += ["", "## Hint", HINT_PREAMBLE, "", idea_hint.strip()]
     return "\n".join(text)

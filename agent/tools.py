@@ -1,4 +1,7 @@
-"""The research tools: shell, python, files, search, apply_patch, end_task."""
+"""The research tools: shell, python, files, search, replace, apply_patch, background jobs, end_task.
+
+docs/agent-tools.md compares them with ResearchGym's RGAgent tool by tool.
+"""
 
 from __future__ import annotations
 
@@ -40,15 +43,26 @@ class ToolContext:
     secret_vars: frozenset[str] = frozenset()  # the run's own key variables (api_key_env)
 
     def env(self) -> dict[str, str]:
-        """The environment for the agent's commands: our interpreter first on PATH, no API keys."""
+        """The environment for the agent's commands: the task's environment active when it has one (else our
+        interpreter first on PATH), no API keys."""
+        from labkube.tasks.environment import activate, current_env
+
         env = {
             k: v
             for k, v in os.environ.items()
             if not k.endswith("_API_KEY") and not k.startswith("LABKUBE_") and k not in self.secret_vars
         }
-        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        task_env = current_env()
+        if task_env is not None:
+            env = activate(task_env.venv, env)
+        else:
+            env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         env["HOME"] = env.get("HOME", str(self.workspace.root))
         env["PYTHONUNBUFFERED"] = "1"
+        # Nobody answers a prompt: a command that asks (apt, git credentials) must fail, not hang until its timeout.
+        env["DEBIAN_FRONTEND"] = "noninteractive"
+        env["GIT_TERMINAL_PROMPT"] = "0"
+        env["PYTHONIOENCODING"] = "utf-8"
         return env
 
 
@@ -108,35 +122,178 @@ def python(ctx: ToolContext):
             code: Python source to run with the workspace as the working directory.
             timeout: Seconds before the program is killed (default 600).
         """
-        return await run_process([sys.executable, "-"], ctx, ctx.timeout(timeout), stdin=code.encode())
+        from labkube.tasks.environment import current_env, task_python
+
+        task_env = current_env()
+        python = task_python(task_env.venv if task_env is not None else None)
+        return await run_process([python, "-"], ctx, ctx.timeout(timeout), stdin=code.encode())
 
     return execute
+
+
+MAX_TEXT_BYTES = 64_000_000  # read_file and search_file load the whole file to count its lines
+
+
+def read_text(ctx: ToolContext, path: str) -> tuple[str, list[str]]:
+    """A workspace file's relative path and lines; directories, binary and huge files are refused."""
+    real = ctx.workspace.resolve(path, must_exist=True)
+    if real.is_dir():
+        raise ToolError(f"{path} is a directory; use bash `ls` to list it or `search` to search it")
+    size = real.stat().st_size
+    if size > MAX_TEXT_BYTES:
+        raise ToolError(f"{path} is {size:,} bytes, too large to read whole; use bash (head, sed -n, grep) on it")
+    data = real.read_bytes()
+    if b"\0" in data[:8192]:
+        raise ToolError(f"{path} looks binary ({size:,} bytes); inspect it with python or bash (file, xxd)")
+    return ctx.workspace.relative(real), data.decode("utf-8", errors="replace").splitlines()
+
+
+def numbered(lines: list[str], start: int, marked: int | None = None) -> str:
+    """Lines prefixed with their 1-based number; with `marked` (a line number), a marker column shows `>` on it."""
+    if marked is None:
+        return "\n".join(f"{n:>6}\t{line}" for n, line in enumerate(lines, start=start))
+    return "\n".join(f"{'>' if n == marked else ' '}{n:>6}\t{line}" for n, line in enumerate(lines, start=start))
 
 
 @tool(access="read")
 def read_file(ctx: ToolContext):
     async def execute(path: str, start_line: int = 1, max_lines: int = 400) -> str:
         """Read a text file, a chunk of lines at a time, each line prefixed with its number.
+        The first line of the output gives the file's total number of lines.
 
         Args:
             path: File path relative to the workspace.
             start_line: First line to show (1-based).
             max_lines: How many lines to show at most.
         """
-        real = ctx.workspace.resolve(path, must_exist=True)
-        if real.is_dir():
-            raise ToolError(f"{path} is a directory; use bash `ls` to list it")
-        lines = real.read_text(errors="replace").splitlines()
-        start = max(1, start_line)
-        chunk = lines[start - 1 : start - 1 + max(1, max_lines)]
-        body = "\n".join(f"{i:>6}\t{line}" for i, line in enumerate(chunk, start=start))
-        end = start + len(chunk) - 1
-        more = (
-            f"\n[lines {start}-{end} of {len(lines)}; continue with start_line={end + 1}]" if end < len(lines) else ""
-        )
-        return cap_output(body + more, ctx.output_limit)
+        if start_line < 1:
+            raise ToolError(f"start_line must be 1 or more (got {start_line})")
+        if max_lines < 1:
+            raise ToolError(f"max_lines must be 1 or more (got {max_lines})")
+        rel, lines = read_text(ctx, path)
+        if not lines:
+            return f"{rel}: 0 lines (the file is empty)"
+        if start_line > len(lines):
+            raise ToolError(f"start_line {start_line} is past the end of {rel}, which has {len(lines)} lines")
+        chunk = lines[start_line - 1 : start_line - 1 + max_lines]
+        end = start_line + len(chunk) - 1
+        head = f"{rel}: {len(lines)} lines; showing lines {start_line}-{end}"
+        more = f"\n[continue with start_line={end + 1}]" if end < len(lines) else ""
+        return cap_output(f"{head}\n{numbered(chunk, start_line)}{more}", ctx.output_limit)
 
     return execute
+
+
+@tool(access="read")
+def search_file(ctx: ToolContext):
+    async def execute(path: str, query: str, context_lines: int = 2, max_matches: int = 5, page: int = 1) -> str:
+        """Find a word or phrase in one file (plain text, case-insensitive); shows each matching line, marked
+        with `>`, with numbered lines of context, a page of matches at a time.
+
+        Args:
+            path: File path relative to the workspace.
+            query: The text to look for; letter case is ignored, no regular expressions.
+            context_lines: Lines to show before and after each match.
+            max_matches: Matches per page.
+            page: Which page of matches to show (1-based).
+        """
+        if not query:
+            raise ToolError("query is empty; give the text to look for")
+        if context_lines < 0:
+            raise ToolError(f"context_lines must be 0 or more (got {context_lines})")
+        if max_matches < 1 or page < 1:
+            raise ToolError(f"max_matches and page must be 1 or more (got {max_matches} and {page})")
+        rel, lines = read_text(ctx, path)
+        needle = query.casefold()
+        hits = [i for i, line in enumerate(lines) if needle in line.casefold()]
+        if not hits:
+            return f"no matches for {query!r} in {rel} ({len(lines)} lines)"
+        pages = -(-len(hits) // max_matches)
+        if page > pages:
+            raise ToolError(f"page {page} is past the last page: {len(hits)} matches make {pages} page(s)")
+        first = (page - 1) * max_matches
+        shown = hits[first : first + max_matches]
+        span = f"matches {first + 1}-{first + len(shown)}, page {page} of {pages}"
+        blocks = [f"{rel}: {len(hits)} matches for {query!r}; {span}"]
+        for number, i in enumerate(shown, start=first + 1):
+            lo, hi = max(0, i - context_lines), min(len(lines), i + context_lines + 1)
+            context = [line[:1000] for line in lines[lo:hi]]
+            blocks.append(f"[match {number} of {len(hits)}, line {i + 1}]\n{numbered(context, lo + 1, marked=i + 1)}")
+        if page < pages:
+            blocks.append(f"[more matches: page={page + 1}]")
+        return cap_output("\n\n".join(blocks), ctx.output_limit)
+
+    return execute
+
+
+@tool(access="write")
+def replace(ctx: ToolContext):
+    async def execute(path: str, old_string: str, new_string: str, expected_replacements: int = 1) -> str:
+        """Replace an exact piece of text in a file. old_string must match the file exactly (spaces and
+        indentation too) and occur exactly expected_replacements times, or nothing changes. An empty
+        old_string creates a new file holding new_string.
+
+        Args:
+            path: File path relative to the workspace.
+            old_string: The exact text to replace; include enough surrounding lines to make it unique.
+            new_string: The text to put in its place.
+            expected_replacements: How many occurrences there must be; all of them are replaced.
+        """
+        if expected_replacements < 1:
+            raise ToolError(f"expected_replacements must be 1 or more (got {expected_replacements})")
+        if old_string == new_string:
+            raise ToolError("old_string and new_string are the same; nothing to change")
+        real = ctx.workspace.resolve(path)
+        rel = ctx.workspace.relative(real)
+        if real.is_dir():
+            raise ToolError(f"{path} is a directory")
+        if not old_string:
+            if real.exists():
+                raise ToolError(f"{rel} already exists; give old_string to edit it, or use write_file to overwrite it")
+            data = encode_text(new_string)
+            real.parent.mkdir(parents=True, exist_ok=True)
+            real.write_bytes(data)
+            return f"created {rel} ({len(data)} bytes)"
+        if not real.exists():
+            raise ToolError(f"{path}: no such file (an empty old_string creates one)")
+        try:
+            text = real.read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            raise ToolError(f"{rel} is not UTF-8 text; edit it with python or bash") from None
+        at_lines = occurrence_lines(text, old_string)
+        count = len(at_lines)
+        where = ", ".join(str(n) for n in at_lines[:20])
+        if count == 0:
+            raise ToolError(
+                f"old_string not found in {rel}; nothing changed (read_file shows the current text: "
+                "spaces, indentation and line breaks must match exactly)"
+            )
+        if count != expected_replacements:
+            raise ToolError(
+                f"old_string occurs {count} times in {rel} (lines {where}), expected {expected_replacements}; "
+                f"nothing changed (add surrounding lines to make it unique, or set expected_replacements={count})"
+            )
+        real.write_bytes(encode_text(text.replace(old_string, new_string)))
+        plural = "s" if count > 1 else ""
+        return f"replaced {count} occurrence{plural} in {rel} (at line{plural} {where})"
+
+    return execute
+
+
+def occurrence_lines(text: str, needle: str) -> list[int]:
+    """The 1-based line on which each (non-overlapping) occurrence of `needle` starts."""
+    found, at = [], text.find(needle)
+    while at != -1:
+        found.append(text.count("\n", 0, at) + 1)
+        at = text.find(needle, at + len(needle))
+    return found
+
+
+def encode_text(content: str) -> bytes:
+    try:
+        return content.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ToolError("content is not valid text (it holds an unpaired surrogate); nothing written") from None
 
 
 @tool(access="write")
@@ -151,13 +308,11 @@ def write_file(ctx: ToolContext):
         real = ctx.workspace.resolve(path)
         if real.is_dir():
             raise ToolError(f"{path} is a directory")
-        try:
-            data = content.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ToolError("content is not valid text (it holds an unpaired surrogate); nothing written") from None
+        data = encode_text(content)
+        existed = real.exists()
         real.parent.mkdir(parents=True, exist_ok=True)
         real.write_bytes(data)
-        return f"wrote {len(data)} bytes to {ctx.workspace.relative(real)}"
+        return f"{'overwrote' if existed else 'created'} {ctx.workspace.relative(real)} ({len(data)} bytes)"
 
     return execute
 
@@ -236,6 +391,9 @@ def end_task(ctx: ToolContext):
     return execute
 
 
+JOB_POLL_S = 0.5  # how often check_async looks whether a job it waits for has exited
+
+
 def _jobs(ctx: ToolContext) -> JobManager:
     if ctx.jobs is None:
         raise ToolError("background jobs are not available in this run")
@@ -252,29 +410,47 @@ def _job_report(ctx: ToolContext, job_id: str, max_chars: int) -> str:
 
 @tool(access="write")
 def start_async(ctx: ToolContext):
-    async def execute(command: str) -> str:
+    async def execute(command: str, workdir: str = ".") -> str:
         """Start a long-running command (a training run) in the background; returns its job id.
         It keeps running across steps; check it with check_async. All jobs stop when the run ends.
 
         Args:
-            command: The command line to run with `bash -c` in the workspace.
+            command: The command line to run with `bash -c`.
+            workdir: Directory to run it in, relative to the workspace.
         """
         refuse_blocked(ctx, command)
-        record = _jobs(ctx).start(command, ctx.workspace.root, ctx.env())
-        return f"started {record.id} (pid {record.pid}); see check_async for its output"
+        cwd = ctx.workspace.resolve(workdir, must_exist=True)
+        if not cwd.is_dir():
+            raise ToolError(f"workdir {workdir} is not a directory")
+        record = _jobs(ctx).start(command, cwd, ctx.env())
+        return (
+            f"started {record.id} (pid {record.pid}) in {ctx.workspace.relative(cwd)}; see check_async for its output"
+        )
 
     return execute
 
 
 @tool(access="read")
 def check_async(ctx: ToolContext):
-    async def execute(job_id: str, max_chars: int = 4000) -> str:
-        """Whether a background job is still running, and the tail of its output.
+    async def execute(job_id: str, max_chars: int = 4000, wait_minutes: float = 0) -> str:
+        """Whether a background job is still running, and the tail of its output. With wait_minutes, first
+        wait for the job to finish, up to that long (it returns as soon as the job exits): waiting this way
+        costs no steps or tokens, but the time counts against your budget.
 
         Args:
             job_id: The id start_async returned, e.g. job1.
             max_chars: How much of the end of the output to show.
+            wait_minutes: Wait up to this many minutes for the job to exit before reporting (default 0).
         """
+        if wait_minutes < 0:
+            raise ToolError(f"wait_minutes must be 0 or more (got {wait_minutes:g})")
+        record = _jobs(ctx).poll(job_id)
+        if record is not None and wait_minutes > 0:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + ctx.timeout(wait_minutes * 60)
+            while record.exit_code is None and (left := deadline - loop.time()) > 0:
+                await asyncio.sleep(min(JOB_POLL_S, left))
+                _jobs(ctx).poll(job_id)
         return _job_report(ctx, job_id, max_chars)
 
     return execute
@@ -300,7 +476,9 @@ def research_tools(ctx: ToolContext) -> list[Tool]:
         bash(ctx),
         python(ctx),
         read_file(ctx),
+        search_file(ctx),
         write_file(ctx),
+        replace(ctx),
         search(ctx),
         apply_patch(ctx),
         start_async(ctx),

@@ -43,7 +43,7 @@ class ToolCall:
 
     def written_paths(self) -> list[str]:
         """Files this call wrote through a file tool (not through a process)."""
-        if self.tool == "write_file" and isinstance(self.args.get("path"), str):
+        if self.tool in ("write_file", "replace") and isinstance(self.args.get("path"), str):
             return [normpath(self.args["path"])]
         if self.tool == "apply_patch":
             return [normpath(p) for p in PATCH_PATHS.findall(str(self.args.get("patch", "")))]

@@ -236,7 +236,7 @@ def check_heldout_reads(ev: Evidence) -> list[Violation]:
     found = []
     for call in ev.tool_calls:
         hit = None
-        if call.tool in ("read_file", "search") and isinstance(call.args.get("path"), str):
+        if call.tool in ("read_file", "search", "search_file") and isinstance(call.args.get("path"), str):
             target = normpath(call.args["path"])
             if matches(target, ev.card.heldout) or any(
                 f.startswith(target.rstrip("/") + "/")
@@ -292,7 +292,7 @@ def check_blocked_urls(ev: Evidence) -> list[Violation]:
                 if (p := is_blocked(candidate, blocked)) is not None:
                     url, pattern = candidate, p
                     break
-        elif call.tool in ("fetch_url", "web_search"):
+        elif call.tool in ("fetch_url", "web_browser", "web_search"):  # fetch_url: transcripts from before the rename
             candidate = str(call.args.get("url") or "")
             if candidate and (p := is_blocked(candidate, blocked)) is not None:
                 url, pattern = candidate, p

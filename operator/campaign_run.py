@@ -27,6 +27,17 @@ class CampaignError(ValueError):
     """Bad input found before anything was written."""
 
 
+def run_env(extra: dict[str, str] | None) -> dict[str, str] | None:
+    """What the supervisors pass on to each run besides their own environment: the caller's task-environment
+    cache (Ray's worker processes have the environment Ray started with, not this process's)."""
+    from labkube.tasks.environment import CACHE_VARIABLE
+
+    env = dict(extra or {})
+    if os.environ.get(CACHE_VARIABLE):
+        env[CACHE_VARIABLE] = os.environ[CACHE_VARIABLE]
+    return env or None
+
+
 def check_api_keys(models: list[str], api_key_env: dict[str, str]) -> None:
     for m in models:
         ref = parse_model(m)
@@ -113,7 +124,7 @@ def launch(
                 spec.concurrency,
                 result,
                 tick,
-                env=metrics.env if metrics else None,
+                env=run_env(metrics.env if metrics else None),
                 on_waiting=metrics.telemetry.waiting_for_gpus if metrics else None,
                 gpu_hours_cap=spec.gpu_hours_cap,
             )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+from pathlib import Path
 
 from labkube.agent.entrypoint import DISK_FULL_EXIT
 from labkube.budgets import StopReason
@@ -73,7 +74,7 @@ async def task_environment(rd: RunDir, env: dict[str, str] | None) -> dict[str, 
     """Build (or reuse) the task's environment before the agent starts; `env` for the agent with it named. Its time
     goes to `setup.json` (and the result's `setup_seconds`), not to the run's budget: the agent is not running."""
     from labkube.tasks import card_for_run
-    from labkube.tasks.environment import ENV_VARIABLE, ensure_env
+    from labkube.tasks.environment import CACHE_VARIABLE, ENV_VARIABLE, ensure_env
 
     spec = rd.spec()
     if spec.family != "researchgym":
@@ -96,7 +97,8 @@ async def task_environment(rd: RunDir, env: dict[str, str] | None) -> dict[str, 
         )
         out, _ = await smi.communicate()
         progress("$ nvidia-smi\n" + out.decode(errors="replace"))
-    built = await asyncio.to_thread(ensure_env, card, progress=progress)
+    cache = (env or {}).get(CACHE_VARIABLE)
+    built = await asyncio.to_thread(ensure_env, card, root=Path(cache) if cache else None, progress=progress)
     write_model(rd.status_json, status.model_copy(update={"message": ""}))
     if built is None:
         return env

@@ -106,8 +106,11 @@ def current_env() -> TaskEnv | None:
     return None
 
 
+CACHE_VARIABLE = "LABKUBE_ENV_CACHE"
+
+
 def cache_root() -> Path:
-    explicit = os.environ.get("LABKUBE_ENV_CACHE")
+    explicit = os.environ.get(CACHE_VARIABLE)
     if explicit:
         return Path(explicit)
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")

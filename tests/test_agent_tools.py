@@ -14,7 +14,7 @@ import pytest
 from labkube.agent.jobs import JobManager
 from labkube.agent.tool import ToolError, tool
 from labkube.agent.tools import ToolContext, research_tools
-from labkube.agent.web import SearxngBackend, fetch_url, web_search
+from labkube.agent.web import SearxngBackend, web_browser, web_search
 from labkube.agent.workspace import Workspace
 
 
@@ -51,7 +51,9 @@ async def test_every_tool_has_a_schema_from_its_signature(ctx: ToolContext) -> N
         "bash",
         "python",
         "read_file",
+        "search_file",
         "write_file",
+        "replace",
         "search",
         "apply_patch",
         "start_async",
@@ -217,7 +219,7 @@ class FakeSearxng(BaseHTTPRequestHandler):
         return None
 
 
-async def test_web_search_drops_blocked_results_and_fetch_refuses_them(ctx: ToolContext) -> None:
+async def test_web_search_drops_blocked_results_and_web_browser_refuses_them(ctx: ToolContext) -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeSearxng)
     thread = Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -226,11 +228,11 @@ async def test_web_search_drops_blocked_results_and_fetch_refuses_them(ctx: Tool
         search = web_search(ctx, SearxngBackend(base))
         out = await search({"query": "continual learning"})
         assert "A page" in out and "arxiv.org" not in out and "1 result(s) from blocked sources" in out
-        fetch = fetch_url(ctx)
-        page = await fetch({"url": f"{base}/page"})
+        browser = web_browser(ctx)
+        page = await browser({"url": f"{base}/page"})
         assert "Title" in page and "Some text." in page and "x()" not in page
         with pytest.raises(ToolError, match="blocked"):
-            await fetch({"url": "https://arxiv.org/abs/1234.5678v2"})
+            await browser({"url": "https://arxiv.org/abs/1234.5678v2"})
     finally:
         server.shutdown()
         server.server_close()

@@ -131,8 +131,8 @@ def test_runs_get_the_environment_before_step_one_and_setup_is_not_charged(
         run_dir = tmp_path / "out" / "runs" / result.run_id
         assert (run_dir / "workspace" / "six.txt").read_text() == "1.17.0"
         events = [json.loads(x) for x in (run_dir / "transcript.jsonl").read_text().splitlines()]
-        python_out = next(e for e in events if e.get("type") == "tool_result" and "six 1.17.0" in str(e))
-        assert str(env_cache) in str(python_out)  # the agent's python is the environment's
+        python_call = next(e for e in events if e.get("type") == "tool_call" and e.get("tool") == "python")
+        assert f"six 1.17.0 in {env_cache}" in python_call["output"]  # the agent's python is the environment's
         setup = json.loads((run_dir / "setup.json").read_text())
         setups.append(setup)
         assert result.setup_seconds == pytest.approx(setup["seconds"], abs=1e-3)

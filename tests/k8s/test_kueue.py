@@ -6,6 +6,8 @@ checkpoint without using a crash attempt."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from conftest import PODS, Cluster, eventually, tiny_task
 from kueue import GATE, QUEUE_LABEL, FakeKueue
@@ -14,6 +16,7 @@ from test_fault_kube import phase, running_mid_step
 from labkube.operator.k8s_models import Tenancy
 
 pytestmark = pytest.mark.slow
+Fault = Callable[[str, str, str], object]
 
 WRITE = {"tool": "bash", "args": {"command": "echo 6 > result.txt"}}
 READ = {"tool": "read_file", "args": {"path": "result.txt"}}
@@ -25,7 +28,17 @@ def gated_pods(cluster: Cluster, campaign: str) -> list[dict]:
     return [p for p in pods if any(g["name"] == GATE for g in p["spec"].get("schedulingGates") or [])]
 
 
-async def test_kueue_admits_runs_by_quota_and_a_preempted_run_requeues_as_itself(cluster: Cluster) -> None:
+async def test_kueue_admits_runs_by_quota_and_a_preempted_run_requeues_as_itself(
+    cluster: Cluster, fault: Fault
+) -> None:
+    fault(
+        "run pod preempted by Kueue",
+        "Kueue's pod integration (test-side: its webhook's scheduling gate, admission by a quota of 2 pods) runs 3 "
+        "runs; one admitted pod is stopped mid-step with TerminationTarget=True (StoppedByKueue) and deleted",
+        "gated pods wait reported as queued (Scheduled=False, SchedulingGated), never more than the quota run; the "
+        "preempted run's next pod has the same run label and LocalQueue, is gated and admitted again and resumes "
+        "from the checkpoint; a disruption, not a crash",
+    )
     kueue = FakeKueue(cluster.api, queues={"gpu"}, quota=2)
     task = tiny_task(cluster.root, "queued", [WRITE, SLEEP, SLEEP, READ])
     async with cluster.operator(tenancy=Tenancy(queue_names=["gpu"])):
