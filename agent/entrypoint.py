@@ -594,11 +594,14 @@ def setup_seconds(rd: RunDir) -> float | None:
 
 def use_task_environment(rd: RunDir, card: TaskCard) -> None:
     """The task's environment for this process's tools and grader. The local sandbox builds it first and names it
-    (LABKUBE_TASK_ENV); in a pod an init container or the image has built it into LABKUBE_ENV_CACHE, found here by
-    its key. Only if neither did is it built here, and recorded in `setup.json` the same way."""
-    from labkube.tasks.environment import ENV_VARIABLE, SetupError, ensure_env
+    (LABKUBE_TASK_ENV); in a pod the `task-env` init container (`runs.taskEnvironments`) or the task's image has
+    built it into LABKUBE_ENV_CACHE, where it is found by its key. A pod with neither runs the task with labkube's
+    own interpreter, as before (its NetworkPolicy would refuse the package index)."""
+    from labkube.tasks.environment import ENV_VARIABLE, SetupError, ensure_env, ready_env
 
     if os.environ.get(ENV_VARIABLE) or card.gaia2 is not None or card.gaia is not None:
+        return
+    if os.environ.get("LABKUBE_RUN_DIR") and not ready_env(card):  # a pod without a prepared environment
         return
     try:
         env = ensure_env(card)

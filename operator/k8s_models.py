@@ -353,6 +353,11 @@ class PodOptions(PodSettings):
         default=None, pattern=_DNS_SUBDOMAIN, description="Its token is never mounted."
     )
     gpu_resource_name: str = Field(default="nvidia.com/gpu", pattern=r"^[a-z0-9.-]+/[a-z0-9.-]+$")
+    task_environments: bool = Field(
+        default=False,
+        description="Build a ResearchGym task's environment (requirements.txt, install.sh) in an init container; "
+        "needs the package index through the run pods' NetworkPolicy. Off: tasks bring a prebuilt image.",
+    )
     deadline_grace_seconds: int = Field(
         default=900, ge=0, description="Added to the time budget for activeDeadlineSeconds (final grading)."
     )

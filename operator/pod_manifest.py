@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from labkube.operator.crds import LABEL_CAMPAIGN, LABEL_RUN, SchemaError, dns_label, owner_reference
@@ -149,6 +150,10 @@ def build_pod_manifest(
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
     init_containers = [_prepare_container(run, image, options, run_dir, namespace)]
+    task_env = _task_env_container(run, image, options)
+    if task_env is not None:  # the task's environment, built before the agent starts (not in its budget)
+        init_containers.append(task_env)
+        env.append({"name": "LABKUBE_ENV_CACHE", "value": TASK_ENVS_MOUNT})
     if run.family == TaskFamily.gaia2:
         if options.world is None:
             raise PodManifestError(
@@ -195,6 +200,7 @@ def build_pod_manifest(
             _runs_mount(run, options, namespace),
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "dshm", "mountPath": "/dev/shm"},
+            *([{"name": "task-envs", "mountPath": TASK_ENVS_MOUNT, "readOnly": True}] if task_env else []),
         ],
     }
 
@@ -218,6 +224,7 @@ def build_pod_manifest(
             # Docker's 64 MiB /dev/shm breaks PyTorch data loaders and NCCL; memory-backed, so it counts
             # against the memory limit: half of it unless the task says otherwise.
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": _memory(_shm_gb(run))}},
+            *([{"name": "task-envs", "emptyDir": {}}] if task_env else []),
         ],
     }
     wall = run.budgets.wall_seconds
@@ -333,6 +340,34 @@ def _prepare_container(
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}},
         "securityContext": _secure(True),
         "volumeMounts": [_runs_mount(run, options, namespace)],
+    }
+
+
+TASK_ENVS_MOUNT = "/task-envs"
+
+
+def _task_env_container(run: RunResourceSpec, image: str, options: PodOptions) -> dict[str, Any] | None:
+    """`labkube tasks prepare` into the pod's task-envs volume (`runs.taskEnvironments`), for a ResearchGym task with
+    requirements.txt or install.sh and no image of its own (an image from `labkube tasks dockerfile` has the
+    environment baked in). It needs the package index: the run pods' NetworkPolicy must allow it."""
+    from labkube.tasks.environment import env_key
+
+    if not options.task_environments or run.family != TaskFamily.researchgym or run.resources.image:
+        return None
+    try:
+        if env_key(Path(run.task_path)) is None:
+            return None
+    except OSError:
+        return None
+    return {
+        "name": "task-env",
+        "image": image,
+        "imagePullPolicy": options.image_pull_policy,
+        "command": ["labkube", "tasks", "prepare", run.task_path],
+        "env": [{"name": "HOME", "value": "/tmp"}, {"name": "LABKUBE_ENV_CACHE", "value": TASK_ENVS_MOUNT}],
+        "resources": {"requests": {"cpu": _cpu(run.resources.cpus), "memory": _memory(run.resources.memory_gb)}},
+        "securityContext": _secure(options.read_only_root_filesystem),
+        "volumeMounts": [{"name": "task-envs", "mountPath": TASK_ENVS_MOUNT}, {"name": "tmp", "mountPath": "/tmp"}],
     }
 
 

@@ -224,6 +224,12 @@ def _read_ready(path: Path, key: str) -> TaskEnvRecord | None:
     return None
 
 
+def ready_env(card: TaskCard, root: Path | None = None) -> bool:
+    """Whether the task's environment is built and ready in the cache (without building it)."""
+    key = env_key(Path(card.path))
+    return key is not None and _read_ready(env_dir(card, key, root), key) is not None
+
+
 def ensure_env(
     card: TaskCard,
     *,

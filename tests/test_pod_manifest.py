@@ -475,3 +475,29 @@ def test_kubernetes_validate_is_not_vacuous() -> None:
     pod["spec"]["containers"][0]["gpus"] = 1
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(pod, "1.33", strict=True)
+
+
+def test_task_environments_build_in_an_init_container_when_enabled() -> None:
+    """`runs.taskEnvironments`: a ResearchGym task with requirements.txt gets a `task-env` init container that runs
+    `labkube tasks prepare` into the pod's task-envs volume, which the agent reads (read-only) through
+    LABKUBE_ENV_CACHE; off by default, and never for a task with an image of its own."""
+    from labkube.tasks import load_task
+
+    bundled = load_task("researchgym/continual-learning-lite")
+    run = make_run().model_copy(update={"task_path": str(bundled.path)})
+    assert "task-env" not in containers(build_pod_manifest(run, make_options(), owner=OWNER))
+    pod = build_pod_manifest(run, make_options(task_environments=True), owner=OWNER)
+    check_pod(pod)
+    parts = containers(pod)
+    init = parts["task-env"]
+    assert init["command"] == ["labkube", "tasks", "prepare", str(bundled.path)]
+    assert (
+        env_of(init)["LABKUBE_ENV_CACHE"]["value"]
+        == "/task-envs"
+        == env_of(parts["agent"])["LABKUBE_ENV_CACHE"]["value"]
+    )
+    assert {"name": "task-envs", "mountPath": "/task-envs", "readOnly": True} in parts["agent"]["volumeMounts"]
+    assert {"name": "task-envs", "emptyDir": {}} in pod["spec"]["volumes"]
+    assert [c["name"] for c in pod["spec"]["initContainers"]][:2] == ["prepare", "task-env"]
+    prebuilt = run.model_copy(update={"resources": run.resources.model_copy(update={"image": "registry/task:1"})})
+    assert "task-env" not in containers(build_pod_manifest(prebuilt, make_options(task_environments=True), owner=OWNER))
