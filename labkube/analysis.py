@@ -1,0 +1,690 @@
+"""`labkube analyze`: the ResearchGym paper's analyses over one or more campaign directories (pooled).
+
+    analyze_campaigns([dir, ...])  ->  Analysis        (pydantic: the JSON file holds every number of every figure)
+    labkube.analysis_md.render_markdown(analysis) -> str
+    labkube.analysis_html.render_analysis_html(analysis) -> str
+
+What it computes, from what the store keeps per run (run.json, result.json, transcript.jsonl):
+
+1. capability and reliability per task x model (scaffold): best / mean / median / worst normalised score over
+   seeds, spread, subtask completion, beat-baseline count, pass@k and pass^k (a run "passes" when it beats the
+   baseline) with bootstrap intervals;
+2. efficiency from score curves: time to best, share of the final score reached at 25/50/75% of each budget,
+   a plateau detector;
+3. behaviour from transcripts, read one line at a time (memory does not grow with a transcript's length):
+   tool mix per phase, action density and its correlation with the score, reasoning tokens, hand-offs,
+   context drops, overlapping async jobs;
+4. failure-mode flags (heuristics, each with its rule and the evidence line that fired it);
+5. Gaia2: pass@1 per capability, success against cost and simulated time.
+
+Scores are fractions of SOTA (the result's headline number); a finished run without a number counts as 0.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import statistics
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from labkube.analysis_transcript import FLAT_LOSS_MIN, PHASES, Job, TranscriptStats, clip, phase_of, read_transcript
+from labkube.passk import Attempt, capability_scores, pass_at_k, pass_hat_k
+from labkube.result import RunResult
+from labkube.run_spec import RunPhase, RunSpec, scaffold_label
+from labkube.store import CampaignDir, StoreError
+
+__all__ = ["Analysis", "AnalysisError", "analyze_campaigns", "phase_of", "read_transcript"]
+
+# -- the rules, stated once (they are printed in every output) ---------------------------------------------------
+
+PHASE_RULE = (
+    "A run's steps are split in thirds by step number: start = steps 1..N/3, ramp = the middle third, "
+    "steady = the last third (N = the run's step count); a tool call belongs to the phase of its step."
+)
+PLATEAU_SHARE = 0.25
+PLATEAU_RULE = (
+    f"Plateaued: the score has not improved (no grade above the one before it) during the last "
+    f"{PLATEAU_SHARE:.0%} or more of the run's wall time."
+)
+BUDGET_FRACTIONS = (0.25, 0.5, 0.75)
+SHARE_RULE = (
+    "Share of the final score reached at x% of a budget: the last graded score at or before x% of the budget, "
+    "divided by the final score (None when the final score is 0 or the budget is not set)."
+)
+DENSITY_RULE = "Action density: tool calls per hour of the run's charged wall time."
+HANDOFF_FLAG = 2
+FLAG_RULES = {
+    "silent_failure": (
+        "A tool output shows NaN/inf on a line, or a loss printed at least "
+        f"{FLAT_LOSS_MIN} times never moves, and a later model message claims progress "
+        "(improv*, progress, better, converg*, decreas*, works, success*)."
+    ),
+    "early_stop": (
+        "The agent ended the run itself (stop reason `done`) with more than half of every set budget left, "
+        "and its final score is below the task's baseline (runs whose task has no baseline never fire)."
+    ),
+    "parallel_collapse": (
+        "Two async jobs (start_async) running at the same time write the same output path or log "
+        "(shell redirection, tee, or --out/--output/--output-dir/--log/--save-dir). A job runs from its start_async "
+        "call until a check_async/cancel_async output says it exited, else until the run's last event."
+    ),
+    "context_pressure": f"The run dropped turns to fit the context window, or handed off {HANDOFF_FLAG}+ times.",
+    "integrity": "The integrity audit's verdict is SUSPICIOUS or NEEDS_REVIEW (from result.json / integrity.json).",
+}
+BOOTSTRAP_RESAMPLES = 2000
+Z95 = 1.959963984540054
+
+
+class AnalysisError(ValueError):
+    """A campaign directory that cannot be analysed; the message says what to do."""
+
+
+# -- the JSON (pydantic at the boundary) -------------------------------------------------------------------------
+
+
+class Interval(BaseModel):
+    low: float | None
+    high: float | None
+    method: str
+
+
+class PassK(BaseModel):
+    k: int
+    pass_at_k: float
+    pass_hat_k: float
+    pass_at_k_ci: Interval
+    pass_hat_k_ci: Interval
+
+
+class GroupStats(BaseModel):
+    """One task x model (scaffold) over its seeds."""
+
+    task: str
+    model: str
+    runs: int
+    seeds: list[int]
+    best: float | None
+    mean: float | None
+    median: float | None
+    worst: float | None
+    std: float | None
+    spread: float | None = Field(description="best - worst")
+    mean_ci: Interval
+    completion_rate: float
+    beat_baseline: int
+    pass_k: list[PassK] = Field(description="A run passes when it beats the baseline.")
+    baseline: float | None
+    sota: float = 1.0
+
+
+class EfficiencyRow(BaseModel):
+    run_id: str
+    task: str
+    model: str
+    final_score: float | None
+    best_score: float | None
+    time_to_best_s: float | None
+    last_improvement_s: float | None
+    since_last_improvement_s: float | None
+    plateaued: bool
+    share_of_final: dict[str, dict[str, float | None]] = Field(
+        description="budget kind (wall, tokens, usd) -> '25%' / '50%' / '75%' -> share of the final score"
+    )
+
+
+class BehaviourRow(BaseModel):
+    run_id: str
+    task: str
+    model: str
+    score: float | None
+    steps: int
+    wall_seconds: float
+    tool_calls: int
+    actions_per_hour: float | None
+    reasoning_tokens: int
+    output_tokens: int
+    tool_mix: dict[str, dict[str, int]] = Field(description="phase (start, ramp, steady) -> tool -> calls")
+    handoffs: int
+    context_drops: int
+    dropped_messages: int
+    async_jobs: int
+    overlapping_job_pairs: int
+    max_concurrent_jobs: int
+
+
+class Correlation(BaseModel):
+    x: str
+    y: str
+    n: int
+    pearson: float | None
+    pearson_ci: Interval
+    spearman: float | None
+    spearman_ci: Interval
+
+
+class Flag(BaseModel):
+    kind: Literal["silent_failure", "early_stop", "parallel_collapse", "context_pressure", "integrity"]
+    run_id: str
+    rule: str
+    evidence: str
+    heuristic: bool = True
+
+
+class Gaia2Row(BaseModel):
+    run_id: str
+    task: str
+    model: str
+    seed: int
+    capabilities: list[str]
+    passed: bool | None
+    cost_usd: float
+    simulated_seconds: float | None
+    wall_seconds: float
+
+
+class Gaia2Capability(BaseModel):
+    capability: str
+    model: str
+    scenarios: int
+    k: int
+    pass_at_1: float
+    pass_at_k: float
+    pass_hat_k: float
+    stderr: float | None
+
+
+class Series(BaseModel):
+    label: str
+    x: list[float | str]
+    y: list[float | None]
+
+
+class Panel(BaseModel):
+    title: str
+    x_label: str
+    y_label: str
+    series: list[Series]
+    hlines: dict[str, float] = Field(default_factory=dict, description="label -> y (baseline, SOTA)")
+
+
+class FigureData(BaseModel):
+    id: str
+    kind: Literal["points", "lines", "scatter", "bars", "stacked"]
+    title: str
+    caption: str
+    panels: list[Panel]
+
+
+class Analysis(BaseModel):
+    campaigns: list[str]
+    generated_at: datetime
+    runs: int
+    skipped: list[str] = Field(default_factory=list, description="Runs without a final result, not analysed.")
+    rules: dict[str, str]
+    groups: list[GroupStats]
+    efficiency: list[EfficiencyRow]
+    behaviour: list[BehaviourRow]
+    tool_mix: dict[str, dict[str, int]] = Field(description="All runs pooled: phase -> tool -> calls")
+    density_vs_score: Correlation
+    reasoning_vs_tool_calls: Correlation
+    flags: list[Flag]
+    gaia2: list[Gaia2Row]
+    gaia2_capabilities: list[Gaia2Capability]
+    figures: list[FigureData]
+
+
+# -- reading the store -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunData:
+    spec: RunSpec
+    result: RunResult
+    stats: TranscriptStats
+    baseline: float | None
+    integrity_note: str | None
+
+    @property
+    def label(self) -> str:
+        return scaffold_label(self.spec.agent, self.result.model)
+
+    @property
+    def score(self) -> float:
+        return self.result.score if self.result.score is not None else 0.0
+
+    @property
+    def is_gaia2(self) -> bool:
+        return self.spec.family.value == "gaia2"
+
+
+def open_campaigns(paths: list[Path]) -> list[tuple[CampaignDir, list[str]]]:
+    """Each campaign directory and its run ids.
+
+    Raises:
+        AnalysisError: a path is not a campaign directory, or no campaign holds a run.
+    """
+    out = []
+    for path in paths:
+        cdir = CampaignDir(path)
+        try:
+            cdir.load_spec()
+        except StoreError as exc:
+            raise AnalysisError(f"{exc}: pass the --out directory of a `labkube run`") from None
+        out.append((cdir, cdir.run_ids()))
+    if not any(ids for _, ids in out):
+        raise AnalysisError(f"{', '.join(map(str, paths))}: no runs yet; start them with `labkube run ... --out DIR`")
+    return out
+
+
+def load_run(cdir: CampaignDir, run_id: str) -> RunData | None:
+    """A run with a final result (None otherwise), its transcript read in one streaming pass."""
+    spec, result = cdir.run_spec(run_id), cdir.result(run_id)
+    if spec is None or result is None or not result.final:
+        return None
+    baseline = None
+    if spec.family.value != "gaia2":
+        from labkube.html_report import task_reference
+
+        baseline = task_reference(spec).baseline
+    run_dir = cdir.run_dir(run_id)
+    stats = read_transcript(run_dir / "transcript.jsonl", result.spend.steps)
+    return RunData(spec, result, stats, baseline, _integrity_note(run_dir))
+
+
+def _integrity_note(run_dir: Path) -> str | None:
+    try:
+        data = json.loads((run_dir / "integrity.json").read_text())
+        v = (data.get("violations") or [{}])[0]
+        return f"{v.get('type')}: {clip(str(v.get('evidence', '')))}" if v else None
+    except (OSError, ValueError, AttributeError, IndexError):
+        return None
+
+
+# -- statistics (numpy only) -------------------------------------------------------------------------------------
+
+
+def ranks(values: list[float]) -> np.ndarray:
+    """1-based ranks, ties sharing their average rank."""
+    a = np.asarray(values, dtype=float)
+    order = a.argsort(kind="mergesort")
+    r = np.empty(len(a))
+    r[order] = np.arange(1, len(a) + 1)
+    for v in np.unique(a):
+        tied = a == v
+        r[tied] = r[tied].mean()
+    return r
+
+
+def pearson(x: list[float], y: list[float]) -> float | None:
+    if len(x) < 3 or np.std(x) == 0 or np.std(y) == 0:
+        return None
+    return float(np.corrcoef(np.asarray(x, float), np.asarray(y, float))[0, 1])
+
+
+def fisher_interval(r: float | None, n: int, se_scale: float = 1.0) -> Interval:
+    """95% interval of a correlation by Fisher's z (Spearman: se_scale = sqrt(1.06), Fieller et al.)."""
+    method = "Fisher z, 95%" + (" (Fieller variance 1.06/(n-3))" if se_scale != 1.0 else "")
+    if r is None or n < 4:
+        return Interval(low=None, high=None, method=method + ": needs n >= 4")
+    z = math.atanh(max(-0.999999, min(0.999999, r)))
+    se = se_scale / math.sqrt(n - 3)
+    return Interval(low=math.tanh(z - Z95 * se), high=math.tanh(z + Z95 * se), method=method)
+
+
+def correlation(x_name: str, y_name: str, x: list[float], y: list[float]) -> Correlation:
+    r = pearson(x, y)
+    rho = pearson(list(ranks(x)), list(ranks(y))) if len(x) >= 3 else None
+    return Correlation(
+        x=x_name,
+        y=y_name,
+        n=len(x),
+        pearson=r,
+        pearson_ci=fisher_interval(r, len(x)),
+        spearman=rho,
+        spearman_ci=fisher_interval(rho, len(x), math.sqrt(1.06)),
+    )
+
+
+def bootstrap(values: list[float], stat: Any, seed: int = 0) -> Interval:
+    """Percentile bootstrap (95%) of `stat(sample)` over resamples of the runs."""
+    if len(values) < 2:
+        return Interval(low=None, high=None, method="bootstrap: needs 2+ runs")
+    rng = np.random.default_rng(seed)
+    a = np.asarray(values, float)
+    samples = a[rng.integers(0, len(a), size=(BOOTSTRAP_RESAMPLES, len(a)))]
+    stats = np.array([stat(s) for s in samples])
+    low, high = np.percentile(stats, [2.5, 97.5])
+    return Interval(low=float(low), high=float(high), method=f"percentile bootstrap, {BOOTSTRAP_RESAMPLES} resamples")
+
+
+# -- 1. capability and reliability -------------------------------------------------------------------------------
+
+
+def group_stats(runs: list[RunData]) -> list[GroupStats]:
+    groups: dict[tuple[str, str], list[RunData]] = {}
+    for r in runs:
+        groups.setdefault((r.spec.group or r.spec.task, r.label), []).append(r)
+    out = []
+    for (task, model), rs in sorted(groups.items()):
+        rs.sort(key=lambda r: r.result.seed)
+        finished = [r for r in rs if r.result.status is RunPhase.finished]
+        scores = [r.score for r in finished]
+        passes = [float(r.result.beat_baseline) for r in finished]
+        n, c = len(passes), int(sum(passes))
+        pk = []
+        for k in sorted({1, min(2, n), n} - {0}):
+            pk.append(
+                PassK(
+                    k=k,
+                    pass_at_k=pass_at_k(n, c, k),
+                    pass_hat_k=pass_hat_k(n, c, k),
+                    pass_at_k_ci=bootstrap(passes, lambda s, k=k: pass_at_k(len(s), int(s.sum()), k)),
+                    pass_hat_k_ci=bootstrap(passes, lambda s, k=k: pass_hat_k(len(s), int(s.sum()), k)),
+                )
+            )
+        out.append(
+            GroupStats(
+                task=task,
+                model=model,
+                runs=len(rs),
+                seeds=[r.result.seed for r in rs],
+                best=max(scores) if scores else None,
+                mean=statistics.fmean(scores) if scores else None,
+                median=statistics.median(scores) if scores else None,
+                worst=min(scores) if scores else None,
+                std=statistics.stdev(scores) if len(scores) > 1 else None,
+                spread=max(scores) - min(scores) if scores else None,
+                mean_ci=bootstrap(scores, np.mean),
+                completion_rate=statistics.fmean(r.result.completion for r in finished) if finished else 0.0,
+                beat_baseline=c,
+                pass_k=pk,
+                baseline=next((r.baseline for r in rs if r.baseline is not None), None),
+            )
+        )
+    return out
+
+
+# -- 2. efficiency dynamics --------------------------------------------------------------------------------------
+
+
+def curve_points(result: RunResult) -> list[tuple[float, float, float, int, float]]:
+    """(seconds, tokens, dollars, step, score) per grading; a grade without a number scores 0."""
+    pts = [(g.at_seconds, float(g.tokens), g.usd, g.step, g.score or 0.0) for g in result.score_curve]
+    if not pts and result.score is not None:
+        s = result.spend
+        pts = [(s.wall_seconds, float(s.usage.total), s.usd, s.steps, result.score)]
+    return pts
+
+
+def efficiency(run: RunData) -> EfficiencyRow:
+    result = run.result
+    pts = curve_points(result)
+    final = result.score if result.score is not None else (pts[-1][4] if pts else None)
+    best = max((p[4] for p in pts), default=None)
+    time_to_best = next((p[0] for p in pts if best is not None and p[4] >= best - 1e-12), None)
+    last_improvement = pts[0][0] if pts else None
+    for prev, cur in itertools.pairwise(pts):
+        if cur[4] > prev[4] + 1e-12:
+            last_improvement = cur[0]
+    end = max(result.spend.wall_seconds, pts[-1][0] if pts else 0.0)
+    since = None if last_improvement is None else end - last_improvement
+    plateaued = since is not None and end > 0 and since >= PLATEAU_SHARE * end
+    budgets = run.spec.budgets
+    shares: dict[str, dict[str, float | None]] = {}
+    for kind, limit, axis in (
+        ("wall", budgets.wall_seconds, 0),
+        ("tokens", budgets.tokens, 1),
+        ("usd", budgets.usd, 2),
+    ):
+        if limit is None:
+            continue
+        row: dict[str, float | None] = {}
+        for f in BUDGET_FRACTIONS:
+            reached = [p[4] for p in pts if p[axis] <= f * limit + 1e-9]
+            row[f"{f:.0%}"] = (reached[-1] if reached else 0.0) / final if final else None
+        shares[kind] = row
+    return EfficiencyRow(
+        run_id=result.run_id,
+        task=run.spec.group or run.spec.task,
+        model=run.label,
+        final_score=final,
+        best_score=best,
+        time_to_best_s=time_to_best,
+        last_improvement_s=last_improvement,
+        since_last_improvement_s=since,
+        plateaued=plateaued,
+        share_of_final=shares,
+    )
+
+
+# -- 3. behaviour ------------------------------------------------------------------------------------------------
+
+
+def overlapping_pairs(jobs: list[Job], run_end: float) -> list[tuple[Job, Job]]:
+    pairs = []
+    for i, a in enumerate(jobs):
+        for b in jobs[i + 1 :]:
+            a_end, b_end = a.end if a.end is not None else run_end, b.end if b.end is not None else run_end
+            if a.start < b_end and b.start < a_end:
+                pairs.append((a, b))
+    return pairs
+
+
+def max_concurrent(jobs: list[Job], run_end: float) -> int:
+    events = sorted(
+        [(j.start, 1) for j in jobs] + [(j.end if j.end is not None else run_end, -1) for j in jobs],
+        key=lambda e: (e[0], e[1]),
+    )
+    now = best = 0
+    for _, delta in events:
+        now += delta
+        best = max(best, now)
+    return best
+
+
+def behaviour(run: RunData) -> BehaviourRow:
+    st, result = run.stats, run.result
+    hours = result.spend.wall_seconds / 3600.0
+    jobs = list(st.jobs.values())
+    end = st.last_ts or 0.0
+    return BehaviourRow(
+        run_id=result.run_id,
+        task=run.spec.group or run.spec.task,
+        model=run.label,
+        score=result.score,
+        steps=result.spend.steps,
+        wall_seconds=result.spend.wall_seconds,
+        tool_calls=st.tool_calls,
+        actions_per_hour=st.tool_calls / hours if hours > 0 else None,
+        reasoning_tokens=st.reasoning_tokens,
+        output_tokens=st.output_tokens,
+        tool_mix={p: dict(sorted(st.mix[p].items())) for p in PHASES},
+        handoffs=st.handoffs,
+        context_drops=st.context_drops,
+        dropped_messages=st.dropped_messages,
+        async_jobs=len(jobs),
+        overlapping_job_pairs=len(overlapping_pairs(jobs, end)),
+        max_concurrent_jobs=max_concurrent(jobs, end) if jobs else 0,
+    )
+
+
+# -- 4. failure-mode flags ---------------------------------------------------------------------------------------
+
+
+def flags_for(run: RunData) -> list[Flag]:
+    st, result, rid = run.stats, run.result, run.result.run_id
+    out: list[Flag] = []
+
+    def flag(kind: str, evidence: str) -> None:
+        out.append(Flag(kind=kind, run_id=rid, rule=FLAG_RULES[kind], evidence=evidence))  # type: ignore[arg-type]
+
+    if st.progress_after_problem is not None:
+        problem = st.nan_evidence or f"loss stays at {st.loss_first} over {st.loss_count} readings ({st.loss_evidence})"
+        flag("silent_failure", f"{problem}; then {st.progress_after_problem}")
+    used = _used_fractions(run)
+    below = run.baseline is not None and run.score < run.baseline
+    if (
+        result.stop_reason is not None
+        and result.stop_reason.value == "done"
+        and used
+        and max(used.values()) < 0.5
+        and below
+    ):
+        spent = ", ".join(f"{k} {v:.0%} used" for k, v in used.items())
+        base = "—" if run.baseline is None else f"{run.baseline:.3f}"
+        flag("early_stop", f"{st.end_task or 'ended by the agent'}; {spent}; score {run.score:.3f} < baseline {base}")
+    jobs = list(st.jobs.values())
+    for a, b in overlapping_pairs(jobs, st.last_ts or 0.0):
+        shared = sorted(a.targets & b.targets)
+        if shared:
+            flag(
+                "parallel_collapse",
+                f"{a.id} (step {a.step}: {clip(a.command, 90)}) and {b.id} (step {b.step}: {clip(b.command, 90)}) "
+                f"both write {', '.join(shared)} while both run",
+            )
+    if st.context_drops or st.handoffs >= HANDOFF_FLAG:
+        parts = [e for e in (st.drop_evidence, st.handoff_evidence) if e]
+        flag(
+            "context_pressure",
+            f"{st.handoffs} hand-offs, {st.context_drops} context drops ({st.dropped_messages} messages); "
+            + "; ".join(parts),
+        )
+    if result.integrity_verdict in ("SUSPICIOUS", "NEEDS_REVIEW"):
+        flag(
+            "integrity",
+            f"verdict {result.integrity_verdict}" + (f": {run.integrity_note}" if run.integrity_note else ""),
+        )
+    return out
+
+
+def _used_fractions(run: RunData) -> dict[str, float]:
+    b, s = run.spec.budgets, run.result.spend
+    pairs = {"wall": (s.wall_seconds, b.wall_seconds), "tokens": (s.usage.total, b.tokens), "usd": (s.usd, b.usd)}
+    pairs["steps"] = (s.steps, b.steps)
+    return {k: used / limit for k, (used, limit) in pairs.items() if limit}
+
+
+# -- 5. Gaia2 ----------------------------------------------------------------------------------------------------
+
+
+def gaia2_row(run: RunData) -> Gaia2Row:
+    verdict = run.result.details.get("gaia2") or {}
+    passed = verdict.get("success") if verdict else None
+    sim = verdict.get("simulated_seconds")
+    return Gaia2Row(
+        run_id=run.result.run_id,
+        task=run.spec.task,
+        model=run.label,
+        seed=run.result.seed,
+        capabilities=run.result.capabilities,
+        passed=None if passed is None else bool(passed),
+        cost_usd=run.result.spend.usd,
+        simulated_seconds=float(sim) if isinstance(sim, int | float) else None,
+        wall_seconds=run.result.spend.wall_seconds,
+    )
+
+
+def gaia2_capabilities(rows: list[Gaia2Row]) -> list[Gaia2Capability]:
+    """pass@1, pass@k, pass^k per capability and model (scaffold), by labkube.passk; unjudged runs are left out."""
+    attempts = [
+        Attempt(scenario=r.task, model=r.model, seed=r.seed, passed=r.passed, capabilities=r.capabilities)
+        for r in rows
+        if r.passed is not None
+    ]
+    return [Gaia2Capability(**s.model_dump()) for s in capability_scores(attempts)] if attempts else []
+
+
+# -- putting it together -----------------------------------------------------------------------------------------
+
+
+def analyze_campaigns(paths: list[Path], progress: bool = False) -> Analysis:
+    """Every analysis over the finished runs of `paths`, pooled.
+
+    Raises:
+        AnalysisError: a path is not a campaign directory, or no run has a final result.
+    """
+    from datetime import UTC
+
+    opened = open_campaigns(paths)
+    todo = [(cdir, rid) for cdir, ids in opened for rid in ids]
+    runs: list[RunData] = []
+    skipped: list[str] = []
+    if progress:
+        from rich.console import Console
+        from rich.progress import Progress
+
+        with Progress(console=Console(stderr=True), transient=True) as bar:
+            task = bar.add_task("reading runs", total=len(todo))
+            for cdir, rid in todo:
+                _collect(cdir, rid, runs, skipped)
+                bar.advance(task)
+    else:
+        for cdir, rid in todo:
+            _collect(cdir, rid, runs, skipped)
+    if not runs:
+        raise AnalysisError(
+            f"{', '.join(map(str, paths))}: no run has finished yet; check `labkube status DIR` and analyse it then"
+        )
+    paper = [r for r in runs if not r.is_gaia2]
+    behaviour_rows = [behaviour(r) for r in runs]
+    pooled: dict[str, Counter[str]] = {p: Counter() for p in PHASES}
+    for r in runs:
+        for p in PHASES:
+            pooled[p].update(r.stats.mix[p])
+    paper_ids = {r.result.run_id for r in paper}
+    dense = [
+        b for b in behaviour_rows if b.run_id in paper_ids and b.actions_per_hour is not None and b.score is not None
+    ]
+    analysis = Analysis(
+        campaigns=[str(c.root) for c, _ in opened],
+        generated_at=datetime.now(UTC),
+        runs=len(runs),
+        skipped=skipped,
+        rules={
+            "phases": PHASE_RULE,
+            "plateau": PLATEAU_RULE,
+            "share_of_final": SHARE_RULE,
+            "action_density": DENSITY_RULE + " Its correlation with the score is over paper-task runs only.",
+            "scores": "Fractions of SOTA (the result's headline number); a finished run without one counts as 0.",
+            "pass": "A paper-task run passes when it beats the baseline; Gaia2 runs pass when ARE's judge says so.",
+            **{f"flag.{k}": v for k, v in FLAG_RULES.items()},
+        },
+        groups=group_stats(paper),
+        efficiency=[efficiency(r) for r in paper],
+        behaviour=behaviour_rows,
+        tool_mix={p: dict(sorted(pooled[p].items())) for p in PHASES},
+        density_vs_score=correlation(
+            "actions_per_hour", "score", [b.actions_per_hour or 0.0 for b in dense], [b.score or 0.0 for b in dense]
+        ),
+        reasoning_vs_tool_calls=correlation(
+            "tool_calls",
+            "reasoning_tokens",
+            [float(b.tool_calls) for b in behaviour_rows],
+            [float(b.reasoning_tokens) for b in behaviour_rows],
+        ),
+        flags=[f for r in runs for f in flags_for(r)],
+        gaia2=[gaia2_row(r) for r in runs if r.is_gaia2],
+        gaia2_capabilities=[],
+        figures=[],
+    )
+    analysis.gaia2_capabilities = gaia2_capabilities(analysis.gaia2)
+    from labkube.analysis_figures import build_figures
+
+    analysis.figures = build_figures(analysis, {r.result.run_id: r for r in paper})
+    return analysis
+
+
+def _collect(cdir: CampaignDir, run_id: str, runs: list[RunData], skipped: list[str]) -> None:
+    run = load_run(cdir, run_id)
+    if run is None:
+        skipped.append(run_id)
+    else:
+        runs.append(run)
