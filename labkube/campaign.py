@@ -59,6 +59,11 @@ class CampaignSpec(BaseModel):
     api_key_env: dict[str, str] = Field(
         default_factory=dict, description="Model string -> environment variable holding its API key."
     )
+    overlay: str | None = Field(
+        default=None,
+        description="labkube.yaml merged over the tasks' own (local backend): a file for one task, or a directory "
+        "of <task-name>.yaml or <task-name>/labkube.yaml files.",
+    )
 
     @field_validator("models")
     @classmethod
@@ -105,6 +110,15 @@ class CampaignSpec(BaseModel):
             raise ValueError(
                 f"agent2agent's app agents need a model API and {without_oracle[0]} is scripted: "
                 "pass --gaia2-a2a-model (gaia2_a2a_model)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _overlay_on_local_backend(self) -> CampaignSpec:
+        """The operator and its pods do not read overlays yet: refuse rather than ignore one."""
+        if self.overlay is not None and self.backend == "k8s":
+            raise ValueError(
+                "overlay is read on the local backend only; on Kubernetes put the labkube.yaml in the task folder"
             )
         return self
 

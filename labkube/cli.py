@@ -78,6 +78,25 @@ def main() -> None:
 
 
 def run_campaign(spec: CampaignSpec, out: Path, ray_address: str | None, metrics_port: int | None = None) -> None:
+    from labkube.tasks.researchgym import OVERLAY_ENV
+
+    if spec.overlay is None:
+        _run_campaign(spec, out, ray_address, metrics_port)
+        return
+    # The planner here, and the supervisors and agents of the Ray it starts, each load the task cards:
+    # the environment is what they share (an existing cluster's workers do not see it).
+    before = os.environ.get(OVERLAY_ENV)
+    os.environ[OVERLAY_ENV] = spec.overlay
+    try:
+        _run_campaign(spec, out, ray_address, metrics_port)
+    finally:
+        if before is None:
+            os.environ.pop(OVERLAY_ENV, None)
+        else:
+            os.environ[OVERLAY_ENV] = before
+
+
+def _run_campaign(spec: CampaignSpec, out: Path, ray_address: str | None, metrics_port: int | None = None) -> None:
     from labkube.operator import CampaignError, DriverError, TaskError, launch, plan_campaign
     from labkube.operator.driver import HELD
 
@@ -210,6 +229,13 @@ def budgets_from(hours: float | None, usd: float | None, tokens: int | None, ste
     default=None,
     help="Serve the campaign's and its runs' Prometheus metrics on this port while it runs.",
 )
+@click.option(
+    "--overlay",
+    type=click.Path(exists=True, path_type=Path),
+    default=None,
+    help="A labkube.yaml merged over the task's own (SOTA values, GPUs, budgets), or a directory of them: "
+    "DIR/<task-name>.yaml or DIR/<task-name>/labkube.yaml. Local backend.",
+)
 def run(
     tasks: tuple[str, ...],
     models: tuple[str, ...],
@@ -234,8 +260,14 @@ def run(
     metrics_port: int | None,
     kube_context: str | None = None,
     namespace: str | None = None,
+    overlay: Path | None = None,
 ) -> None:
     """Run TASK... (bundled names like researchgym/NAME, or task directories) as one campaign."""
+    if overlay is not None and overlay.is_file() and len(tasks) > 1:
+        raise UsageFailure(
+            f"--overlay {overlay} is one task's labkube.yaml; for {len(tasks)} tasks pass a directory "
+            "holding <task-name>.yaml (or <task-name>/labkube.yaml) for each"
+        )
     # a campaign name is a Kubernetes name: no underscores (Gaia2 scenario ids have them)
     joined = slug("-".join(t.rstrip("/").split("/")[-1] for t in tasks)).replace("_", "-")
     default_name = joined[:40].strip("-.") or "campaign"
@@ -256,6 +288,7 @@ def run(
             gaia2_a2a_model=gaia2_a2a_model,
             think_time_s=think_time,
             backend=backend,
+            overlay=str(overlay.resolve()) if overlay is not None else None,
         )
     except ValidationError as exc:
         raise UsageFailure(first_validation_error(exc, "campaign")) from None
@@ -641,14 +674,34 @@ def tasks_list() -> None:
 @tasks.command("show")
 @click.argument("task")
 @click.option("--json", "as_json", is_flag=True, help="Print the task card(s) as JSON.")
-def tasks_show(task: str, as_json: bool) -> None:
-    """The parsed task card, and what could not be inferred."""
+@click.option(
+    "--overlay",
+    type=click.Path(exists=True, path_type=Path),
+    default=None,
+    help="A labkube.yaml to merge over the task's own, or a directory of them: DIR/<task-name>.yaml or "
+    "DIR/<task-name>/labkube.yaml (default: $LABKUBE_TASK_OVERLAY).",
+)
+def tasks_show(task: str, as_json: bool, overlay: Path | None = None) -> None:
+    """The parsed task card, and what could not be inferred (with the labkube.yaml line that fixes it)."""
     from rich.table import Table
 
+    from labkube.task_card import TaskFamily
     from labkube.tasks import TaskError, resolve_tasks
+    from labkube.tasks.researchgym import load_researchgym
 
+    folder = Path(task).expanduser()
+    known_files = ("task_description.md", "metadata.jsonl")
+    if folder.is_dir() and not any((folder / n).exists() for n in known_files) and not any(folder.glob("*.json*")):
+        raise UsageFailure(
+            f"{task}: no task_description.md, so not a ResearchGym task folder (nor a GAIA or Gaia2 dataset): "
+            "add a task_description.md whose baseline table has a `Your Method` row"
+        )
     try:
         cards = resolve_tasks(task)
+        if overlay is not None:
+            if cards[0].family is not TaskFamily.researchgym:
+                raise UsageFailure(f"--overlay is for ResearchGym task folders; {task} is a {cards[0].family} task")
+            cards = [load_researchgym(Path(cards[0].path), cards[0].ref, overlay=overlay)]
     except TaskError as exc:
         raise UsageFailure(str(exc)) from None
     if as_json:
@@ -674,16 +727,20 @@ def tasks_show(task: str, as_json: bool) -> None:
         console.print(table)
         return
     card = cards[0]
-    console.print(f"[bold]{card.name}[/]  ({card.family.value}, {card.path})")
-    table = Table(title="subtasks", title_justify="left")
-    for col in ("id", "metric", "direction", "baseline", "SOTA", "primary"):
+    console.print(f"[bold]{escape(card.name)}[/]  ({card.family.value}, {escape(card.path)})")
+    if card.overlay:
+        console.print(f"overlay: {escape(card.overlay)}", highlight=False)
+    table = Table(title=f"subtasks ({len(card.subtasks)})", title_justify="left")
+    for col in ("id", "metric", "direction", "baseline (best listed)", "SOTA", "primary"):
         table.add_column(col)
     for s in card.subtasks:
+        how = {None: "", "assumed": " (assumed)"}.get(s.direction_inferred, " (inferred)")
+        baseline = "—" if s.baseline is None else f"{s.baseline:g}"
         table.add_row(
-            s.id,
-            s.metric,
-            s.direction.value,
-            "—" if s.baseline is None else f"{s.baseline:g}",
+            escape(s.id),
+            escape(s.metric),
+            s.direction.value + how,
+            baseline + (f" ({escape(s.baseline_method)})" if s.baseline_method else ""),
             "—" if s.sota is None else f"{s.sota:g}",
             "yes" if s.primary else "",
         )
@@ -697,7 +754,7 @@ def tasks_show(task: str, as_json: bool) -> None:
     if card.warnings:
         console.print("[yellow]could not infer:[/]")
         for w in card.warnings:
-            console.print(f"  - {w}", highlight=False)
+            console.print(f"  - {escape(w)}", highlight=False, soft_wrap=True)  # fix lines stay whole to copy
 
 
 @main.group()
@@ -944,3 +1001,22 @@ def tools_apply_patch(cwd: Path) -> None:
         err_console.print(f"[bold red]patch not applied:[/] {exc}", highlight=False)
         sys.exit(1)
     console.print(result.summary, highlight=False)
+
+
+def _register_task_env_commands() -> None:
+    from labkube.task_env_cli import tasks_dockerfile, tasks_prepare
+
+    tasks.add_command(tasks_prepare)
+    tasks.add_command(tasks_dockerfile)
+
+
+_register_task_env_commands()
+
+
+def _register_analyze_command() -> None:
+    from labkube.analysis_cli import analyze
+
+    main.add_command(analyze)
+
+
+_register_analyze_command()

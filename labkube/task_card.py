@@ -9,7 +9,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from labkube.budgets import Budgets
 
@@ -31,9 +31,19 @@ class Subtask(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$")
-    metric: str = Field(description="Metric name as the task description writes it.")
+    metric: str = Field(
+        default="",
+        description="Metric name as the task description writes it. In labkube.yaml only a new subtask (an id "
+        "the tables do not give) needs it; an entry with a table's id takes what it leaves out from the table.",
+    )
     direction: Direction = Direction.higher
+    direction_inferred: str | None = Field(
+        default=None,
+        description="Why the direction is what it is when no ↑/↓ arrow and no labkube.yaml states it (the metric's "
+        "convention, the caption's metric, the same metric's arrow in another table), or `assumed`.",
+    )
     baseline: float | None = Field(default=None, description="Best listed method's value.")
+    baseline_method: str | None = Field(default=None, description="The listed method whose value is the baseline.")
     sota: float | None = Field(default=None, description="Paper's value; never shown to the agent.")
     primary: bool = False
     json_key: str | None = Field(
@@ -43,6 +53,12 @@ class Subtask(BaseModel):
     table: int | None = Field(default=None, description="Index of the markdown table holding the row.")
     column: str | None = Field(default=None, description="Column header holding the value.")
     part: int = Field(default=0, ge=0, description="Which number of a cell that holds several (`Acc ↑ AAA ↑`).")
+    row: int | None = Field(
+        default=None,
+        ge=0,
+        description="Which `Your Method` row holds the value (0: the first), in a table with one per section "
+        "or per metric; None: the table has one.",
+    )
 
 
 class Resources(BaseModel):
@@ -74,7 +90,11 @@ class Grading(BaseModel):
 
 
 class LabkubeYaml(BaseModel):
-    """The optional `labkube.yaml` beside a ResearchGym task directory."""
+    """The optional `labkube.yaml` beside a ResearchGym task directory, or an overlay of it kept elsewhere.
+
+    `subtasks` entries are matched to the subtasks the baseline tables give, by `id` (or by the cell they
+    read: `table` + `column` + `part` + `row`, which renames it): a match takes the fields given here, the
+    rest comes from the table; an entry that matches none adds a subtask (it needs `metric`)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -101,6 +121,12 @@ class LabkubeYaml(BaseModel):
         description="Command that re-runs the best baseline in a scratch copy of the task and prints "
         "`{subtask_id: value}` as JSON on its last line; tests compare it with the `baseline` values.",
     )
+    only_listed_subtasks: bool = Field(
+        default=False,
+        description="Score only the subtasks listed here; by default the ones the tables give are kept too.",
+    )
+    # True when no entry says `primary: true` and the first was made primary: then no entry chose it.
+    _primary_defaulted: bool = PrivateAttr(default=False)
 
     @model_validator(mode="after")
     def _one_primary(self) -> LabkubeYaml:
@@ -109,6 +135,7 @@ class LabkubeYaml(BaseModel):
             raise ValueError(f"more than one primary subtask: {', '.join(primaries)}")
         if self.subtasks and not primaries:
             self.subtasks[0].primary = True
+            self._primary_defaulted = True
         ids = [s.id for s in self.subtasks]
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:
@@ -165,6 +192,9 @@ class TaskCard(BaseModel):
     group: str = Field(default="", description="What reports aggregate by (a task, or a GAIA level).")
     gaia: GaiaQuestion | None = None
     gaia2: Gaia2Card | None = None
+    overlay: str | None = Field(
+        default=None, description="The overlay merged over the task's labkube.yaml (`--overlay`), if any."
+    )
     warnings: list[str] = Field(default_factory=list, description="What could not be inferred.")
 
     @property

@@ -22,6 +22,7 @@ def _version() -> str:
     except PackageNotFoundError:
         return "latest"
 
+
 ENV_CACHE_IN_IMAGE = "/opt/labkube/task-envs"
 TASK_IN_IMAGE = "/opt/labkube/tasks"
 
@@ -61,8 +62,7 @@ def tasks_prepare(task: str) -> None:
     assert env is not None
     how = "reused" if env.reused else "built"
     console.print(
-        f"{card.name}: environment {how} in {time.monotonic() - started:.1f} s at {env.path} "
-        f"(cache {cache_root()})",
+        f"{card.name}: environment {how} in {time.monotonic() - started:.1f} s at {env.path} (cache {cache_root()})",
         highlight=False,
     )
 

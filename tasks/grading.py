@@ -107,6 +107,9 @@ def _value_for(s: Subtask, summary: object, tables: list) -> float | None:
         table = tables[s.table]
         col = table.column(s.column)
         row = table.row(YOUR_METHOD)
+        if s.row is not None:  # one `Your Method` row per section or metric: the subtask's own
+            rows = table.method_rows(YOUR_METHOD)
+            row = table.rows[rows[s.row]] if s.row < len(rows) else None
         if col is not None and row is not None:
             numbers = cell_numbers(row[col])
             return numbers[s.part] if len(numbers) > s.part else None

@@ -88,7 +88,7 @@ def test_local_gpu_hour_cap_holds_back_runs_once_used_up(ray_local, tmp_path: Pa
 def test_two_one_gpu_runs_each_see_their_own_gpu(ray_local, tmp_path: Path) -> None:
     """Ray's allocation becomes CUDA_VISIBLE_DEVICES (the agent process's environment, so its commands, jobs and
     grader inherit it): on 2 logical GPUs, two concurrent 1-GPU runs get different ones."""
-    show = {"tool": "bash", "args": {"command": "echo -n \"$CUDA_VISIBLE_DEVICES\" > cuda.txt; sleep 2"}}
+    show = {"tool": "bash", "args": {"command": 'echo -n "$CUDA_VISIBLE_DEVICES" > cuda.txt; sleep 2'}}
     task = make_tiny_task(tmp_path, [WRITE, show], resources={"gpus": 1})
     spec = CampaignSpec(name="cuda", tasks=[str(task)], models=["oracle"], seeds=2, concurrency=2)
     results = launch(spec, tmp_path / "out", ray_ctx=ray_local)
