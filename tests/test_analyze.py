@@ -305,6 +305,8 @@ def test_page_renders_in_chromium_with_every_figure(
     )
     assert all(h > 100 for h in heights)
     assert browser.js("return document.querySelectorAll('#flags-table tr.flag-row').length") == len(analysis.flags)
+    shot = browser.screenshot(tmp_path / "analysis.png", full_page_height=6000)  # the test's artefact
+    assert shot.stat().st_size > 20_000
 
 
 # -- the demo campaign: a real oracle run --------------------------------------------------------------------------
