@@ -1020,3 +1020,12 @@ def _register_analyze_command() -> None:
 
 
 _register_analyze_command()
+
+
+def _register_export_command() -> None:
+    from labkube.export_cli import export
+
+    main.add_command(export)
+
+
+_register_export_command()

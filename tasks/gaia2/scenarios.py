@@ -1,6 +1,6 @@
 """Scenario references: what a user types, turned into what a world process can load.
 
-    gaia2/<name>             a bundled scenario (tasks/bundled/gaia2/<name>.json), else ARE's registry id
+    gaia2/<name>             a bundled scenario (tasks/bundled/gaia2/<name>.json), else an id in ARE's registry
     gaia2                    every bundled scenario
     path/to/scenario.json    an ARE scenario JSON file (a Gaia2 row's `data`, an exported trace)
     path/to/rows.jsonl       Gaia2 dataset rows: {"scenario_id": ..., "data": <JSON text>} per line
@@ -24,6 +24,17 @@ from pydantic import BaseModel, ConfigDict
 CAPABILITIES = ("execution", "search", "adaptability", "time", "ambiguity", "agent2agent", "noise")
 BUNDLED_DIR = Path(__file__).resolve().parent.parent / "bundled" / "gaia2"
 TRACE_VERSION = "are_simulation_v1"
+# The scenarios ARE's registry holds in the pinned version (world_env.ARE_VERSION): `gaia2/<id>` resolves
+# against this list before anything runs (tests/test_gaia2_bugs.py checks it against the installed ARE).
+ARE_REGISTRY_SCENARIOS = (
+    "scenario_apps_tutorial",
+    "scenario_events_tutorial",
+    "scenario_find_image_file",
+    "scenario_hf_demo_mcp",
+    "scenario_mcp_demo",
+    "scenario_tutorial",
+    "scenario_validation_tutorial",
+)
 
 
 class ScenarioError(ValueError):
@@ -142,8 +153,11 @@ def resolve_scenarios(ref: str) -> list[Gaia2Scenario]:
         bundled = BUNDLED_DIR / f"{name}.json"
         if bundled.is_file():
             found = [_from_file(bundled, target)]
-        else:  # ARE's registry: only the world process can tell whether the id exists
+        elif name in ARE_REGISTRY_SCENARIOS:
             found = [Gaia2Scenario(ref=target, scenario_id=name, source=name)]
+        else:
+            known = ", ".join([*bundled_scenarios(), *(f"gaia2/{n}" for n in ARE_REGISTRY_SCENARIOS)])
+            raise ScenarioError(f"unknown Gaia2 scenario {target!r}: not bundled and not in ARE's registry ({known})")
     elif path.is_dir():
         found = list(_from_dir(path))
     elif path.is_file() and path.suffix == ".jsonl":

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, Literal, Self
 
 import httpx
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class WorldError(Exception):
@@ -129,6 +129,16 @@ class TurnEnd(_Reply):
     world_stopped: bool
 
 
+class ActionMatch(_Reply):
+    """One agent event ARE's judge weighed (its write actions and messages to the user), in order."""
+
+    tool: str
+    args: dict[str, Any] = Field(default_factory=dict)
+    turn: int = 0
+    simulated_time: float | None = None
+    oracle_event_id: str | None = None  # None: the judge matched it to no oracle event
+
+
 class ValidationResult(_Reply):
     """ARE's verdict on a scenario run (GraphPerEventJudge, or a registry scenario's own validation)."""
 
@@ -144,6 +154,11 @@ class ValidationResult(_Reply):
     nb_turns: int = 1
     simulated_seconds: float = 0.0
     wall_seconds: float = 0.0
+    matches: list[ActionMatch] | None = Field(
+        default=None,
+        description="The agent's events the judge weighed, each with the oracle event it matched "
+        "(GraphPerEventJudge only; None when the judge keeps no per-action matching).",
+    )
 
 
 class AgentLogEntry(_Reply):

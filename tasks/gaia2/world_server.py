@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import inspect
 import json
 import logging
 import os
@@ -185,10 +186,30 @@ def json_schema_for(type_str: str | None) -> dict[str, Any]:
     return {"type": "string", "description": f"ARE type {t}"}
 
 
+def variadic_params(function: Any) -> set[str]:
+    """Names of a function's `*args`/`**kwargs`: ARE lists them among a tool's arguments (without a default)."""
+    try:
+        params = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return set()
+    return {p.name for p in params if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+
+
 def tool_spec(tool: Any) -> dict[str, Any]:
+    """The agent's view of an ARE app tool.
+
+    ARE's AppToolArg does not record a parameter's kind, so `**kwargs` of e.g.
+    `SandboxLocalFileSystem.mkdir(path, create_parents=True, **kwargs)` reaches ARE's own agents as an
+    argument without a default (type "any" in its JSON agent's prompt; required in `to_open_ai()`, which
+    marks every argument required). A model cannot pass a variadic by name (`kwargs={}` would arrive as a
+    key named "kwargs"), so we leave variadics out of the schema instead of matching ARE there.
+    """
     properties: dict[str, Any] = {}
     required: list[str] = []
+    variadic = variadic_params(getattr(tool, "function", None))
     for arg in tool.args:
+        if arg.name in variadic:
+            continue
         schema = json_schema_for(str(arg.arg_type) if arg.arg_type is not None else None)
         if arg.description:
             schema = {**schema, "description": arg.description}
@@ -993,9 +1014,9 @@ class WorldSession:
         )
         judged_env = Environment()
         judged_env.event_log = EventLog.from_list_view(completed)
-        return self._verdict(fresh.validate(judged_env), simulated)
+        return self._verdict(fresh.validate(judged_env), simulated, getattr(fresh, "judge", None))
 
-    def _verdict(self, result: Any, simulated: float) -> dict[str, Any]:
+    def _verdict(self, result: Any, simulated: float, judge: Any = None) -> dict[str, Any]:
         soft = "judged" if "soft_llm_checks" in self.checks else "not judged (no judge model configured)"
         if self.kind != "json":
             soft = "not applicable"
@@ -1025,7 +1046,37 @@ class WorldSession:
             "nb_turns": turns_total,
             "simulated_seconds": simulated,
             "wall_seconds": time.monotonic() - self.loaded_wall,
+            "matches": judge_matches(judge if judge is not None else getattr(self.scenario, "judge", None)),
         }
+
+
+def judge_matches(judge: Any) -> list[dict[str, Any]] | None:
+    """The agent events a GraphPerEventJudge weighed, in order, each with the oracle event it matched (ARE keeps
+    this in the judge's state only); None for judges without per-event matching."""
+    state = getattr(judge, "state", None)
+    matched = getattr(state, "agent_idx_to_oracle_id", None)
+    if state is None or matched is None:
+        return None
+    out = []
+    index = 0
+    for turn, events in enumerate(getattr(state, "turn_to_agent_events", []) or []):
+        for event in events:
+            try:
+                tool = f"{event.app_name()}__{event.function_name()}"
+                args = make_serializable(dict(getattr(event.action, "args", {}) or {}))
+            except Exception:  # an event ARE could not describe: keep its place in the order
+                tool, args = "unknown", {}
+            out.append(
+                {
+                    "tool": tool,
+                    "args": {k: v for k, v in args.items() if k != "self"},
+                    "turn": turn,
+                    "simulated_time": getattr(event, "event_time", None),
+                    "oracle_event_id": matched.get(index),
+                }
+            )
+            index += 1
+    return out
 
 
 def _gave_up(react_agent: Any) -> tuple[str, str | None]:

@@ -1,0 +1,619 @@
+"""Finished runs as training data: ATIF trajectories (Harbor's Agent Trajectory Interchange Format, the `atif`
+package's models) and OpenAI chat fine-tuning JSONL. One file per run, one run in memory at a time.
+
+Where the steps come from: `conversation.jsonl` (every message the model saw, tagged with its context epoch;
+a hand-off starts a new epoch) read line by line, joined with `transcript.jsonl` (model calls with usage, cost
+and latency; tool calls with duration; hand-offs) read by a cursor that moves forward only.
+
+Rewards, each with its source:
+- ResearchGym: `result.json` score_curve. Each grading after the first gives the change in normalised score
+  (fraction of SOTA of the primary subtask; an ungraded score counts as 0) to the agent step at which it was
+  taken; the final normalised score and beat-baseline are terminal rewards on the last step.
+- Gaia2: ARE's judge verdict stored in `result.json` details["gaia2"] (success, rationale of the first failed
+  hard check, soft-check verdict) as the terminal reward; each agent write action gets 1 when ARE's
+  GraphPerEventJudge matched it to an oracle event (and which), 0 when not, from details["gaia2"]["matches"]
+  (results written before the world reported matches have `oracle_match: null`).
+- GAIA: the scorer's 0/1 (result score) at the end.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+from labkube.result import RunResult
+from labkube.store import CampaignDir
+
+ATIF_SCHEMA_VERSION = "ATIF-v1.8"
+SCAFFOLD_VERSION = "labkube"
+CLEAN_VERDICT = "PASS"
+
+
+class ExportError(ValueError):
+    """A campaign that cannot be exported (not a campaign directory)."""
+
+
+@dataclass(frozen=True)
+class ExportFilter:
+    exclude_suspicious: bool = False
+    min_score: float | None = None
+
+    def reason_to_skip(self, result: RunResult | None) -> str | None:
+        if result is None or not result.final:
+            return "not finished"
+        if self.exclude_suspicious and result.integrity_verdict != CLEAN_VERDICT:
+            return f"integrity verdict {result.integrity_verdict or 'missing'}"
+        if self.min_score is not None and (result.score is None or result.score < self.min_score):
+            return f"score {result.score} below {self.min_score}"
+        return None
+
+
+@dataclass
+class ExportedRun:
+    run_id: str
+    path: Path | None
+    skipped: str | None = None
+
+
+def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """Records of a JSONL file, one line at a time; a torn or malformed line is skipped."""
+    try:
+        fh = path.open("rb")
+    except FileNotFoundError:
+        return
+    with fh:
+        for line in fh:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                yield record
+
+
+def campaign_runs(campaigns: list[Path]) -> list[tuple[CampaignDir, str]]:
+    found = []
+    for root in campaigns:
+        cdir = CampaignDir(root)
+        if not cdir.exists():
+            raise ExportError(f"{root}: not a campaign directory (no campaign.json)")
+        found += [(cdir, run_id) for run_id in cdir.run_ids()]
+    return found
+
+
+# -- the transcript, forward only -----------------------------------------------------------------
+
+
+class TranscriptCursor:
+    """Walks transcript.jsonl forward; what it passes on the way (tool calls, hand-offs) is kept until asked for."""
+
+    def __init__(self, path: Path) -> None:
+        self._records = iter_jsonl(path)
+        self.tool_calls: dict[str, dict[str, Any]] = {}
+        self.handoffs: list[tuple[dict[str, Any], dict[str, Any] | None]] = []  # (handoff event, its model call)
+        self._handoff_call: dict[str, Any] | None = None
+        self.start: dict[str, Any] | None = None
+        self._pending: dict[str, Any] | None = None  # a step's model call read ahead while looking for a hand-off
+
+    def _take(self, record: dict[str, Any]) -> dict[str, Any] | None:
+        kind = record.get("type")
+        if kind == "tool_call" and record.get("call_id"):
+            self.tool_calls[str(record["call_id"])] = record
+        elif kind == "model_call" and record.get("purpose", "step") != "step":
+            self._handoff_call = record
+        elif kind == "model_call":
+            return record
+        elif kind == "handoff":
+            self.handoffs.append((record, self._handoff_call))
+            self._handoff_call = None
+        elif kind in ("start", "resume") and self.start is None:
+            self.start = record
+        return None
+
+    def next_model_call(self) -> dict[str, Any] | None:
+        if self._pending is not None:
+            call, self._pending = self._pending, None
+            return call
+        for record in self._records:
+            call = self._take(record)
+            if call is not None:
+                return call
+        return None
+
+    def read_handoffs(self, n: int) -> None:
+        """Read on until `n` hand-offs were seen, or up to the next step's model call."""
+        while len(self.handoffs) < n and self._pending is None:
+            record = next(self._records, None)
+            if record is None:
+                return
+            self._pending = self._take(record)
+
+    def tool_call(self, call_id: str) -> dict[str, Any] | None:
+        while call_id not in self.tool_calls:
+            if self._pending is not None:
+                return None
+            record = next(self._records, None)
+            if record is None:
+                return None
+            call = self._take(record)
+            if call is not None:  # a model call past this tool call: the tool call was not logged
+                self._pending = call
+                return None
+        return self.tool_calls.pop(call_id)
+
+    def drain(self) -> None:
+        for record in self._records:
+            self._take(record)
+
+
+# -- rewards --------------------------------------------------------------------------------------
+
+
+def step_rewards(result: RunResult) -> dict[int, list[dict[str, Any]]]:
+    """Rewards per agent step number (the run's own step counter), with their source."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    curve = result.score_curve
+    if "gaia2" in result.details or result.capabilities or is_gaia(result) or len(curve) < 2:
+        return out
+    for before, after in pairwise(curve):
+        change = (after.score or 0.0) - (before.score or 0.0)
+        out.setdefault(after.step, []).append(
+            {
+                "kind": "score_change",
+                "value": change,
+                "source": "result.json score_curve: normalised score change since the previous grading",
+                "graded_at_step": after.step,
+                "graded_at_seconds": after.at_seconds,
+                "score": after.score,
+            }
+        )
+    return out
+
+
+def is_gaia(result: RunResult) -> bool:
+    """A GAIA (v1) question: one subtask, `correct` (tasks/gaia.py)."""
+    return [s.id for s in result.subtasks] == ["correct"] and "gaia2" not in result.details
+
+
+def terminal_rewards(result: RunResult) -> list[dict[str, Any]]:
+    gaia2 = result.details.get("gaia2")
+    if gaia2 is not None:
+        success = bool(gaia2.get("success"))
+        return [
+            {
+                "kind": "scenario_verdict",
+                "value": 1.0 if success else 0.0,
+                "source": "ARE judge (result.json details.gaia2.success)",
+                "judge": gaia2.get("judge"),
+                "checks": gaia2.get("checks"),
+            },
+            {
+                "kind": "hard_check_failure",
+                "value": None if success else gaia2.get("rationale") or gaia2.get("exception"),
+                "source": "ARE judge rationale of the first failed hard check (details.gaia2.rationale)",
+            },
+            {
+                "kind": "soft_check_verdict",
+                "value": gaia2.get("soft_checks"),
+                "source": "ARE judge soft (LLM) checks (details.gaia2.soft_checks)",
+            },
+        ]
+    if is_gaia(result):
+        return [{"kind": "answer_correct", "value": result.score, "source": "GAIA scorer 0/1 (result.json score)"}]
+    first = result.score_curve[0].score if result.score_curve else None
+    return [
+        {
+            "kind": "final_score",
+            "value": result.score,
+            "source": "result.json score: normalised score (fraction of SOTA) of the final grading",
+        },
+        {"kind": "first_grading_score", "value": first, "source": "result.json score_curve[0].score"},
+        {"kind": "beat_baseline", "value": result.beat_baseline, "source": "result.json beat_baseline"},
+    ]
+
+
+USER_EVENT = "AgentUserInterface__send_message_to_agent"  # the user's message: in ARE's list, not the agent's
+
+
+class Gaia2Matcher:
+    """Pairs the agent's world write calls, in order, with the events ARE's judge weighed (details.gaia2.matches,
+    stored by the world since the export work; older results have none)."""
+
+    def __init__(self, verdict: dict[str, Any]) -> None:
+        matches = verdict.get("matches")
+        self.stored = matches is not None
+        self._events = [m for m in matches or [] if m.get("tool") != USER_EVENT]
+        self.tools = {str(m.get("tool")) for m in self._events}
+        self._next = 0
+
+    def reward(self, tool: str, access: str | None, ok: bool | None) -> dict[str, Any] | None:
+        if access != "write" or "__" not in tool:
+            return None
+        if not self.stored:
+            return {
+                "kind": "oracle_match",
+                "value": None,
+                "source": "not stored: this result predates per-action matching in details.gaia2.matches",
+            }
+        found = None
+        if ok is not False:  # a failed call leaves no event in ARE's log
+            for i in range(self._next, len(self._events)):
+                if self._events[i].get("tool") == tool:
+                    found, self._next = self._events[i], i + 1
+                    break
+        oracle_id = (found or {}).get("oracle_event_id")
+        return {
+            "kind": "oracle_match",
+            "value": 1.0 if oracle_id else 0.0,
+            "oracle_event_id": oracle_id,
+            "source": "ARE GraphPerEventJudge matching of agent events to oracle events (details.gaia2.matches)",
+        }
+
+
+# -- ATIF -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Steps:
+    steps: list[Any] = field(default_factory=list)
+    agent_steps: dict[int, int] = field(default_factory=dict)  # run step number -> index of its agent step
+
+    def add(self, **kwargs: Any) -> Any:
+        import atif
+
+        step = atif.Step(step_id=len(self.steps) + 1, **kwargs)
+        self.steps.append(step)
+        return step
+
+
+def _metrics(call: dict[str, Any] | None) -> Any:
+    import atif
+
+    if call is None:
+        return None
+    usage = call.get("usage") or {}
+    return atif.Metrics(
+        prompt_tokens=usage.get("input"),
+        completion_tokens=usage.get("output"),
+        cached_tokens=usage.get("cached"),
+        cost_usd=call.get("cost_usd"),
+        extra={
+            "reasoning_tokens": usage.get("reasoning"),
+            "latency_s": call.get("duration_s"),
+            "backoff_s": call.get("backoff_s"),
+            "attempts": call.get("attempts"),
+        },
+    )
+
+
+def build_trajectory(run_dir: Path, result: RunResult) -> Any:
+    """One run as an `atif.Trajectory`."""
+    import atif
+
+    cursor = TranscriptCursor(run_dir / "transcript.jsonl")
+    acc = _Steps()
+    gaia2 = "gaia2" in result.details
+    matcher = Gaia2Matcher(result.details.get("gaia2") or {})
+    epoch = 0
+    last_agent: Any = None
+    handoffs_done = 0
+
+    def emit_handoffs() -> None:
+        nonlocal handoffs_done
+        for event, call in cursor.handoffs[handoffs_done:]:
+            acc.add(
+                source="agent",
+                message=str(event.get("summary") or ""),
+                model_name=(call or {}).get("model"),
+                metrics=_metrics(call),
+                timestamp=event.get("ts"),
+                extra={"handoff": event.get("n"), "purpose": "handoff summary"},
+            )
+        handoffs_done = len(cursor.handoffs)
+
+    for message in iter_jsonl(run_dir / "conversation.jsonl"):
+        if int(message.get("epoch", 0)) != epoch:
+            epoch = int(message.get("epoch", 0))
+            cursor.read_handoffs(epoch)
+            emit_handoffs()
+        role = message.get("role")
+        extra: dict[str, Any] = {"epoch": epoch}
+        if role in ("system", "user"):
+            acc.add(source=role, message=str(message.get("content") or ""), extra=extra)
+            last_agent = None
+        elif role == "assistant":
+            call = cursor.next_model_call()
+            emit_handoffs()
+            step_no = int(call["step"]) if call and "step" in call else None
+            extra["run_step"] = step_no
+            calls = [
+                atif.ToolCall(
+                    tool_call_id=str(c["id"]), function_name=str(c["name"]), arguments=c.get("arguments") or {}
+                )
+                for c in message.get("tool_calls") or []
+            ]
+            last_agent = acc.add(
+                source="agent",
+                message=str(message.get("content") or ""),
+                reasoning_content=message.get("thinking"),
+                tool_calls=calls or None,
+                model_name=(call or {}).get("model"),
+                metrics=_metrics(call),
+                timestamp=(call or {}).get("ts"),
+                extra=extra,
+            )
+            if step_no is not None:
+                acc.agent_steps[step_no] = len(acc.steps) - 1
+        elif role == "tool" and last_agent is not None:
+            call_id = message.get("tool_call_id")
+            logged = cursor.tool_call(str(call_id)) if call_id else None
+            result_extra: dict[str, Any] = {"tool": message.get("name")}
+            if logged is not None:
+                result_extra |= {"ok": logged.get("ok"), "duration_s": logged.get("duration_s")}
+                result_extra["access"] = logged.get("access")
+                reward = (
+                    matcher.reward(str(logged.get("tool")), logged.get("access"), logged.get("ok")) if gaia2 else None
+                )
+                if reward:
+                    last_agent.extra.setdefault("rewards", []).append({**reward, "tool_call_id": call_id})
+            observed = atif.ObservationResult(
+                source_call_id=call_id, content=str(message.get("content") or ""), extra=result_extra
+            )
+            if last_agent.observation is None:
+                last_agent.observation = atif.Observation(results=[observed])
+            else:
+                last_agent.observation.results.append(observed)
+    cursor.drain()
+    emit_handoffs()
+    if not acc.steps and result.agent == "are-default":
+        _are_agent_steps(run_dir / "transcript.jsonl", acc, matcher)
+    if not acc.steps:  # e.g. a Gaia2 oracle run: ARE replayed the scenario's oracle events, no model was called
+        what = "ARE ran the scenario's oracle events" if gaia2 and result.model == "oracle" else "no model call"
+        acc.add(source="system", message=f"{result.task}: no conversation was recorded ({what}).", extra={})
+
+    rewards = _place_rewards(acc, result)
+    spec_start = cursor.start or {}
+    totals = [s.metrics for s in acc.steps if s.metrics is not None]
+    trajectory = atif.Trajectory(
+        schema_version=ATIF_SCHEMA_VERSION,
+        session_id=result.run_id,
+        trajectory_id=result.run_id,
+        agent=atif.Agent(
+            name=result.agent,
+            version=SCAFFOLD_VERSION + "-" + _labkube_version(),
+            model_name=result.model,
+            extra={"scaffold": result.agent},
+        ),
+        steps=acc.steps,
+        final_metrics=atif.FinalMetrics(
+            total_prompt_tokens=result.spend.usage.input,
+            total_completion_tokens=result.spend.usage.output,
+            total_cached_tokens=result.spend.usage.cached,
+            total_cost_usd=result.spend.usd,
+            total_steps=len(acc.steps),
+            extra={
+                "reasoning_tokens": result.spend.usage.reasoning,
+                "wall_seconds": result.spend.wall_seconds,
+                "agent_steps": result.spend.steps,
+                "model_calls_exported": len(totals),
+            },
+        ),
+        extra={
+            "labkube": {
+                "run_id": result.run_id,
+                "task": result.task,
+                "seed": result.seed,
+                "status": result.status.value if hasattr(result.status, "value") else str(result.status),
+                "stop_reason": str(result.stop_reason.value) if result.stop_reason else None,
+                "error": result.error,
+                "integrity_verdict": result.integrity_verdict,
+                "score": result.score,
+                "beat_baseline": result.beat_baseline,
+                "capabilities": result.capabilities,
+                "resumes": result.resumes,
+                "handoffs": [
+                    {"n": e.get("n"), "ts": e.get("ts"), "summary": e.get("summary")} for e, _ in cursor.handoffs
+                ],
+                "started": spec_start.get("ts"),
+                "details": result.details,
+            },
+            "rewards": rewards,
+        },
+    )
+    return atif.Trajectory.model_validate(trajectory.model_dump())
+
+
+def _are_agent_steps(transcript: Path, acc: _Steps, matcher: Gaia2Matcher) -> None:
+    """ARE's own agent (`--agent are-default`): its log, as the world reported it (`are_agent` events), as steps.
+    ARE's agent writes its actions as text (Thought/Action JSON); the parsed tool call is attached to the step.
+    Which tools write is not in the log: a tool counts as a write when ARE's judge weighed a call of it."""
+    import atif
+
+    last: Any = None
+    calls = 0
+    for record in iter_jsonl(transcript):
+        if record.get("type") != "are_agent":
+            continue
+        kind, content = record.get("log"), record.get("content")
+        text = content if isinstance(content, str) else json.dumps(content, default=str) if content else ""
+        if kind == "system_prompt":
+            acc.add(source="system", message=text, extra={"are_log": kind})
+        elif kind == "task":
+            acc.add(source="user", message=text, extra={"are_log": kind})
+        elif kind == "llm_output":
+            usage = {k: record.get(k) for k in ("prompt_tokens", "completion_tokens", "reasoning_tokens")}
+            metrics = None
+            if any(v is not None for v in usage.values()):
+                metrics = atif.Metrics(
+                    prompt_tokens=usage["prompt_tokens"],
+                    completion_tokens=usage["completion_tokens"],
+                    extra={"reasoning_tokens": usage["reasoning_tokens"]},
+                )
+            last = acc.add(
+                source="agent",
+                message=text,
+                metrics=metrics,
+                timestamp=record.get("ts"),
+                extra={"are_log": kind, "simulated_time": record.get("timestamp")},
+            )
+        elif kind == "tool_call" and last is not None:
+            calls += 1
+            call_id = f"are_call_{calls}"
+            tool = str(record.get("tool") or "")
+            arguments = record.get("arguments")
+            call = atif.ToolCall(
+                tool_call_id=call_id,
+                function_name=tool,
+                arguments=arguments if isinstance(arguments, dict) else {"input": arguments},
+            )
+            last.tool_calls = [*(last.tool_calls or []), call]
+            access = "write" if tool in matcher.tools else None
+            if reward := matcher.reward(tool, access, True):
+                last.extra.setdefault("rewards", []).append({**reward, "tool_call_id": call_id})
+        elif kind in ("observation", "error") and last is not None:
+            source = last.tool_calls[-1].tool_call_id if last.tool_calls else None
+            observed = atif.ObservationResult(source_call_id=source, content=text, extra={"are_log": kind})
+            if last.observation is None:
+                last.observation = atif.Observation(results=[observed])
+            else:
+                last.observation.results.append(observed)
+
+
+def _place_rewards(acc: _Steps, result: RunResult) -> dict[str, Any]:
+    """Put step and terminal rewards into the steps' extra; return the per-trajectory summary."""
+    per_step = step_rewards(result)
+    agent_indices = sorted(acc.agent_steps.items())
+    placed = 0.0
+    for run_step, rewards in per_step.items():
+        # the agent step numbered run_step, else the last agent step before it, else the last step
+        index = next((i for n, i in reversed(agent_indices) if n <= run_step), None)
+        if index is None:
+            index = len(acc.steps) - 1 if acc.steps else None
+        for reward in rewards:
+            placed += reward["value"]
+            if index is not None:
+                step = acc.steps[index]
+                step.extra = step.extra or {}
+                step.extra.setdefault("rewards", []).append(reward)
+    terminal = terminal_rewards(result)
+    if acc.steps:
+        last = acc.steps[-1]
+        last.extra = last.extra or {}
+        last.extra.setdefault("rewards", []).extend({**r, "terminal": True} for r in terminal)
+    action_rewards = [
+        r for s in acc.steps for r in (s.extra or {}).get("rewards", []) if r.get("kind") == "oracle_match"
+    ]
+    return {
+        "step_reward_sum": placed,
+        "step_reward_source": "result.json score_curve (normalised score change between consecutive gradings)"
+        if per_step
+        else None,
+        "terminal": terminal,
+        "write_actions": len(action_rewards) or None,
+    }
+
+
+def _labkube_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("labkube")
+    except PackageNotFoundError:
+        return "dev"
+
+
+# -- SFT JSONL ------------------------------------------------------------------------------------
+
+
+def sft_conversations(run_dir: Path) -> Iterator[list[dict[str, Any]]]:
+    """The run's conversation as OpenAI chat fine-tuning messages, one list per context epoch."""
+    epoch: int | None = None
+    messages: list[dict[str, Any]] = []
+    for message in iter_jsonl(run_dir / "conversation.jsonl"):
+        this = int(message.get("epoch", 0))
+        if epoch is not None and this != epoch and messages:
+            yield messages
+            messages = []
+        epoch = this
+        messages.append(openai_message(message))
+    if messages:
+        yield messages
+
+
+def openai_message(message: dict[str, Any]) -> dict[str, Any]:
+    role = message.get("role")
+    content = str(message.get("content") or "")
+    if role == "tool":
+        return {"role": "tool", "tool_call_id": str(message.get("tool_call_id") or ""), "content": content}
+    if role == "assistant":
+        out: dict[str, Any] = {"role": "assistant", "content": content or None}
+        calls = message.get("tool_calls") or []
+        if calls:
+            out["tool_calls"] = [
+                {
+                    "id": str(c["id"]),
+                    "type": "function",
+                    "function": {"name": str(c["name"]), "arguments": json.dumps(c.get("arguments") or {})},
+                }
+                for c in calls
+            ]
+        return out
+    return {"role": role, "content": content}
+
+
+# -- files ----------------------------------------------------------------------------------------
+
+
+def export_run(cdir: CampaignDir, run_id: str, fmt: str, out: Path, flt: ExportFilter) -> ExportedRun:
+    result = cdir.result(run_id)
+    skip = flt.reason_to_skip(result)
+    if skip is not None:
+        return ExportedRun(run_id, None, skip)
+    assert result is not None
+    run_dir = cdir.run_dir(run_id)
+    campaign = cdir.root.name
+    out.mkdir(parents=True, exist_ok=True)
+    if fmt == "atif":
+        path = out / f"{campaign}--{run_id}.atif.json"
+        trajectory = build_trajectory(run_dir, result)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(trajectory.to_json_dict(), ensure_ascii=False, default=str), encoding="utf-8")
+        tmp.replace(path)
+        return ExportedRun(run_id, path)
+    path = out / f"{campaign}--{run_id}.sft.jsonl"
+    tmp = path.with_suffix(".tmp")
+    lines = 0
+    with tmp.open("w", encoding="utf-8") as fh:
+        for messages in sft_conversations(run_dir):
+            if not any(m["role"] == "assistant" for m in messages):
+                continue
+            fh.write(json.dumps({"messages": messages}, ensure_ascii=False) + "\n")
+            lines += 1
+    if not lines:
+        tmp.unlink()
+        return ExportedRun(run_id, None, "no assistant messages")
+    tmp.replace(path)
+    return ExportedRun(run_id, path)
+
+
+def export_campaigns(
+    campaigns: list[Path], fmt: str, out: Path, flt: ExportFilter, progress: bool = False
+) -> list[ExportedRun]:
+    runs = campaign_runs(campaigns)
+    done: list[ExportedRun] = []
+    if not progress:
+        return [export_run(cdir, run_id, fmt, out, flt) for cdir, run_id in runs]
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
+    ) as bar:
+        task = bar.add_task(f"export {fmt}", total=len(runs))
+        for cdir, run_id in runs:
+            done.append(export_run(cdir, run_id, fmt, out, flt))
+            bar.advance(task)
+    return done

@@ -1,0 +1,43 @@
+"""`labkube export CAMPAIGN... --format atif|sft-jsonl [--out DIR] [--exclude-suspicious] [--min-score X]`
+(registered at the end of labkube/cli.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+class BadInput(click.ClickException):
+    exit_code = 2  # bad usage (STYLE.md: exit codes)
+
+
+@click.command("export")
+@click.argument("campaigns", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["atif", "sft-jsonl"]), required=True)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Directory for one file per run (default: export-<format>/ in the first campaign directory).",
+)
+@click.option("--exclude-suspicious", is_flag=True, help="Drop runs whose integrity verdict is not PASS.")
+@click.option("--min-score", type=float, default=None, help="Drop runs whose score is below this (or missing).")
+def export(
+    campaigns: tuple[Path, ...], fmt: str, out_dir: Path | None, exclude_suspicious: bool, min_score: float | None
+) -> None:
+    """Export finished runs as ATIF trajectories (with rewards) or OpenAI chat fine-tuning JSONL."""
+    from labkube.export import ExportError, ExportFilter, export_campaigns
+
+    out = out_dir or Path(campaigns[0]) / f"export-{fmt}"
+    try:
+        runs = export_campaigns(list(campaigns), fmt, out, ExportFilter(exclude_suspicious, min_score), progress=True)
+    except ExportError as exc:
+        raise BadInput(str(exc)) from None
+    written = [r for r in runs if r.path is not None]
+    skipped = [r for r in runs if r.path is None]
+    for r in skipped:
+        click.echo(f"skipped {r.run_id}: {r.skipped}")
+    click.echo(f"{len(written)} of {len(runs)} runs exported as {fmt}")
+    click.echo(f"written: {out}")

@@ -1,0 +1,199 @@
+"""`labkube export`: ATIF trajectories with rewards and OpenAI chat fine-tuning JSONL, from real campaigns."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import atif
+import pytest
+from cli_helpers import labkube
+from export_helpers import WELLS, WHITFIELD, export, gaia2_campaign, paper_campaign, replay_model, rewards, trajectories
+from openai.types.chat import ChatCompletionMessageParam
+from pydantic import TypeAdapter
+
+from labkube.store import CampaignDir
+
+ORACLE = "continual-learning-lite--oracle--s0"
+CHEAT_RUN = "continual-learning-lite--cheat-hardcode--s0"
+MESSAGES = TypeAdapter(list[ChatCompletionMessageParam])
+
+
+@pytest.fixture(scope="module")
+def paper(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return paper_campaign(tmp_path_factory.mktemp("export"))
+
+
+def test_atif_of_a_paper_campaign_validates(paper: Path, tmp_path: Path):
+    export(str(paper), "--format", "atif", "--out", str(tmp_path), cwd=tmp_path)
+    found = trajectories(tmp_path)
+    assert set(found) == {ORACLE, CHEAT_RUN}
+    for data in found.values():
+        trajectory = atif.Trajectory.model_validate(data)
+        assert trajectory.schema_version == "ATIF-v1.8"
+    oracle = atif.Trajectory.model_validate(found[ORACLE])
+    assert [s.source for s in oracle.steps[:3]] == ["system", "user", "agent"]
+    agent_steps = [s for s in oracle.steps if s.source == "agent"]
+    assert all(s.metrics and s.metrics.prompt_tokens for s in agent_steps)
+    assert all(
+        s.observation and s.observation.results[0].source_call_id == s.tool_calls[0].tool_call_id for s in agent_steps
+    )
+    labkube = oracle.extra["labkube"]
+    assert labkube["task"] == "researchgym/continual-learning-lite" and labkube["seed"] == 0
+    assert labkube["integrity_verdict"] == "PASS" and labkube["stop_reason"] == "done"
+    assert oracle.final_metrics.total_prompt_tokens == sum(s.metrics.prompt_tokens for s in agent_steps)
+
+
+def test_step_rewards_sum_to_the_final_score_minus_the_first_grading(paper: Path, tmp_path: Path):
+    export(str(paper), "--format", "atif", "--out", str(tmp_path), cwd=tmp_path)
+    oracle = trajectories(tmp_path)[ORACLE]
+    result = CampaignDir(paper).result(ORACLE)
+    assert result is not None and len(result.score_curve) >= 3
+    step_sum = sum(v for s in oracle["steps"] for v in rewards(s, "score_change"))
+    first = result.score_curve[0].score or 0.0
+    assert step_sum == pytest.approx(result.score - first)
+    assert step_sum > 0  # the first grading came before the oracle's method ran
+    assert oracle["extra"]["rewards"]["step_reward_sum"] == pytest.approx(step_sum)
+    last = oracle["steps"][-1]
+    assert rewards(last, "final_score") == [result.score] and rewards(last, "beat_baseline") == [True]
+    # each change sits on the agent step at which its grading was taken
+    graded = {g.step for g in result.score_curve[1:]}
+    placed = {s["extra"]["run_step"] for s in oracle["steps"] if rewards(s, "score_change")}
+    assert placed == graded
+
+
+def test_exclude_suspicious_drops_the_scripted_cheat(paper: Path, tmp_path: Path):
+    proc = export(str(paper), "--format", "atif", "--exclude-suspicious", "--out", str(tmp_path), cwd=tmp_path)
+    assert set(trajectories(tmp_path)) == {ORACLE}
+    assert f"skipped {CHEAT_RUN}: integrity verdict SUSPICIOUS" in proc.stdout
+
+
+def test_min_score_drops_runs_below_it(paper: Path, tmp_path: Path):
+    cdir = CampaignDir(paper)
+    scores = {r: cdir.result(r).score for r in (ORACLE, CHEAT_RUN)}
+    threshold = sum(scores.values()) / 2  # between the two runs' scores
+    assert scores[ORACLE] != scores[CHEAT_RUN]
+    export(str(paper), "--format", "sft-jsonl", "--min-score", str(threshold), "--out", str(tmp_path), cwd=tmp_path)
+    kept = {p.name.split("--", 1)[1].removesuffix(".sft.jsonl") for p in tmp_path.glob("*.jsonl")}
+    assert kept == {r for r, s in scores.items() if s >= threshold}
+
+
+def test_sft_lines_load_as_openai_chat_messages(paper: Path, tmp_path: Path):
+    export(str(paper), "--format", "sft-jsonl", "--out", str(tmp_path), cwd=tmp_path)
+    (path,) = tmp_path.glob(f"*{ORACLE}.sft.jsonl")
+    (line,) = path.read_text().splitlines()
+    messages = json.loads(line)["messages"]
+    MESSAGES.validate_python(messages)
+    assert [m["role"] for m in messages[:4]] == ["system", "user", "assistant", "tool"]
+    assert messages[2]["tool_calls"][0]["id"] == messages[3]["tool_call_id"]
+    json.loads(messages[2]["tool_calls"][0]["function"]["arguments"])
+
+
+def with_handoff(paper: Path, dest: Path) -> Path:
+    """A copy of the paper campaign whose oracle run handed off its context after its second step."""
+    shutil.copytree(paper, dest, symlinks=True)
+    run = dest / "runs" / ORACLE
+    lines = [json.loads(x) for x in (run / "conversation.jsonl").read_text().splitlines()]
+    head, cut = lines[:2], 6  # system, user, then two assistant/tool pairs
+    rest = [{**m, "epoch": 1} for m in lines[cut:]]
+    restart = [{**m, "epoch": 1} for m in head]
+    restart[1]["content"] += "\n\nSummary of earlier work: reproduced the baseline, added replay."
+    conversation = [*lines[:cut], *restart, *rest]
+    (run / "conversation.jsonl").write_text("".join(json.dumps(m) + "\n" for m in conversation))
+    records = [json.loads(x) for x in (run / "transcript.jsonl").read_text().splitlines()]
+    at = next(i for i, r in enumerate(records) if r["type"] == "model_call" and r["step"] == 3)
+    handoff_call = {**records[at], "purpose": "handoff", "message": {"role": "assistant", "content": "summary"}}
+    handoff = {"type": "handoff", "ts": records[at]["ts"], "n": 1, "summary": "reproduced the baseline, added replay"}
+    records[at:at] = [handoff_call, handoff]
+    (run / "transcript.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return dest
+
+
+def test_a_handoff_is_a_separate_sft_conversation_and_an_atif_step(paper: Path, tmp_path: Path):
+    campaign = with_handoff(paper, tmp_path / "handoff")
+    export(str(campaign), "--format", "sft-jsonl", "--out", str(tmp_path / "sft"), cwd=tmp_path)
+    (path,) = (tmp_path / "sft").glob(f"*{ORACLE}.sft.jsonl")
+    first, second = (json.loads(x)["messages"] for x in path.read_text().splitlines())
+    for messages in (first, second):
+        MESSAGES.validate_python(messages)
+        assert [m["role"] for m in messages[:2]] == ["system", "user"]
+    assert "Summary of earlier work" in second[1]["content"]
+    export(str(campaign), "--format", "atif", "--out", str(tmp_path / "atif"), cwd=tmp_path)
+    trajectory = atif.Trajectory.model_validate(trajectories(tmp_path / "atif")[ORACLE])
+    sources = [(s.source, (s.extra or {}).get("handoff")) for s in trajectory.steps]
+    at = sources.index(("agent", 1))
+    assert sources[at + 1][0] == "system" and trajectory.steps[at + 1].extra["epoch"] == 1
+    assert trajectory.steps[at].metrics is not None
+    assert trajectory.extra["labkube"]["handoffs"][0]["n"] == 1
+
+
+def test_export_of_a_missing_campaign_is_bad_usage(tmp_path: Path):
+    proc = labkube("export", str(tmp_path / "nope"), "--format", "atif", cwd=tmp_path)
+    assert proc.returncode == 2 and "not a campaign directory" in proc.stderr
+
+
+@pytest.mark.gaia2
+def test_gaia2_oracle_campaign_exports_with_ares_verdict(tmp_path: Path):
+    campaign = gaia2_campaign(tmp_path)
+    export(str(campaign), "--format", "atif", "--out", str(tmp_path / "atif"), cwd=tmp_path)
+    (data,) = trajectories(tmp_path / "atif").values()
+    trajectory = atif.Trajectory.model_validate(data)
+    terminal = {r["kind"]: r for r in trajectory.extra["rewards"]["terminal"]}
+    assert terminal["scenario_verdict"]["value"] == 1.0 and "ARE judge" in terminal["scenario_verdict"]["source"]
+    assert terminal["soft_check_verdict"]["value"].startswith("not judged")
+    assert rewards(trajectory.model_dump()["steps"][-1], "scenario_verdict") == [1.0]
+
+
+@pytest.mark.gaia2
+@pytest.mark.parametrize(("recipient", "matched"), [(WHITFIELD, 1.0), (WELLS, 0.0)], ids=["right", "wrong"])
+def test_gaia2_write_actions_carry_ares_oracle_match(tmp_path: Path, recipient: str, matched: float):
+    model = replay_model(tmp_path / "plan.jsonl", recipient)
+    out = tmp_path / "camp"
+    proc = labkube("run", "gaia2/execution_budget_email", "--model", model, "--out", str(out), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    export(str(out), "--format", "atif", "--out", str(tmp_path / "atif"), cwd=tmp_path)
+    (data,) = trajectories(tmp_path / "atif").values()
+    atif.Trajectory.model_validate(data)
+    found = {
+        r["tool_call_id"]: r
+        for s in data["steps"]
+        for r in (s.get("extra") or {}).get("rewards", [])
+        if r["kind"] == "oracle_match"
+    }
+    send = next(r for call_id, r in found.items() if "send_email" in call_id)
+    assert send["value"] == matched and (send["oracle_event_id"] == "oracle-send-email") == bool(matched)
+    terminal = {r["kind"]: r["value"] for r in data["extra"]["rewards"]["terminal"]}
+    assert terminal["scenario_verdict"] == matched
+    assert (terminal["hard_check_failure"] is None) == bool(matched)
+
+
+def test_gaia_scorer_result_is_the_terminal_reward(tmp_path: Path):
+    out = tmp_path / "gaia"
+    proc = labkube("run", "gaia/demo/demo-sum-sales", "--model", "oracle", "--out", str(out), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    export(str(out), "--format", "atif", "--out", str(tmp_path / "atif"), cwd=tmp_path)
+    (data,) = trajectories(tmp_path / "atif").values()
+    atif.Trajectory.model_validate(data)
+    assert rewards(data["steps"][-1], "answer_correct") == [1.0]
+    assert not any(rewards(s, "score_change") for s in data["steps"])
+
+
+@pytest.mark.gaia2
+def test_ares_own_agent_exports_from_its_log_with_oracle_matches(tmp_path: Path):
+    from fakellm import FakeLLM
+    from test_gaia2_scaffolds import SCENARIO, model_of, responder_for_both_scaffolds
+
+    with FakeLLM(responder=responder_for_both_scaffolds) as llm:
+        out = tmp_path / "cmp"
+        args = ("run", SCENARIO, "--model", model_of(llm), "--agent", "are-default", "--out", str(out))
+        ran = labkube(*args, cwd=tmp_path, timeout=900)
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+    export(str(out), "--format", "atif", "--out", str(tmp_path / "atif"), cwd=tmp_path)
+    (data,) = trajectories(tmp_path / "atif").values()
+    trajectory = atif.Trajectory.model_validate(data)
+    assert trajectory.agent.name == "are-default"
+    assert [s.source for s in trajectory.steps[:3]] == ["system", "user", "agent"]
+    send = next(s for s in data["steps"] if s.get("tool_calls") and "send_email" in s["tool_calls"][0]["function_name"])
+    assert rewards(send, "oracle_match") == [0.0]  # the responder sends ARE's agent to the wrong Dana
+    assert rewards(data["steps"][-1], "scenario_verdict") == [0.0]
