@@ -229,6 +229,9 @@ class Gaia2Matcher:
         self._events = [m for m in matches or [] if m.get("tool") != USER_EVENT]
         self.tools = {str(m.get("tool")) for m in self._events}
         self._next = 0
+        # ARE's reason when it matched nothing to an action: the failed check's rationale (a count mismatch stops
+        # its judge before any matching, so then no action of the turn is matched)
+        self.rationale = None if verdict.get("success") else (str(verdict.get("rationale") or "").strip() or None)
 
     def reward(self, tool: str, access: str | None, ok: bool | None) -> dict[str, Any] | None:
         if access != "write" or "__" not in tool:
@@ -246,12 +249,15 @@ class Gaia2Matcher:
                     found, self._next = self._events[i], i + 1
                     break
         oracle_id = (found or {}).get("oracle_event_id")
-        return {
+        reward: dict[str, Any] = {
             "kind": "oracle_match",
             "value": 1.0 if oracle_id else 0.0,
             "oracle_event_id": oracle_id,
             "source": "ARE GraphPerEventJudge matching of agent events to oracle events (details.gaia2.matches)",
         }
+        if not oracle_id and self.rationale:
+            reward["reason"] = self.rationale
+        return reward
 
 
 # -- ATIF -----------------------------------------------------------------------------------------

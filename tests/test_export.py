@@ -163,9 +163,40 @@ def test_gaia2_write_actions_carry_ares_oracle_match(tmp_path: Path, recipient: 
     }
     send = next(r for call_id, r in found.items() if "send_email" in call_id)
     assert send["value"] == matched and (send["oracle_event_id"] == "oracle-send-email") == bool(matched)
+    if not matched:  # the wrong write carries ARE's own reason
+        assert "Agent did not perform the following oracle tool call" in send["reason"]
+    else:
+        assert "reason" not in send
     terminal = {r["kind"]: r["value"] for r in data["extra"]["rewards"]["terminal"]}
     assert terminal["scenario_verdict"] == matched
     assert (terminal["hard_check_failure"] is None) == bool(matched)
+
+
+@pytest.mark.gaia2
+def test_one_agent_with_a_right_and_a_wrong_write_gets_ares_count_check_on_both(tmp_path: Path):
+    """ARE's GraphPerEventJudge checks each turn's tool counts before it matches anything: an agent that sends the
+    right email and a wrong one fails that check, so ARE matches neither. The export says so on both writes, with
+    ARE's reason, rather than inventing a 1 ARE never gave."""
+    wrong, right = tmp_path / "wrong.jsonl", tmp_path / "right.jsonl"
+    replay_model(wrong, WELLS)  # [send to the wrong Dana, tell the user]
+    replay_model(right, WHITFIELD)
+    plan = tmp_path / "plan.jsonl"
+    send_wrong, tell_user = wrong.read_text().splitlines()
+    plan.write_text("\n".join([send_wrong, right.read_text().splitlines()[0], tell_user]) + "\n")
+    out = tmp_path / "camp"
+    proc = labkube("run", "gaia2/execution_budget_email", "--model", f"replay:{plan}", "--out", str(out), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    export(str(out), "--format", "atif", "--out", str(tmp_path / "atif"), cwd=tmp_path)
+    (data,) = trajectories(tmp_path / "atif").values()
+    atif.Trajectory.model_validate(data)
+    sends = [
+        r
+        for s in data["steps"]
+        for r in (s.get("extra") or {}).get("rewards", [])
+        if r["kind"] == "oracle_match" and "send_email" in r["tool_call_id"]
+    ]
+    assert [r["value"] for r in sends] == [0.0, 0.0]
+    assert all("counters do not match" in r["reason"] for r in sends)
 
 
 def test_gaia_scorer_result_is_the_terminal_reward(tmp_path: Path):
