@@ -30,7 +30,7 @@ from typing import Any
 import ray
 import ray.exceptions
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from labkube.result import RunResult
 from labkube.run_spec import RunPhase, RunSpec, RunStatus
@@ -69,19 +69,24 @@ class RayContext:
     gpus: float = 0.0  # Ray's GPU resource: GPUs of this machine for local runs
     extra: dict = field(default_factory=dict)
     pod_gpus: float = 0.0  # POD_GPU: the Kubernetes cluster's GPUs for run pods (0: the scheduler alone bounds them)
-    supervisor_nodes: int = 0  # alive nodes that declare SUPERVISOR
+    supervisor_node_ids: tuple[str, ...] = ()  # alive nodes that declare SUPERVISOR
+
+    @property
+    def supervisor_nodes(self) -> int:
+        return len(self.supervisor_node_ids)
+
     slot_count: float = 0.0  # SLOT: runs supervised at once in all
 
 
 def _context(started_here: bool) -> RayContext:
     res = ray.cluster_resources()
-    nodes = sum(1 for n in ray.nodes() if n.get("Alive") and SUPERVISOR in (n.get("Resources") or {}))
+    nodes = alive_supervisor_nodes()
     return RayContext(
         started_here,
         SLOT in res,
         res.get("GPU", 0.0),
         pod_gpus=res.get(POD_GPU, 0.0),
-        supervisor_nodes=nodes,
+        supervisor_node_ids=nodes,
         slot_count=res.get(SLOT, 0.0),
     )
 
@@ -208,11 +213,23 @@ async def allocated_gpus(pg: PlacementGroup, gpus: int) -> str:
     return ",".join(ids)
 
 
-def new_supervisor(ctx: RayContext) -> Any:
-    """A supervisor actor: on the SUPERVISOR nodes when the cluster has any, spread over them."""
-    if ctx.supervisor_nodes:
-        return SupervisorActor.options(resources={SUPERVISOR: 0.001}, scheduling_strategy="SPREAD").remote()
-    return SupervisorActor.options(scheduling_strategy="SPREAD").remote()
+def alive_supervisor_nodes() -> tuple[str, ...]:
+    """The ids of the alive nodes that declare SUPERVISOR, in a stable order."""
+    return tuple(
+        sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive") and SUPERVISOR in (n.get("Resources") or {}))
+    )
+
+
+def new_supervisor(ctx: RayContext, idx: int = 0, replacing: bool = False) -> Any:
+    """Supervisor actor `idx`: on the SUPERVISOR nodes when the cluster has any, actor i on the i-th of them (Ray's
+    SPREAD is best-effort and put two of two actors on one node under load, so one node's death took every run's
+    supervisor). The affinity is soft: a full or dead node's share goes elsewhere. A replacement picks among the
+    nodes alive now."""
+    if not ctx.supervisor_node_ids:
+        return SupervisorActor.options(scheduling_strategy="SPREAD").remote()
+    nodes = (alive_supervisor_nodes() if replacing else ()) or ctx.supervisor_node_ids
+    strategy = NodeAffinitySchedulingStrategy(node_id=nodes[idx % len(nodes)], soft=True)
+    return SupervisorActor.options(resources={SUPERVISOR: 0.001}, scheduling_strategy=strategy).remote()
 
 
 def actor_count(ctx: RayContext, concurrency: int, runs: int) -> int:
@@ -244,7 +261,7 @@ async def supervise_on(
             if attempt == ACTOR_RESTARTS:
                 raise DriverError(f"the Ray worker supervising {run_dir} died {attempt + 1} times") from None
             if actors[idx] is actor:
-                actors[idx] = new_supervisor(ctx) if ctx is not None else SupervisorActor.remote()
+                actors[idx] = new_supervisor(ctx, idx, replacing=True) if ctx is not None else SupervisorActor.remote()
     raise AssertionError("unreachable")
 
 
@@ -270,7 +287,7 @@ async def drive(
     if not runs:
         return []
     n_actors = actor_count(ctx, concurrency, len(runs))
-    actors = [new_supervisor(ctx) for _ in range(n_actors)]
+    actors = [new_supervisor(ctx, i) for i in range(n_actors)]
     await asyncio.gather(*(a.ping.remote() for a in actors))
     limit = asyncio.Semaphore(concurrency)
     meter = GpuHoursMeter(campaign_root, runs, pods=backend is not None) if gpu_hours_cap is not None else None

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
 
 pytest_plugins = ["fault_record"]  # the `fault` fixture and docs/reliability.md, for every directory
+
+# The fake API servers' access log is a line per request (the lease alone is two a second); a failing test's
+# captured output would be nothing else, and CI shows only its tail, so the traceback would be lost.
+logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
 @pytest.fixture(scope="session")

@@ -122,6 +122,12 @@ class OperatorProcess:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         await self.proc.wait()
+        # The group's other processes die on their own schedule (one in uninterruptible I/O exits when it returns):
+        # give them what a kernel needs, so callers can assert none is left without racing the exit.
+        for _ in range(100):
+            if not self.pids():
+                return
+            await asyncio.sleep(0.1)
 
     async def stop(self, grace_s: float = 30.0) -> tuple[int | None, list[int]]:
         """SIGTERM (as the kubelet sends it) and up to `grace_s` for the operator to exit; then SIGKILL to whatever
