@@ -10,7 +10,7 @@ import anthropic
 from labkube.agent.messages import Message, ModelResponse, ToolCall, ToolSpec
 from labkube.agent.provider import Provider, ProviderError
 from labkube.agent.sdk_errors import map_sdk_error
-from labkube.budgets import Usage
+from labkube.agent.usage import anthropic_usage
 
 EFFORT_BUDGETS = {"low": 2_048, "medium": 8_192, "high": 24_576}
 
@@ -99,15 +99,7 @@ class AnthropicMessages(Provider):
             elif block.type in ("thinking", "redacted_thinking"):
                 thinking.append(getattr(block, "thinking", "") or "")
                 thinking_blocks.append(block.model_dump(exclude_none=True))
-        u = resp.usage
-        cached = u.cache_read_input_tokens or 0
-        details = getattr(u, "output_tokens_details", None)
-        usage = Usage(
-            input=u.input_tokens + cached + (u.cache_creation_input_tokens or 0),
-            output=u.output_tokens,
-            cached=cached,
-            reasoning=(getattr(details, "thinking_tokens", 0) or 0) if details else 0,
-        )
+        usage = anthropic_usage(resp.usage)
         message = Message(
             role="assistant",
             content="".join(text),

@@ -11,7 +11,7 @@ import openai
 from labkube.agent.messages import Message, ModelResponse, ToolCall, ToolSpec
 from labkube.agent.provider import Provider, ProviderError
 from labkube.agent.sdk_errors import map_sdk_error
-from labkube.budgets import Usage
+from labkube.agent.usage import chat_usage, responses_usage
 
 
 def map_openai_error(exc: Exception) -> ProviderError:
@@ -108,15 +108,7 @@ class OpenAIResponses(_OpenAIBase):
                 calls.append(ToolCall(id=item.call_id, name=item.name, arguments=_args(item.arguments)))
             elif item.type == "reasoning":
                 thinking.extend(s.text for s in (item.summary or []))
-        u = resp.usage
-        usage = Usage()
-        if u is not None:
-            usage = Usage(
-                input=u.input_tokens,
-                output=u.output_tokens,
-                cached=(u.input_tokens_details.cached_tokens or 0) if u.input_tokens_details else 0,
-                reasoning=(u.output_tokens_details.reasoning_tokens or 0) if u.output_tokens_details else 0,
-            )
+        usage = responses_usage(resp.usage)
         message = Message(
             role="assistant",
             content="".join(text),
@@ -179,15 +171,7 @@ class OpenAIChat(_OpenAIBase):
             for c in (msg.tool_calls or [])
             if getattr(c, "function", None) is not None
         ]
-        u = resp.usage
-        usage = Usage()
-        if u is not None:
-            usage = Usage(
-                input=u.prompt_tokens,
-                output=u.completion_tokens,
-                cached=(u.prompt_tokens_details.cached_tokens or 0) if u.prompt_tokens_details else 0,
-                reasoning=(u.completion_tokens_details.reasoning_tokens or 0) if u.completion_tokens_details else 0,
-            )
+        usage = chat_usage(resp.usage)
         thinking = getattr(msg, "reasoning_content", None)  # vLLM and llama.cpp expose reasoning here
         message = Message(role="assistant", content=msg.content or "", tool_calls=calls, thinking=thinking)
         return ModelResponse(

@@ -1,0 +1,232 @@
+"""The model gateway between the real `openai` and `anthropic` SDKs and the fake provider (tests/fakellm.py): the
+agent side holds only the run token, the provider sees only the real key; usage, dollars, budgets, retries,
+transcript lines and Prometheus series are the gateway's, whatever the client."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anthropic
+import openai
+import pytest
+from fakellm import FakeLLM, Reply
+from fakellm import Usage as FakeUsage
+
+from labkube.agent.gateway import GatewayConfig, GatewayState, ModelGateway, Upstream, upstream_for
+from labkube.agent.pricing import cost_usd
+from labkube.agent.telemetry import RunTelemetry
+from labkube.agent.transcript import JsonlLog, read_jsonl
+from labkube.budgets import Budgets, StopReason, Usage
+from labkube.model_ref import parse_model
+from labkube.run_spec import RunSpec
+
+REAL_KEY = "sk-real-provider-key"
+PLANTED = FakeUsage(input=1200, output=300, reasoning=40, cached=200)
+EXPECTED = Usage(input=1200, output=300, reasoning=40, cached=200)
+
+
+def gateway_for(server: FakeLLM, tmp_path: Path, family: str, **config: object) -> ModelGateway:
+    upstream = Upstream(base_url=server.base_url + ("/v1" if family == "openai" else ""), api_key=REAL_KEY)
+    cfg = GatewayConfig(**{family: upstream}, provider_prefix=family, base_delay_s=0.01, **config)  # type: ignore[arg-type]
+    spec = RunSpec(run_id="gw--m--s0", campaign="gw", task="t", task_path=str(tmp_path), model=f"{family}:m", seed=0)
+    return ModelGateway(
+        cfg,
+        transcript=JsonlLog(tmp_path / "transcript.jsonl"),
+        telemetry=RunTelemetry(spec),
+        state_path=tmp_path / "gateway.json",
+    )
+
+
+def call(gw: ModelGateway, api: str, stream: bool, model: str) -> tuple[str, list[str]]:
+    """One model call through the gateway with the vendor's SDK; the answer's text and tool names."""
+    if api == "responses":
+        client = openai.OpenAI(api_key=gw.config.token, base_url=gw.openai_base_url, max_retries=0)
+        kwargs = {"model": model, "input": "hi", "tools": [{"type": "function", "name": "bash", "parameters": {}}]}
+        if stream:
+            with client.responses.stream(**kwargs) as s:
+                resp = s.get_final_response()
+        else:
+            resp = client.responses.create(**kwargs)
+        return resp.output_text, [i.name for i in resp.output if i.type == "function_call"]
+    if api == "chat":
+        client = openai.OpenAI(api_key=gw.config.token, base_url=gw.openai_base_url, max_retries=0)
+        messages = [{"role": "user", "content": "hi"}]
+        if stream:
+            with client.chat.completions.stream(model=model, messages=messages) as s:
+                chat = s.get_final_completion()
+        else:
+            chat = client.chat.completions.create(model=model, messages=messages)
+        msg = chat.choices[0].message
+        return msg.content or "", [c.function.name for c in msg.tool_calls or []]
+    aclient = anthropic.Anthropic(api_key=gw.config.token, base_url=gw.anthropic_base_url, max_retries=0)
+    kwargs = {"model": model, "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]}
+    if stream:
+        with aclient.messages.stream(**kwargs) as s:
+            message = s.get_final_message()
+    else:
+        message = aclient.messages.create(**kwargs)
+    text = "".join(b.text for b in message.content if b.type == "text")
+    return text, [b.name for b in message.content if b.type == "tool_use"]
+
+
+CASES = [
+    ("responses", False, "openai", "gpt-5"),
+    ("responses", True, "openai", "gpt-5"),
+    ("chat", False, "openai", "gpt-4.1"),
+    ("chat", True, "openai", "gpt-4.1"),
+    ("messages", False, "anthropic", "claude-sonnet-4-6"),
+    ("messages", True, "anthropic", "claude-sonnet-4-6"),
+]
+
+
+@pytest.mark.parametrize(("api", "stream", "family", "model"), CASES)
+async def test_a_call_is_forwarded_with_the_real_key_and_counted_from_the_providers_usage(
+    tmp_path: Path, api: str, stream: bool, family: str, model: str
+) -> None:
+    import asyncio
+
+    with FakeLLM() as server:
+        server.script(Reply.tool_call("bash", {"command": "ls"}, text="looking", usage=PLANTED, thinking="plan"))
+        async with gateway_for(server, tmp_path, family) as gw:
+            text, tools = await asyncio.to_thread(call, gw, api, stream, model)
+        seen = server.requests
+    assert (text, tools) == ("looking", ["bash"])  # the SDK parsed the relayed answer as the provider's own
+    assert len(seen) == 1
+    auth = seen[0].headers.get("x-api-key") or seen[0].headers.get("authorization", "")
+    assert REAL_KEY in auth and gw.config.token not in json.dumps(seen[0].headers)
+    if api == "chat" and stream:  # the gateway asks for the usage chunk a stream otherwise lacks
+        assert seen[0].body["stream_options"] == {"include_usage": True}
+    state = GatewayState.model_validate_json((tmp_path / "gateway.json").read_text())
+    assert state.spend.usage == EXPECTED and state.spend.steps == 1 and state.calls == 1
+    usd = cost_usd(f"{family}:{model}", EXPECTED)
+    assert usd > 0 and state.spend.usd == pytest.approx(usd)
+    (line,) = read_jsonl(tmp_path / "transcript.jsonl")
+    assert line["type"] == "model_call" and line["via"] == "gateway"
+    assert line["usage"] == EXPECTED.model_dump() and line["cost_usd"] == pytest.approx(usd)
+    assert line["message"]["content"] == "looking"
+    assert [c["name"] for c in line["message"]["tool_calls"]] == ["bash"]
+    assert line["message"]["tool_calls"][0]["arguments"] == {"command": "ls"}
+    assert line["request"]["stream"] is stream and line["request"]["model"] == model
+    assert gw.telemetry is not None
+    registry = gw.telemetry.m.registry
+    output = registry.get_sample_value(
+        "labkube_run_tokens_total",
+        {"campaign": "gw", "run_id": "gw--m--s0", "task": "t", "model": f"{family}:m", "kind": "output"},
+    )
+    assert output == 300
+
+
+async def test_a_wrong_token_is_refused_and_nothing_reaches_the_provider(tmp_path: Path) -> None:
+    import asyncio
+
+    with FakeLLM() as server:
+        async with gateway_for(server, tmp_path, "anthropic") as gw:
+            client = anthropic.Anthropic(api_key=REAL_KEY, base_url=gw.anthropic_base_url, max_retries=0)
+            with pytest.raises(anthropic.AuthenticationError):
+                await asyncio.to_thread(
+                    client.messages.create, model="m", max_tokens=5, messages=[{"role": "user", "content": "x"}]
+                )
+        assert server.requests == []
+
+
+@pytest.mark.parametrize("family", ["openai", "anthropic"])
+async def test_a_spent_token_budget_is_the_providers_final_quota_error(tmp_path: Path, family: str) -> None:
+    """Two calls of 1,500 tokens against a 2,000-token budget: the second passes (1,500 < 2,000), the third is
+    refused with the error the SDK does not retry, the provider never sees it, and the state says why."""
+    import asyncio
+
+    with FakeLLM(default=Reply.text("ok", usage=PLANTED)) as server:
+        async with gateway_for(server, tmp_path, family, budgets=Budgets(tokens=2000)) as gw:
+            api = "responses" if family == "openai" else "messages"
+            for _ in range(2):
+                await asyncio.to_thread(call, gw, api, False, "gpt-5" if family == "openai" else "claude-sonnet-4-6")
+            client_error = openai.RateLimitError if family == "openai" else anthropic.BadRequestError
+            with pytest.raises(client_error) as refused:
+                # the SDK's own retries on: the refusal says not to retry, and the SDK obeys
+                if family == "openai":
+                    client = openai.OpenAI(api_key=gw.config.token, base_url=gw.openai_base_url, max_retries=3)
+                    await asyncio.to_thread(client.responses.create, model="gpt-5", input="more")
+                else:
+                    aclient = anthropic.Anthropic(
+                        api_key=gw.config.token, base_url=gw.anthropic_base_url, max_retries=3
+                    )
+                    await asyncio.to_thread(
+                        aclient.messages.create,
+                        model="claude-sonnet-4-6",
+                        max_tokens=5,
+                        messages=[{"role": "user", "content": "x"}],
+                    )
+        assert len(server.requests) == 2
+    assert "tokens budget is spent" in str(refused.value)
+    if family == "openai":
+        assert refused.value.code == "insufficient_quota"
+    assert gw.state.refused == 1 and gw.state.stop_reason is StopReason.tokens
+    events = read_jsonl(tmp_path / "transcript.jsonl")
+    assert [e["type"] for e in events] == ["model_call", "model_call", "budget_stop"]
+
+
+async def test_the_providers_429s_are_retried_with_back_off_reported_apart(tmp_path: Path) -> None:
+    import asyncio
+
+    with FakeLLM() as server:
+        server.script(Reply.error(429, retry_after=0.2), Reply.error(503), Reply.text("fine", usage=PLANTED))
+        async with gateway_for(server, tmp_path, "openai") as gw:
+            text, _ = await asyncio.to_thread(call, gw, "responses", False, "gpt-5")
+        assert len(server.requests) == 3
+    assert text == "fine"
+    (line,) = read_jsonl(tmp_path / "transcript.jsonl")
+    assert line["attempts"] == 3 and line["backoff_s"] >= 0.2
+    assert gw.state.backoff_s == pytest.approx(line["backoff_s"], abs=1e-3)
+    assert gw.state.spend.usage == EXPECTED
+
+
+async def test_retries_used_up_pass_the_providers_own_error_back(tmp_path: Path) -> None:
+    import asyncio
+
+    with FakeLLM(default=Reply.error(500, message="upstream is down")) as server:
+        async with gateway_for(server, tmp_path, "anthropic", max_attempts=2) as gw:
+            with pytest.raises(anthropic.InternalServerError, match="upstream is down"):
+                await asyncio.to_thread(call, gw, "messages", False, "claude-sonnet-4-6")
+        assert len(server.requests) == 2
+    (line,) = read_jsonl(tmp_path / "transcript.jsonl")
+    assert line["error"].startswith("HTTP 500") and gw.state.spend.steps == 0
+
+
+async def test_hooks_pause_and_resume_around_each_model_call_only(tmp_path: Path) -> None:
+    """A Gaia2 world's clock stops while the model thinks: before_call and after_call bracket each model call
+    (and not other API paths)."""
+    import asyncio
+
+    order: list[str] = []
+
+    async def pause() -> None:
+        order.append("pause")
+
+    async def resume() -> None:
+        order.append("resume")
+
+    with FakeLLM() as server:
+        gw = gateway_for(server, tmp_path, "openai")
+        gw.before_call, gw.after_call = pause, resume
+        async with gw:
+            await asyncio.to_thread(call, gw, "chat", True, "gpt-4.1")
+            client = openai.OpenAI(api_key=gw.config.token, base_url=gw.openai_base_url, max_retries=0)
+            with pytest.raises(openai.NotFoundError):  # the fake has no /v1/models: its 404 comes back as it is
+                await asyncio.to_thread(client.models.list)
+    assert order == ["pause", "resume"]
+    assert gw.state.calls == 1
+
+
+def test_the_upstream_is_resolved_as_the_sdks_resolve_it() -> None:
+    env = {"OPENAI_BASE_URL": "http://proxy:4000/v1", "ANTHROPIC_BASE_URL": "http://claude-proxy:8080"}
+    assert upstream_for(parse_model("openai:gpt-5"), "k", env) == (
+        "openai",
+        Upstream(base_url="http://proxy:4000/v1", api_key="k"),
+    )
+    assert upstream_for(parse_model("anthropic:claude-sonnet-4-6"), "k", env)[1].base_url == "http://claude-proxy:8080"
+    assert upstream_for(parse_model("anthropic:claude-sonnet-4-6"), "k", {})[1].base_url == "https://api.anthropic.com"
+    family, up = upstream_for(parse_model("openai-compatible:http://gpu-box:8000/v1#qwen"), None, env)
+    assert (family, up.base_url, up.api_key) == ("openai", "http://gpu-box:8000/v1", None)
+    with pytest.raises(Exception, match="no model API"):
+        upstream_for(parse_model("oracle"), None, env)
