@@ -23,6 +23,7 @@ from typing import Any
 from labkube.agent.are_default import run_are_default
 from labkube.agent.budget import BudgetTracker
 from labkube.agent.checkpoint import Checkpoint
+from labkube.agent.cli_agents import CLI_TOOL_NAMES, run_cli_agent
 from labkube.agent.jobs import JobManager
 from labkube.agent.loop import AgentRun, estimate_tokens, run_loop
 from labkube.agent.messages import Message
@@ -39,7 +40,7 @@ from labkube.agent.world_session import WorldSession, open_world, world_tools
 from labkube.budgets import StopReason
 from labkube.model_ref import parse_model
 from labkube.result import Grade, RunResult, SubtaskScore, completion_of
-from labkube.run_spec import RunPhase, RunSpec, RunStatus
+from labkube.run_spec import CLI_AGENTS, RunPhase, RunSpec, RunStatus
 from labkube.store import RunDir, read_model, utcnow, write_model
 from labkube.task_card import TaskCard
 from labkube.tasks import card_for_run, grade_run, prepare_run_workspace
@@ -248,7 +249,8 @@ async def run_agent(run_dir: Path, resume: bool = False) -> RunResult:
         ckpt.resumes += 1
 
     ref = parse_model(spec.model)
-    telemetry = start_telemetry(spec)
+    graded = [g.score for g in ckpt.score_curve if g.score is not None]
+    telemetry = start_telemetry(spec, best_score=max(graded, default=None))
     world = None
 
     def stop_before_the_loop(reason: StopReason, error: str | None) -> RunResult:
@@ -268,6 +270,12 @@ async def run_agent(run_dir: Path, resume: bool = False) -> RunResult:
             finally:
                 await world.close()
             return stop_before_the_loop(*outcome)
+    elif spec.agent in CLI_AGENTS:
+        telemetry.declare_tools(CLI_TOOL_NAMES)
+        outcome = await run_cli_agent(
+            rd, spec, card, ckpt, transcript, telemetry, take_grade, write_status, save_checkpoint
+        )
+        return stop_before_the_loop(*outcome)
     elif spec.agent != "rg-agent":
         return stop_before_the_loop(StopReason.error, f"agent {spec.agent} runs Gaia2 scenarios only")
     try:
@@ -295,11 +303,11 @@ async def run_agent(run_dir: Path, resume: bool = False) -> RunResult:
         time_left=time_left,
         secret_vars=frozenset(spec.api_key_env.values()),
     )
+    tools = await world_tools(world, ctx) if world else [*tools_for(card, ctx), *web_tools(ctx)]
+    telemetry.declare_tools(t.name for t in tools)
     run = AgentRun(
         client=ModelClient(provider, str(ref), prices=dict(spec.prices)),
-        tools={
-            t.name: t for t in (await world_tools(world, ctx) if world else [*tools_for(card, ctx), *web_tools(ctx)])
-        },
+        tools={t.name: t for t in tools},
         ctx=ctx,
         tracker=tracker,
         transcript=transcript,
@@ -447,7 +455,7 @@ def finalize(
         score_curve=ckpt.score_curve,
         started_at=ckpt.started_at,
         capabilities=run_capabilities(card, spec),
-        details={"gaia2": ckpt.world_verdict} if card.gaia2 and ckpt.world_verdict else {},
+        details=result_details(card, spec, ckpt),
         finished_at=utcnow(),
         resumes=ckpt.resumes,
         setup_seconds=setup_seconds(rd),
@@ -462,6 +470,17 @@ def finalize(
             telemetry.gaia2(bool(ckpt.world_verdict.get("success")), result.capabilities)
         telemetry.finished()
     return result
+
+
+def result_details(card: TaskCard, spec: RunSpec, ckpt: Checkpoint) -> dict[str, Any]:
+    """ARE's verdict for a Gaia2 run; for a vendor CLI, which one ran (pinned and reported versions) and how
+    each start began (its session resumed, or anew)."""
+    details: dict[str, Any] = {}
+    if card.gaia2 and ckpt.world_verdict:
+        details["gaia2"] = ckpt.world_verdict
+    if spec.agent in CLI_AGENTS and "cli" in ckpt.provider_state:
+        details["cli"] = ckpt.provider_state["cli"]
+    return details
 
 
 def audit(rd: RunDir, spec: RunSpec, result: RunResult, telemetry: RunTelemetry | None = None) -> RunResult:

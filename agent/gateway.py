@@ -621,3 +621,70 @@ def _passed_back(response: aiohttp.ClientResponse, content_type: str) -> dict[st
         if name.lower().startswith(("x-ratelimit-", "anthropic-ratelimit-")):
             headers[name] = value
     return headers
+
+
+class GatewayView:
+    """A gateway in another container of the pod (the `gateway` sidecar): its address, the token it wrote, and the
+    totals it keeps in `gateway.json`, with the same attributes the CLI supervisor reads from a `ModelGateway`."""
+
+    def __init__(self, url: str, token: str, state_path: Path) -> None:
+        self.url = url.rstrip("/")
+        self.config = GatewayConfig(token=token)
+        self.state_path = state_path
+        self.state = GatewayState()
+        self.refresh()
+
+    @property
+    def openai_base_url(self) -> str:
+        return f"{self.url}/openai/v1"
+
+    @property
+    def anthropic_base_url(self) -> str:
+        return f"{self.url}/anthropic"
+
+    def refresh(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.state = GatewayState.model_validate_json(self.state_path.read_text())
+
+    async def close(self) -> None:
+        return None
+
+
+async def serve_run_gateway(run_dir: Path, host: str, port: int, token_file: Path) -> None:
+    """The pod's gateway sidecar: the run's provider and budgets from run.json, its key from this container's
+    environment, the spend so far from the run's checkpoint (a resumed run goes on counting); the token written to
+    `token_file` (a volume shared with the agent container only), then serve until SIGTERM."""
+    import signal
+
+    from labkube.agent.checkpoint import Checkpoint
+    from labkube.agent.registry import api_key_for
+    from labkube.model_ref import parse_model
+    from labkube.store import RunDir, read_model
+
+    rd = RunDir(run_dir)
+    spec = rd.spec()
+    ref = parse_model(spec.model)
+    family, upstream = upstream_for(ref, api_key_for(ref, spec))
+    ckpt = read_model(rd.checkpoint_json, Checkpoint)
+    config = GatewayConfig(
+        **{family: upstream},
+        provider_prefix="openai" if ref.provider == "openai-chat" else ref.provider,
+        budgets=Budgets(tokens=spec.budgets.tokens, usd=spec.budgets.usd, steps=spec.budgets.steps),
+        prices=dict(spec.prices),
+    )
+    state = GatewayState(spend=ckpt.spend.model_copy(deep=True) if ckpt else Spend())
+    gateway = ModelGateway(config, transcript=JsonlLog(rd.transcript), state=state, state_path=rd.root / "gateway.json")
+    await gateway.start(host, port)
+    token_file.parent.mkdir(parents=True, exist_ok=True)
+    staged = token_file.with_suffix(".tmp")
+    staged.write_text(config.token)
+    staged.replace(token_file)
+    print(f"LISTENING {gateway.url}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await gateway.close()

@@ -2,18 +2,40 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from labkube.agent.budget import BudgetTracker
-from labkube.budgets import Usage
+from labkube.budgets import Budgets, Usage
+from labkube.integrity_report import ViolationType
 from labkube.metrics import RUN_LABELS, RUN_METRICS, MetricSet, serve, use_multiprocess_dir
 from labkube.run_spec import RunSpec
 
+TOKEN_KINDS = ("input", "output", "reasoning", "cached")
+TOOL_OUTCOMES = ("ok", "error")
+
+
+def budget_kinds(budgets: Budgets) -> list[str]:
+    """The `budget` label values of the budgets a run has (an unlimited budget has no ratio)."""
+    limits = {"time": budgets.wall_seconds, "tokens": budgets.tokens, "usd": budgets.usd, "steps": budgets.steps}
+    return [kind for kind, limit in limits.items() if limit]
+
 
 class RunTelemetry:
-    def __init__(self, spec: RunSpec) -> None:
+    """The run's series. Every series a dashboard panel or rule reads exists from construction, so a
+    healthy running run never shows "No data" (tests/test_telemetry_series.py holds the dashboards to
+    that). The one exception is `labkube_run_gaia2_passed`, which only ARE's judge can set: a 0 would
+    count as a failed scenario in the pass rates.
+
+    `tools` are the tool names the agent offers, when they are known before its first call (rg-agent's
+    tool set); a CLI agent's tools appear with their first call. `best_score` is the best score of an
+    earlier attempt of the same run (a resume), so that a restarted process does not hide it.
+    """
+
+    def __init__(self, spec: RunSpec, tools: Iterable[str] = (), best_score: float | None = None) -> None:
         self.labels: dict[str, Any] = {
             "campaign": spec.campaign,
             "run_id": spec.run_id,
@@ -21,24 +43,51 @@ class RunTelemetry:
             "model": spec.model,
         }
         self.m = MetricSet(RUN_METRICS, RUN_LABELS)
-        self.best: float | None = None
+        self.best: float | None = best_score
         # Present from the start, so that "missing" never has to stand in for zero.
         self._l("labkube_run_finished").set(0)
         self._l("labkube_run_last_step_timestamp_seconds").set(time.time())
         self._l("labkube_run_cost_dollars_total").inc(0)
         self._l("labkube_run_steps_total").inc(0)
+        for kind in TOKEN_KINDS:
+            self._l("labkube_run_tokens_total", kind=kind).inc(0)
+        self.declare_tools(tools)
+        for budget in budget_kinds(spec.budgets):
+            self._l("labkube_run_budget_used_ratio", budget=budget).set(0)
+        # The audit runs once the run has ended; until then no check has flagged anything, which is
+        # what 0 says (the run detail's Integrity panel words it "not flagged").
+        self._l("labkube_run_integrity_suspicious").set(0)
+        for violation in ViolationType:
+            self._l("labkube_run_integrity_violations", type=violation.value).set(0)
+        # Not graded yet: no subtask has a valid number, so completion is a true 0. The score is NaN,
+        # not 0: a normalized score of 0 is a real grade (nothing of SOTA reached) and would drag the
+        # seeds' mean down; NaN is "no number yet", which `max` skips, the mean rules drop
+        # (`> -Inf`), and the panels show as "not graded yet".
+        self._l("labkube_run_subtask_completion_ratio").set(0)
+        self._l("labkube_run_score").set(math.nan)
+        self._l("labkube_run_best_score").set(math.nan if best_score is None else best_score)
+        # The histogram's buckets exist (at 0) from creating its child.
+        self._l("labkube_run_model_call_duration_seconds")
+
+    def declare_tools(self, tools: Iterable[str]) -> None:
+        """Tool-call counters at 0 for the run's tools (known once its tools are built)."""
+        for tool in tools:
+            for outcome in TOOL_OUTCOMES:
+                self._l("labkube_run_tool_calls_total", tool=tool, outcome=outcome).inc(0)
 
     def _l(self, name: str, **extra: str) -> Any:
         return self.m[name].labels(**self.labels, **extra)  # type: ignore[attr-defined]
 
-    def model_call(self, usage: Usage, cost_usd: float, duration_s: float) -> None:
-        for kind in ("input", "output", "reasoning", "cached"):
+    def model_call(self, usage: Usage, cost_usd: float, duration_s: float | None) -> None:
+        """One model call; `duration_s` None when only its counts are known (a gateway in another container)."""
+        for kind in TOKEN_KINDS:
             value = getattr(usage, kind)
             if value:
                 self._l("labkube_run_tokens_total", kind=kind).inc(value)
         if cost_usd:
             self._l("labkube_run_cost_dollars_total").inc(cost_usd)
-        self._l("labkube_run_model_call_duration_seconds").observe(duration_s)
+        if duration_s is not None:
+            self._l("labkube_run_model_call_duration_seconds").observe(duration_s)
 
     def tool_call(self, tool: str, ok: bool) -> None:
         self._l("labkube_run_tool_calls_total", tool=tool, outcome="ok" if ok else "error").inc()
@@ -69,8 +118,9 @@ class RunTelemetry:
         self._l("labkube_run_best_score").set(self.best)
 
     def integrity(self, verdict: str, violation_types: list[str]) -> None:
+        """The audit's verdict: every known type is set (0 when not found), so a re-audit clears too."""
         self._l("labkube_run_integrity_suspicious").set(1 if verdict == "SUSPICIOUS" else 0)
-        for kind in set(violation_types):
+        for kind in {*(t.value for t in ViolationType), *violation_types}:
             self._l("labkube_run_integrity_violations", type=kind).set(violation_types.count(kind))
 
     def gaia2(self, passed: bool, capabilities: list[str]) -> None:
@@ -81,13 +131,13 @@ class RunTelemetry:
         self._l("labkube_run_finished").set(1)
 
 
-def start_telemetry(spec: RunSpec) -> RunTelemetry:
+def start_telemetry(spec: RunSpec, tools: Iterable[str] = (), best_score: float | None = None) -> RunTelemetry:
     """Series for this run; shared with the campaign driver (`LABKUBE_METRICS_DIR`) or served by this
     process (`LABKUBE_METRICS_PORT`, as in a pod)."""
     shared = os.environ.get("LABKUBE_METRICS_DIR")
     if shared:
         use_multiprocess_dir(shared)
-    telemetry = RunTelemetry(spec)
+    telemetry = RunTelemetry(spec, tools, best_score)
     port = os.environ.get("LABKUBE_METRICS_PORT")
     if port and not shared:
         serve(int(port), telemetry.m.registry)

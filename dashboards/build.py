@@ -185,17 +185,27 @@ class Board:
             p = p.stacking(common.StackingConfig().mode(cm.StackingMode.NORMAL)).fill_opacity(60)
         return p
 
-    def stat(self, *, mappings: dict[str, tuple[str, str]] | None = None, no_value: str = "") -> Panel:
+    def stat(self, *, mappings: dict[str, tuple[str, str]] | None = None, no_value: str = "", nan: str = "") -> Panel:
         p = (
             stat.Panel()
             .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
             .graph_mode(cm.BigValueGraphMode.NONE)
             .color_mode(cm.BigValueColorMode.VALUE)
         )
+        maps: list[Any] = []
         if mappings:
-            p = p.mappings(
-                [dm.ValueMap(options={k: dm.ValueMappingResult(text=t, color=c) for k, (t, c) in mappings.items()})]
+            maps.append(
+                dm.ValueMap(options={k: dm.ValueMappingResult(text=t, color=c) for k, (t, c) in mappings.items()})
             )
+        if nan:
+            result = dm.ValueMappingResult(text=nan, color="text")
+            maps.append(
+                dm.SpecialValueMap(
+                    options=dm.DashboardSpecialValueMapOptions(match=dm.SpecialValueMatch.NA_N, result=result)
+                )
+            )
+        if maps:
+            p = p.mappings(maps)
         if no_value:
             p = p.no_value(no_value)
         return p
@@ -352,8 +362,8 @@ def campaign_overview() -> Board:
     b.add(
         b.timeseries(),
         "Mean score over time",
-        "Current normalized score, averaged over the seeds of each task and model.",
-        [q(f"avg by (task, model) (labkube_run_score{{{RUNS}}})", "{{task}} {{model}}")],
+        "Current normalized score, averaged over the graded seeds of each task and model.",
+        [q(f"avg by (task, model) (labkube_run_score{{{RUNS}}} > -Inf)", "{{task}} {{model}}")],
         w=12,
         h=8,
         unit="none",
@@ -536,9 +546,9 @@ def run_detail() -> Board:
 
     b.row("Run")
     b.add(
-        b.stat(),
+        b.stat(nan="not graded yet", no_value="not graded yet"),
         "Best score",
-        "Best normalized score the run has reached.",
+        "Best normalized score the run has reached (NaN, shown as not graded yet, before the first grading).",
         [q(f"max(labkube_run_best_score{{{RUN}}})", "best", instant=True)],
         w=4,
         h=4,
@@ -579,9 +589,9 @@ def run_detail() -> Board:
         h=4,
     )
     b.add(
-        b.stat(mappings={"0": ("not suspicious", "green"), "1": ("SUSPICIOUS", "red")}, no_value="not audited yet"),
+        b.stat(mappings={"0": ("not flagged", "green"), "1": ("SUSPICIOUS", "red")}, no_value="not audited yet"),
         "Integrity",
-        "The integrity audit's verdict (SUSPICIOUS or not), once the run has finished.",
+        "The integrity audit's verdict (SUSPICIOUS or not); it runs once the run has ended, and reads 0 until then.",
         [q(f"max(last_over_time(labkube_run_integrity_suspicious{{{RUN}}}[$__range]))", "verdict", instant=True)],
         w=4,
         h=4,

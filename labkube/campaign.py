@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from labkube.budgets import Budgets
 from labkube.model_ref import API_PROVIDERS, parse_model
-from labkube.run_spec import DEFAULT_AGENT, AgentName, RunSpec, make_run_id
+from labkube.run_spec import CLI_AGENTS, DEFAULT_AGENT, AgentName, RunSpec, make_run_id
 from labkube.task_card import TaskCard, TaskFamily
 
 MAX_SEEDS = 10_000
@@ -138,14 +138,32 @@ class CampaignSpec(BaseModel):
         return list(range(self.seeds)) if isinstance(self.seeds, int) else list(self.seeds)
 
 
+def agent_mismatch(agent: str, family: TaskFamily, model: str) -> str | None:
+    """Why `agent` cannot run a `family` task on `model`, or None. A campaign runs each scaffold where it applies
+    (ARE's agent on Gaia2 scenarios, the vendors' CLIs on the API they speak) and skips the rest."""
+    provider = parse_model(model).provider
+    if agent == "are-default" and family is not TaskFamily.gaia2:
+        return f"are-default runs Gaia2 scenarios only, and this campaign's tasks include a {family.value} task"
+    if agent in CLI_AGENTS and family is TaskFamily.gaia2:
+        return f"{agent} does not run Gaia2 scenarios (the world's app tools have no bridge to its CLI); use rg-agent"
+    if agent == "claude-code" and provider != "anthropic":
+        return f"claude-code speaks Anthropic Messages, and {model} is not an anthropic: model"
+    if agent == "codex" and provider not in ("openai", "openai-chat", "openai-compatible"):
+        return f"codex speaks the OpenAI API, and {model} is not an openai: or openai-compatible: model"
+    return None
+
+
 def expand_runs(spec: CampaignSpec, cards: dict[str, list[TaskCard]]) -> list[RunSpec]:
     """One RunSpec per task x model x seed (a dataset reference brings one task per question);
     the campaign's budgets override the task's defaults."""
     runs = []
+    skipped: dict[str, str] = {}
     for ref, model, agent, seed in product(spec.tasks, spec.models, spec.agents, spec.seed_list):
         for card in cards[ref]:
-            if agent != DEFAULT_AGENT and card.family is not TaskFamily.gaia2:
-                raise ValueError(f"agent {agent} runs Gaia2 scenarios only; {card.ref} is a {card.family.value} task")
+            why_not = agent_mismatch(agent, card.family, model)
+            if why_not is not None:
+                skipped.setdefault(agent, why_not)
+                continue
             runs.append(
                 RunSpec(
                     run_id=make_run_id(card.ref, model, seed, agent),
@@ -177,4 +195,7 @@ def expand_runs(spec: CampaignSpec, cards: dict[str, list[TaskCard]]) -> list[Ru
     ids = [r.run_id for r in runs]
     if len(set(ids)) != len(ids):
         raise ValueError("two runs map to the same run id: task or model names collide after slugging")
+    for agent in spec.agents:  # a scaffold that applies nowhere is a mistake; somewhere, a comparison
+        if agent in skipped and not any(r.agent == agent for r in runs):
+            raise ValueError(f"agent {agent} has nothing to run: {skipped[agent]}")
     return runs

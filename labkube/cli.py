@@ -28,7 +28,7 @@ from labkube.campaign import CampaignSpec
 from labkube.integrity_report import IntegrityReport
 from labkube.model_ref import UnknownModel
 from labkube.passk import Attempt, capability_scores, macro_average
-from labkube.report import aggregate, report_rows
+from labkube.report import aggregate, comparison_order, report_rows
 from labkube.result import RunResult
 from labkube.run_spec import RunSpec, RunStatus, scaffold_label, slug
 from labkube.store import CampaignDir, StoreError
@@ -200,11 +200,12 @@ def budgets_from(hours: float | None, usd: float | None, tokens: int | None, ste
 @click.option(
     "--agent",
     "agents",
-    type=click.Choice(["rg-agent", "are-default"]),
+    type=click.Choice(["rg-agent", "are-default", "claude-code", "codex"]),
     multiple=True,
     default=("rg-agent",),
     show_default=True,
-    help="Scaffold; repeat to compare: are-default is ARE's own agent, in the world, on the same model (Gaia2).",
+    help="Scaffold; repeat to compare: claude-code and codex are the vendors' CLIs (through the model gateway), "
+    "are-default is ARE's own agent, in the world, on the same model (Gaia2).",
 )
 @click.option(
     "--gaia2-noise", is_flag=True, help="Gaia2: ARE's noise augmentation (tool failures, extra events), seeded per run."
@@ -502,8 +503,16 @@ def status(directory: Path, watch: bool) -> None:
     help="With --format html: the file to write (default DIR/report.html).",
 )
 @click.option("--exclude-suspicious", is_flag=True, help="Leave out runs the integrity audit found SUSPICIOUS.")
-def report(directory: Path, fmt: str, out_file: Path | None, exclude_suspicious: bool) -> None:
-    """One row per run, plus per task and model aggregates over seeds (or a self-contained HTML report)."""
+@click.option(
+    "--by",
+    type=click.Choice(["run", "scaffold"]),
+    default="run",
+    show_default=True,
+    help="With --format json or csv: one row per run, or per task one row per model and scaffold (over seeds).",
+)
+def report(directory: Path, fmt: str, out_file: Path | None, exclude_suspicious: bool, by: str) -> None:
+    """One row per run, plus per task one row per model and scaffold over seeds, the scaffolds of a model side
+    by side (or a self-contained HTML report with the same comparison)."""
     cdir = open_campaign(directory)
     if fmt == "html":
         from labkube.html_report import render_report_html
@@ -513,17 +522,18 @@ def report(directory: Path, fmt: str, out_file: Path | None, exclude_suspicious:
         target.write_text(html, encoding="utf-8")
         console.print(f"report written: {target}")
         return
-    rows = report_rows(cdir)
+    rows = comparison_order(report_rows(cdir))
     if exclude_suspicious:
         rows = [r for r in rows if r.integrity_verdict != "SUSPICIOUS"]
+    records: list[BaseModel] = [*aggregate(rows)] if by == "scaffold" else [*rows]
     if fmt == "json":
-        click.echo(json.dumps([r.model_dump(mode="json") for r in rows], indent=2))
+        click.echo(json.dumps([r.model_dump(mode="json") for r in records], indent=2))
     elif fmt == "csv":
         buf = io.StringIO()
-        fields = list(rows[0].model_dump().keys()) if rows else []
+        fields = list(records[0].model_dump().keys()) if records else []
         writer = csv.DictWriter(buf, fieldnames=fields)
         writer.writeheader()
-        for r in rows:
+        for r in records:
             writer.writerow(r.model_dump(mode="json"))
         click.echo(buf.getvalue(), nl=False)
     else:
@@ -774,6 +784,58 @@ def worlds_setup(force: bool) -> None:
     except WorldEnvError as exc:
         raise UsageFailure(str(exc)) from None
     console.print(f"ARE {ARE_VERSION} world environment ready: {venv}")
+
+
+@main.group()
+def agents() -> None:
+    """Third-party agent CLIs (Claude Code, Codex) run by --agent."""
+
+
+@agents.command("install")
+@click.argument("names", nargs=-1, type=click.Choice(["claude-code", "codex"]))
+def agents_install(names: tuple[str, ...]) -> None:
+    """Install the pinned CLIs from npm into the CLI cache ($LABKUBE_CLI_CACHE); safe to run again."""
+    from rich.table import Table
+
+    from labkube.agent.cli_install import CLI_AGENTS, InstallError, ensure_installed, reported_version
+
+    table = Table("agent", "package", "reports", "executable")
+    for name in names or tuple(CLI_AGENTS):
+        agent = CLI_AGENTS[name]
+        try:
+            with console.status(f"installing {agent.pinned} ..."):
+                exe = ensure_installed(agent)
+        except InstallError as exc:
+            raise UsageFailure(str(exc)) from None
+        table.add_row(name, agent.pinned, reported_version(exe), str(exe))
+    console.print(table)
+
+
+@main.command("gateway")
+@click.option("--run-dir", type=click.Path(path_type=Path, file_okay=False), required=True)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (the pod's loopback).")
+@click.option("--port", type=click.IntRange(0, 65535), default=0, help="Port (0: a free one).")
+@click.option(
+    "--token-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=Path("/gateway/token"),
+    show_default=True,
+    help="Where to write the run token (a volume shared with the agent container only).",
+)
+def gateway(run_dir: Path, host: str, port: int, token_file: Path) -> None:
+    """Serve the run's model gateway (a pod's `gateway` sidecar; locally, `labkube agent` runs it in-process).
+
+    The first line on stdout is `LISTENING <url>`; docs/third-party-agents.md says what it does."""
+    import asyncio
+
+    from labkube.agent.gateway import GatewayError, serve_run_gateway
+    from labkube.agent.provider import ProviderError
+    from labkube.store import StoreError
+
+    try:
+        asyncio.run(serve_run_gateway(run_dir, host, port, token_file))
+    except (GatewayError, ProviderError, StoreError) as exc:
+        raise UsageFailure(str(exc)) from None
 
 
 @worlds.command("serve")

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from labkube.result import RunResult
+from labkube.run_spec import CLI_AGENTS
 from labkube.store import CampaignDir
 
 ATIF_SCHEMA_VERSION = "ATIF-v1.8"
@@ -377,6 +378,8 @@ def build_trajectory(run_dir: Path, result: RunResult) -> Any:
     emit_handoffs()
     if not acc.steps and result.agent == "are-default":
         _are_agent_steps(run_dir / "transcript.jsonl", acc, matcher)
+    if not acc.steps and result.agent in CLI_AGENTS:
+        _gateway_steps(run_dir / "transcript.jsonl", acc)
     if not acc.steps:  # e.g. a Gaia2 oracle run: ARE replayed the scenario's oracle events, no model was called
         what = "ARE ran the scenario's oracle events" if gaia2 and result.model == "oracle" else "no model call"
         acc.add(source="system", message=f"{result.task}: no conversation was recorded ({what}).", extra={})
@@ -390,7 +393,8 @@ def build_trajectory(run_dir: Path, result: RunResult) -> Any:
         trajectory_id=result.run_id,
         agent=atif.Agent(
             name=result.agent,
-            version=SCAFFOLD_VERSION + "-" + _labkube_version(),
+            version=str((result.details.get("cli") or {}).get("reported_version") or "")
+            or SCAFFOLD_VERSION + "-" + _labkube_version(),
             model_name=result.model,
             extra={"scaffold": result.agent},
         ),
@@ -489,6 +493,77 @@ def _are_agent_steps(transcript: Path, acc: _Steps, matcher: Gaia2Matcher) -> No
                 last.observation.results.append(observed)
 
 
+def gateway_conversation(transcript: Path) -> Iterator[tuple[dict[str, Any], dict[str, Any] | None]]:
+    """A vendor CLI's run as a conversation (it keeps its own; labkube holds what crossed the gateway and the tool
+    calls from its event stream): the task prompt, each model call's answer, each tool result, in order, with the
+    `model_call` record beside an assistant message. A tool result takes the id of the call it answers; Codex's
+    events carry ids of their own, so those take the next open call of the last answer, in order."""
+    open_calls: list[str] = []
+    for record in iter_jsonl(transcript):
+        kind = record.get("type")
+        if kind in ("start", "resume") and record.get("prompt"):
+            yield {"role": "user", "content": str(record["prompt"])}, None
+        elif kind == "model_call" and record.get("via") == "gateway" and not record.get("error"):
+            message = dict(record.get("message") or {"role": "assistant", "content": ""})
+            open_calls = [str(c.get("id")) for c in message.get("tool_calls") or []]
+            yield message, record
+        elif kind == "tool_call":
+            call_id = str(record.get("call_id") or "")
+            if call_id in open_calls:
+                open_calls.remove(call_id)
+            elif open_calls:
+                call_id = open_calls.pop(0)
+            native = record.get("native_tool") or record.get("tool")
+            yield (
+                {"role": "tool", "tool_call_id": call_id, "name": native, "content": str(record.get("output") or "")},
+                record,
+            )
+
+
+def _gateway_steps(transcript: Path, acc: _Steps) -> None:
+    import atif
+
+    last: Any = None
+    for message, record in gateway_conversation(transcript):
+        role = message["role"]
+        if role == "user":
+            acc.add(source="user", message=message["content"], extra={})
+            last = None
+        elif role == "assistant":
+            assert record is not None
+            calls = [
+                atif.ToolCall(tool_call_id=str(c["id"]), function_name=str(c["name"]), arguments=_arguments(c))
+                for c in message.get("tool_calls") or []
+            ]
+            last = acc.add(
+                source="agent",
+                message=str(message.get("content") or ""),
+                reasoning_content=message.get("thinking"),
+                tool_calls=calls or None,
+                model_name=record.get("model"),
+                metrics=_metrics(record),
+                timestamp=record.get("ts"),
+                extra={"run_step": record.get("step"), "via": "gateway"},
+            )
+            if record.get("step") is not None:
+                acc.agent_steps[int(record["step"])] = len(acc.steps) - 1
+        elif role == "tool" and last is not None and record is not None:
+            observed = atif.ObservationResult(
+                source_call_id=message["tool_call_id"] or None,
+                content=message["content"],
+                extra={"tool": record.get("tool"), "native_tool": message["name"], "ok": record.get("ok")},
+            )
+            if last.observation is None:
+                last.observation = atif.Observation(results=[observed])
+            else:
+                last.observation.results.append(observed)
+
+
+def _arguments(call: dict[str, Any]) -> dict[str, Any]:
+    args = call.get("arguments")
+    return args if isinstance(args, dict) else {"input": args}
+
+
 def _place_rewards(acc: _Steps, result: RunResult) -> dict[str, Any]:
     """Put step and terminal rewards into the steps' extra; return the per-trajectory summary."""
     per_step = step_rewards(result)
@@ -536,7 +611,13 @@ def _labkube_version() -> str:
 
 
 def sft_conversations(run_dir: Path) -> Iterator[list[dict[str, Any]]]:
-    """The run's conversation as OpenAI chat fine-tuning messages, one list per context epoch."""
+    """The run's conversation as OpenAI chat fine-tuning messages, one list per context epoch (a vendor CLI's run:
+    one, rebuilt from what crossed the gateway)."""
+    if not (run_dir / "conversation.jsonl").exists() or (run_dir / "conversation.jsonl").stat().st_size == 0:
+        messages = [openai_message(m) for m, _ in gateway_conversation(run_dir / "transcript.jsonl")]
+        if messages:
+            yield messages
+        return
     epoch: int | None = None
     messages: list[dict[str, Any]] = []
     for message in iter_jsonl(run_dir / "conversation.jsonl"):

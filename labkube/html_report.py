@@ -30,7 +30,7 @@ from markupsafe import Markup
 from pydantic import BaseModel, Field
 
 from labkube.integrity_report import Verdict
-from labkube.report import Aggregate, ReportRow, aggregate, report_rows
+from labkube.report import Aggregate, ReportRow, aggregate, report_rows, scaffold_rank
 from labkube.result import RunResult
 from labkube.run_spec import RunSpec
 from labkube.store import CampaignDir
@@ -292,8 +292,7 @@ class TaskSection:
     task: str
     anchor: str
     ref: TaskReference
-    aggregates: list[Aggregate]
-    extra: dict[str, dict[str, float | int]]
+    aggregates: list[Aggregate]  # one per model and scaffold, the scaffolds of a model adjacent
     runs: list[RunEntry]
     svg: Markup | None = None
     note: str = ""
@@ -355,7 +354,7 @@ def render_report_html(
         if run_spec is None:
             continue
         entries.append(RunEntry(row, run_spec, cdir.result(row.run_id), task_reference(run_spec)))
-    entries.sort(key=lambda e: (e.row.task, e.row.model, e.row.seed))
+    entries.sort(key=lambda e: (e.row.task, e.row.model, scaffold_rank(e.row.agent), e.row.seed))
     # Gaia2 runs are summarised per capability (the `gaia2` section) and listed with every run below.
     sections = [e for e in entries if e.spec.family.value != "gaia2"]
     paper = _task_sections([e for e in sections if not e.is_gaia])
@@ -395,14 +394,8 @@ def _task_sections(entries: list[RunEntry]) -> list[TaskSection]:
         by_task.setdefault(e.row.task, []).append(e)
     sections = []
     for task, runs in by_task.items():
-        extra: dict[str, dict[str, float | int]] = {}
-        for e in runs:
-            x = extra.setdefault(e.row.model, {"tokens": 0, "suspicious": 0, "wall_seconds": 0.0})
-            x["tokens"] += e.row.tokens_total
-            x["wall_seconds"] += e.row.wall_seconds
-            x["suspicious"] += e.row.integrity_verdict == Verdict.SUSPICIOUS.value
         ref = next((e.ref for e in runs if e.ref.error is None), runs[0].ref)
-        section = TaskSection(task, "task-" + html_id(task), ref, aggregate([e.row for e in runs]), extra, runs)
+        section = TaskSection(task, "task-" + html_id(task), ref, aggregate([e.row for e in runs]), runs)
         section.svg, section.note = _task_plot(section)
         sections.append(section)
     return sections
@@ -436,7 +429,7 @@ def _task_plot(section: TaskSection) -> tuple[Markup | None, str]:
         return None, "No gradings yet: no run of this task has a score curve."
     from matplotlib.ticker import EngFormatter, FuncFormatter
 
-    models = list(dict.fromkeys(e.row.model for e in section.runs))
+    models = list(dict.fromkeys(e.row.label for e in section.runs))
     any_usd = any(p[2] > 0 for pts in curves.values() for p in pts)
     columns = ["time", "tokens"] + (["usd"] if any_usd else [])
     max_seconds = max((p[0] for pts in curves.values() for p in pts), default=0.0)
@@ -454,7 +447,7 @@ def _task_plot(section: TaskSection) -> tuple[Markup | None, str]:
             for c, col in enumerate(columns):
                 ax: Axes = grid[r][c]
                 plotted = 0
-                for e in (e for e in section.runs if e.row.model == model):
+                for e in (e for e in section.runs if e.row.label == model):
                     pts = curves[e.row.run_id]
                     if not any(not math.isnan(p[3]) for p in pts):
                         continue
@@ -503,10 +496,10 @@ def _gaia_sections(entries: list[RunEntry]) -> list[GaiaSection]:
     sections = []
     for dataset, runs in by_dataset.items():
         levels = sorted({e.ref.level or 0 for e in runs})
-        models = list(dict.fromkeys(e.row.model for e in runs))
+        models = list(dict.fromkeys(e.row.label for e in runs))
         cells: dict[tuple[int, str], GaiaCell] = {}
         for e in runs:
-            cell = cells.setdefault((e.ref.level or 0, e.row.model), GaiaCell())
+            cell = cells.setdefault((e.ref.level or 0, e.row.label), GaiaCell())
             cell.finished += e.row.status == "Finished"
             cell.passed += e.row.status == "Finished" and (e.row.score or 0.0) >= 1.0
             cell.failed += e.row.status == "Failed"

@@ -29,11 +29,15 @@ RUN_METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "labkube_run_tool_calls_total": ("counter", "Tool calls of the run, by tool and outcome.", ("tool", "outcome")),
     "labkube_run_model_call_duration_seconds": ("histogram", "Latency of the run's model calls.", ()),
     "labkube_run_budget_used_ratio": ("gauge", "Fraction of each budget the run has used.", ("budget",)),
-    "labkube_run_score": ("gauge", "The run's current normalized score (primary subtask).", ()),
-    "labkube_run_best_score": ("gauge", "The best normalized score the run has reached.", ()),
+    "labkube_run_score": ("gauge", "The run's current normalized score (primary subtask); NaN until graded.", ()),
+    "labkube_run_best_score": ("gauge", "The best normalized score the run has reached; NaN until graded.", ()),
     "labkube_run_subtask_completion_ratio": ("gauge", "Fraction of subtasks with a valid number.", ()),
     "labkube_run_last_step_timestamp_seconds": ("gauge", "Unix time of the run's last completed step.", ()),
-    "labkube_run_integrity_violations": ("gauge", "Integrity violations found by the audit, by type.", ("type",)),
+    "labkube_run_integrity_violations": (
+        "gauge",
+        "Integrity violations found by the audit, by type; 0 until the audit.",
+        ("type",),
+    ),
     "labkube_run_integrity_suspicious": ("gauge", "1 when the audit found the run SUSPICIOUS, else 0.", ()),
     "labkube_run_finished": ("gauge", "1 once the run reached a final state, else 0.", ()),
     "labkube_run_gaia2_passed": (

@@ -1,13 +1,26 @@
-"""Report rows (one per run) and per-task, per-model aggregates, read from the results store."""
+"""Report rows (one per run) and per-task aggregates, one per model and scaffold, read from the results store.
+
+Scaffolds are compared as the ResearchGym paper compares systems: per task, one aggregate row per (model,
+scaffold), every row with the same columns, the scaffolds of one model next to each other (`comparison_order`).
+"""
 
 from __future__ import annotations
 
 import statistics
+from typing import get_args
 
 from pydantic import BaseModel, Field
 
-from labkube.run_spec import RunPhase, scaffold_label
+from labkube.integrity_report import Verdict
+from labkube.run_spec import DEFAULT_AGENT, AgentName, RunPhase, scaffold_label
 from labkube.store import CampaignDir
+
+# rg-agent first, then the others in the order `--agent` lists them; an unknown name sorts last.
+SCAFFOLD_ORDER = {name: i for i, name in enumerate(dict.fromkeys([DEFAULT_AGENT, *get_args(AgentName)]))}
+
+
+def scaffold_rank(agent: str) -> tuple[int, str]:
+    return (SCAFFOLD_ORDER.get(agent, len(SCAFFOLD_ORDER)), agent)
 
 
 class ReportRow(BaseModel):
@@ -15,6 +28,7 @@ class ReportRow(BaseModel):
     task: str
     group: str = Field(default="", description="What aggregates group by: the task, or a GAIA dataset and level.")
     model: str
+    agent: str = Field(default=DEFAULT_AGENT, description="The scaffold: rg-agent, claude-code, codex, are-default.")
     seed: int
     status: str
     stop_reason: str | None = None
@@ -24,15 +38,24 @@ class ReportRow(BaseModel):
     cost_usd: float = 0.0
     tokens_total: int = 0
     wall_seconds: float = 0.0
+    gpu_hours: float = Field(default=0.0, description="GPUs the run held times its wall time, as the GPU cap counts.")
     steps: int = 0
     integrity_verdict: str | None = None
     error: str | None = None
     message: str = Field(default="", description="What the run is waiting on, or why it failed.")
 
+    @property
+    def label(self) -> str:
+        """The model, and the scaffold when it is not rg-agent: one system in plots and legends."""
+        return scaffold_label(self.agent, self.model)
+
 
 class Aggregate(BaseModel):
+    """One system (a model under a scaffold) on one task, over its seeds."""
+
     task: str = Field(description="The task, or a GAIA dataset and level.")
     model: str
+    agent: str = DEFAULT_AGENT
     runs: int
     finished: int
     mean_score: float | None
@@ -40,7 +63,16 @@ class Aggregate(BaseModel):
     std_score: float | None
     beat_baseline: int
     mean_completion: float
+    tokens_total: int = 0
     cost_usd: float
+    gpu_hours: float = 0.0
+    wall_seconds: float = 0.0
+    audited: int = Field(default=0, description="Runs the integrity audit gave a verdict.")
+    suspicious: int = Field(default=0, description="Runs the integrity audit found SUSPICIOUS.")
+
+    @property
+    def label(self) -> str:
+        return scaffold_label(self.agent, self.model)
 
 
 def report_rows(cdir: CampaignDir) -> list[ReportRow]:
@@ -56,7 +88,8 @@ def report_rows(cdir: CampaignDir) -> list[ReportRow]:
                     run_id=run_id,
                     task=result.task,
                     group=spec.group or spec.task,
-                    model=scaffold_label(spec.agent, result.model),
+                    model=result.model,
+                    agent=result.agent,
                     seed=result.seed,
                     status=result.status.value,
                     stop_reason=result.stop_reason.value if result.stop_reason else None,
@@ -66,6 +99,7 @@ def report_rows(cdir: CampaignDir) -> list[ReportRow]:
                     cost_usd=round(result.spend.usd, 6),
                     tokens_total=result.spend.usage.total,
                     wall_seconds=round(result.spend.wall_seconds, 3),
+                    gpu_hours=round(spec.gpus * result.spend.wall_seconds / 3600, 6),
                     steps=result.spend.steps,
                     integrity_verdict=result.integrity_verdict,
                     error=result.error,
@@ -79,13 +113,15 @@ def report_rows(cdir: CampaignDir) -> list[ReportRow]:
                 run_id=run_id,
                 task=spec.task,
                 group=spec.group or spec.task,
-                model=scaffold_label(spec.agent, spec.model),
+                model=spec.model,
+                agent=spec.agent,
                 seed=spec.seed,
                 status=(status.phase if status else RunPhase.pending).value,
                 score=status.score if status else None,
                 cost_usd=round(status.spend.usd, 6) if status else 0.0,
                 tokens_total=status.spend.usage.total if status else 0,
                 wall_seconds=round(status.spend.wall_seconds, 3) if status else 0.0,
+                gpu_hours=round(spec.gpus * status.spend.wall_seconds / 3600, 6) if status else 0.0,
                 steps=status.spend.steps if status else 0,
                 message=status.message if status else "",
             )
@@ -93,18 +129,27 @@ def report_rows(cdir: CampaignDir) -> list[ReportRow]:
     return rows
 
 
+def comparison_order(rows: list[ReportRow]) -> list[ReportRow]:
+    """Rows by task (in the campaign's order), then model, then scaffold (rg-agent first), then seed: the
+    scaffolds of one model on one task are adjacent."""
+    tasks = {t: i for i, t in enumerate(dict.fromkeys(r.group or r.task for r in rows))}
+    return sorted(rows, key=lambda r: (tasks[r.group or r.task], r.model, scaffold_rank(r.agent), r.seed))
+
+
 def aggregate(rows: list[ReportRow]) -> list[Aggregate]:
-    groups: dict[tuple[str, str], list[ReportRow]] = {}
-    for row in rows:
-        groups.setdefault((row.group or row.task, row.model), []).append(row)
+    """One aggregate per task (or GAIA group), model and scaffold, in `comparison_order`."""
+    groups: dict[tuple[str, str, str], list[ReportRow]] = {}
+    for row in comparison_order(rows):
+        groups.setdefault((row.group or row.task, row.model, row.agent), []).append(row)
     out = []
-    for (task, model), group in groups.items():
+    for (task, model, agent), group in groups.items():
         finished = [r for r in group if r.status == RunPhase.finished.value]
         scores = [r.score for r in finished if r.score is not None]
         out.append(
             Aggregate(
                 task=task,
                 model=model,
+                agent=agent,
                 runs=len(group),
                 finished=len(finished),
                 mean_score=statistics.fmean(scores) if scores else None,
@@ -112,7 +157,12 @@ def aggregate(rows: list[ReportRow]) -> list[Aggregate]:
                 std_score=statistics.stdev(scores) if len(scores) > 1 else (0.0 if scores else None),
                 beat_baseline=sum(r.beat_baseline for r in finished),
                 mean_completion=statistics.fmean([r.completion for r in finished]) if finished else 0.0,
+                tokens_total=sum(r.tokens_total for r in group),
                 cost_usd=round(sum(r.cost_usd for r in group), 6),
+                gpu_hours=round(sum(r.gpu_hours for r in group), 6),
+                wall_seconds=round(sum(r.wall_seconds for r in group), 3),
+                audited=sum(r.integrity_verdict is not None for r in group),
+                suspicious=sum(r.integrity_verdict == Verdict.SUSPICIOUS.value for r in group),
             )
         )
     return out

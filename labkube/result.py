@@ -44,7 +44,9 @@ class RunResult(BaseModel):
     run_id: str
     task: str
     model: str
-    agent: AgentName = Field(default=DEFAULT_AGENT, description="The scaffold that ran: rg-agent or are-default.")
+    agent: AgentName = Field(
+        default=DEFAULT_AGENT, description="The scaffold that ran: rg-agent, are-default, claude-code or codex."
+    )
     seed: int
     status: RunPhase
     stop_reason: StopReason | None = None

@@ -12,7 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from labkube.budgets import Budgets, Spend, StopReason
 from labkube.task_card import TaskFamily
 
-AgentName = Literal["rg-agent", "are-default"]
+AgentName = Literal["rg-agent", "are-default", "claude-code", "codex"]
+CLI_AGENTS = ("claude-code", "codex")  # third-party CLIs, run through the model gateway
 DEFAULT_AGENT = "rg-agent"
 
 

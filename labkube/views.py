@@ -63,6 +63,7 @@ def report_table(rows: list[ReportRow], title: str) -> Table:
     for col, justify in [
         ("task", "left"),
         ("model", "left"),
+        ("scaffold", "left"),
         ("seed", "right"),
         ("status", "left"),
         ("score", "right"),
@@ -78,6 +79,7 @@ def report_table(rows: list[ReportRow], title: str) -> Table:
         table.add_row(
             r.task,
             r.model,
+            r.agent,
             str(r.seed),
             Text(
                 r.status + (f" ({r.stop_reason})" if r.stop_reason else ""),
@@ -94,20 +96,48 @@ def report_table(rows: list[ReportRow], title: str) -> Table:
     return table
 
 
+AGGREGATE_COLUMNS = [
+    "task",
+    "model",
+    "scaffold",
+    "runs",
+    "mean",
+    "best",
+    "std",
+    "beat baseline",
+    "completion",
+    "tokens",
+    "$",
+    "GPU-h",
+    "suspicious/audited",
+]
+
+
 def aggregate_table(aggs: list[Aggregate]) -> Table:
-    table = Table(title="Per task and model (over seeds)", title_justify="left")
-    for col in ["task", "model", "runs", "mean", "best", "std", "beat baseline", "completion", "$"]:
-        table.add_column(col, justify="left" if col in ("task", "model") else "right")
-    for a in aggs:
+    """Per task, one row per model and scaffold, the scaffolds of one model adjacent (as `aggregate` orders them)."""
+    table = Table(title="Per task, model and scaffold (over seeds)", title_justify="left")
+    for col in AGGREGATE_COLUMNS:
+        if col in ("task", "model", "scaffold"):
+            table.add_column(col, overflow="fold")  # the whole name, over two lines if need be: never "openai:gp…"
+        else:
+            table.add_column(col, justify="right")
+    for i, a in enumerate(aggs):
+        first = i == 0 or aggs[i - 1].task != a.task
+        if first and i:
+            table.add_section()
         table.add_row(
-            a.task,
+            a.task if first else "",  # once per task: its systems follow, a rule between tasks
             a.model,
+            a.agent,
             f"{a.finished}/{a.runs}",
             fmt_score(a.mean_score),
             fmt_score(a.best_score),
             fmt_score(a.std_score),
             f"{a.beat_baseline}/{a.finished}",
             f"{a.mean_completion:.0%}",
+            f"{a.tokens_total:,}",
             f"{a.cost_usd:.2f}",
+            f"{a.gpu_hours:.2f}",
+            Text(f"{a.suspicious}/{a.audited}", style="bold red" if a.suspicious else ""),
         )
     return table

@@ -30,6 +30,7 @@ from typing import Any
 
 from labkube.operator.crds import LABEL_CAMPAIGN, LABEL_RUN, SchemaError, dns_label, owner_reference
 from labkube.operator.k8s_models import PodOptions, RunResourceSpec, Toleration
+from labkube.run_spec import CLI_AGENTS
 from labkube.task_card import TaskFamily
 
 __all__ = [
@@ -163,15 +164,24 @@ def build_pod_manifest(
         init_containers.append(_world_container(run, options, run_dir, namespace))
         env.append({"name": "LABKUBE_WORLD_URL", "value": f"http://127.0.0.1:{options.world.port}"})
     env += [{"name": k, "value": v} for k, v in sorted(options.env.items())]
-    env += [
+    keys = [
         {
             "name": key.env,
             "valueFrom": {"secretKeyRef": {"name": key.secret_name, "key": key.key, "optional": key.optional}},
         }
         for key in options.api_keys
     ]
-    if options.api_keys:  # the agent moves these to stdin and re-execs without them (see `labkube agent`)
-        env.append({"name": "LABKUBE_STDIN_VARS", "value": ",".join(sorted({k.env for k in options.api_keys}))})
+    gateway = run.agent in CLI_AGENTS
+    if gateway:  # a vendor CLI: the keys are the gateway sidecar's; the agent container gets none
+        init_containers.append(_gateway_container(run, options, run_dir, namespace, keys))
+        env += [
+            {"name": "LABKUBE_GATEWAY_URL", "value": f"http://127.0.0.1:{GATEWAY_PORT}"},
+            {"name": "LABKUBE_GATEWAY_TOKEN_FILE", "value": f"{GATEWAY_MOUNT}/token"},
+        ]
+    else:
+        env += keys
+        if options.api_keys:  # the agent moves these to stdin and re-execs without them (see `labkube agent`)
+            env.append({"name": "LABKUBE_STDIN_VARS", "value": ",".join(sorted({k.env for k in options.api_keys}))})
 
     storage = _memory(run.resources.disk_gb) if run.resources.disk_gb else options.ephemeral_storage
     requests = {
@@ -201,6 +211,7 @@ def build_pod_manifest(
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "dshm", "mountPath": "/dev/shm"},
             *([{"name": "task-envs", "mountPath": TASK_ENVS_MOUNT, "readOnly": True}] if task_env else []),
+            *([{"name": "gateway", "mountPath": GATEWAY_MOUNT, "readOnly": True}] if gateway else []),
         ],
     }
 
@@ -225,6 +236,7 @@ def build_pod_manifest(
             # against the memory limit: half of it unless the task says otherwise.
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": _memory(_shm_gb(run))}},
             *([{"name": "task-envs", "emptyDir": {}}] if task_env else []),
+            *([{"name": "gateway", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}] if gateway else []),
         ],
     }
     wall = run.budgets.wall_seconds
@@ -372,6 +384,46 @@ def _task_env_container(run: RunResourceSpec, image: str, options: PodOptions) -
 
 
 WORLD_PROBE = "import socket, sys; socket.create_connection(('127.0.0.1', int(sys.argv[1])), 2).close()"
+
+
+GATEWAY_PORT = 8484
+GATEWAY_MOUNT = "/gateway"
+
+
+def _gateway_container(
+    run: RunResourceSpec, options: PodOptions, run_dir: str, namespace: str | None, keys: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The run's model gateway as a native sidecar (docs/third-party-agents.md): it alone holds the API keys (no
+    other container of the pod can read its environment), listens on the pod's loopback, writes the run token to a
+    volume shared with the agent container only, and appends its model calls to the run's transcript."""
+    return {
+        "name": "gateway",
+        "image": options.default_image,
+        "imagePullPolicy": options.image_pull_policy,
+        "restartPolicy": "Always",  # a native sidecar: it ends when the agent does
+        "command": [
+            *("labkube", "gateway", "--run-dir", run_dir),
+            *("--port", str(GATEWAY_PORT), "--token-file", f"{GATEWAY_MOUNT}/token"),
+        ],
+        "env": [
+            {"name": "HOME", "value": "/tmp"},
+            {"name": "PYTHONUNBUFFERED", "value": "1"},
+            *({"name": k, "value": v} for k, v in sorted(options.env.items())),
+            *keys,
+        ],
+        "startupProbe": {
+            "exec": {"command": ["python", "-c", WORLD_PROBE, str(GATEWAY_PORT)]},
+            "periodSeconds": 1,
+            "failureThreshold": 60,
+        },
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
+        "securityContext": _secure(True),
+        "volumeMounts": [
+            _runs_mount(run, options, namespace),
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "gateway", "mountPath": GATEWAY_MOUNT},
+        ],
+    }
 
 
 def _world_container(run: RunResourceSpec, options: PodOptions, run_dir: str, namespace: str | None) -> dict[str, Any]:

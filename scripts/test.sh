@@ -21,6 +21,8 @@ VENV=${LABKUBE_TEST_VENV:-.venv-test}
 
 # Gaia2 worlds run Meta's ARE in a virtualenv of its own (cached under ~/.cache/labkube).
 "$VENV/bin/labkube" worlds setup
+# --agent claude-code / codex: the vendors' CLIs from npm at their pinned versions (cached under ~/.cache/labkube).
+"$VENV/bin/labkube" agents install
 
 export RAY_AUTH_MODE=disabled
 # `pytest` (not `python -m pytest`): the checkout's operator/ folder must not shadow the stdlib module.

@@ -146,6 +146,16 @@ def test_report_opens_in_chromium_with_tables_and_plots(
     # One aggregate row per model for the paper task, one GAIA row per model.
     assert browser.js("return document.querySelectorAll('table.aggregates tr.agg-row').length") == len(MODELS)
     assert browser.js("return document.querySelectorAll('table.gaia-levels tr.gaia-row').length") == len(MODELS)
+    # The comparison: the paper task once, a row per model (one scaffold here), the same means as its section.
+    compared = browser.js(
+        "return [...document.querySelectorAll('#comparison-table tr.cmp-row')].map(r => [r.dataset.model,"
+        " r.dataset.scaffold, r.querySelector('.cmp-mean').innerText, r.getBoundingClientRect().height])"
+    )
+    assert sorted(m for m, *_ in compared) == sorted(MODELS) and {a for _m, a, *_ in compared} == {"rg-agent"}
+    section_means = browser.js(
+        "return [...document.querySelectorAll('table.aggregates tr.agg-row')].map(r => r.cells[3].innerText)"
+    )
+    assert [mean for _m, _a, mean, _h in compared] == section_means and all(h > 10 for *_x, h in compared)
     # The score plot is drawn, with one line per oracle seed on each axis, and the reference lines are labelled.
     size = browser.js(
         "const r = document.querySelector('.score-plot svg').getBoundingClientRect(); return [r.width, r.height]"

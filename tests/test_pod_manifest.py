@@ -501,3 +501,35 @@ def test_task_environments_build_in_an_init_container_when_enabled() -> None:
     assert [c["name"] for c in pod["spec"]["initContainers"]][:2] == ["prepare", "task-env"]
     prebuilt = run.model_copy(update={"resources": run.resources.model_copy(update={"image": "registry/task:1"})})
     assert "task-env" not in containers(build_pod_manifest(prebuilt, make_options(task_environments=True), owner=OWNER))
+
+
+@pytest.mark.parametrize("agent", ["claude-code", "codex"])
+def test_a_vendor_cli_pod_keeps_the_keys_in_the_gateway_sidecar(monkeypatch: pytest.MonkeyPatch, agent: str) -> None:
+    """Object by object (kubernetes-validate --strict checks the schema, not who gets what): the keys are the
+    `gateway` sidecar's only; the agent container has the sidecar's loopback address and the token file of a volume
+    the two share, read-only for the agent; the sidecar starts (and is probed) before the agent."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", SENTINEL_KEY)
+    run = make_run().model_copy(update={"agent": agent})
+    pod = build_pod_manifest(run, make_options(env={"ANTHROPIC_BASE_URL": "http://proxy:8080"}), owner=OWNER)
+    check_pod(pod)
+    assert SENTINEL_KEY not in json.dumps(pod)
+    by_name = containers(pod)
+    assert [c["name"] for c in pod["spec"]["initContainers"]] == ["prepare", "gateway"]
+    gateway, agent_container = by_name["gateway"], by_name["agent"]
+    assert gateway["restartPolicy"] == "Always" and gateway["image"] == "ghcr.io/labkube/labkube:0.1.0"
+    assert gateway["command"][:4] == ["labkube", "gateway", "--run-dir", f"/runs/{RUN_ID}"]
+    assert gateway["startupProbe"]["exec"]["command"][-1] == "8484" and "ports" not in gateway
+    secret_refs = {e["name"] for e in gateway["env"] if "valueFrom" in e}
+    assert secret_refs == {"OPENAI_API_KEY", "ANTHROPIC_API_KEY"}
+    assert env_of(gateway)["ANTHROPIC_BASE_URL"]["value"] == "http://proxy:8080"  # the provider as users set it
+    agent_env = env_of(agent_container)
+    assert not any("valueFrom" in e for e in agent_env.values()) and "LABKUBE_STDIN_VARS" not in agent_env
+    assert agent_env["LABKUBE_GATEWAY_URL"]["value"] == "http://127.0.0.1:8484"
+    assert agent_env["LABKUBE_GATEWAY_TOKEN_FILE"]["value"] == "/gateway/token"
+    assert {"name": "gateway", "mountPath": "/gateway", "readOnly": True} in agent_container["volumeMounts"]
+    assert {"name": "gateway", "mountPath": "/gateway"} in gateway["volumeMounts"]
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "gateway")
+    assert volume["emptyDir"]["medium"] == "Memory"
+    assert not pod["spec"].get("shareProcessNamespace")  # the agent cannot read the sidecar's environment
+    plain = build_pod_manifest(make_run(), make_options(), owner=OWNER)
+    assert "gateway" not in containers(plain) and "LABKUBE_STDIN_VARS" in env_of(containers(plain)["agent"])

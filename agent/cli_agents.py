@@ -1,0 +1,486 @@
+"""Claude Code and Codex CLI as scaffolds beside rg-agent (`--agent claude-code`, `--agent codex`).
+
+The run's `labkube agent` process starts the model gateway (`agent/gateway.py`) with the real key, then the
+vendor's CLI headless in the run's workspace, pointed at the gateway by the CLI's documented settings
+(`ANTHROPIC_BASE_URL`; a Codex model provider's `base_url`) with only the run's gateway token. The CLI's
+environment has no API key, its configuration lives in the run directory (`cli-home/`), its event stream becomes
+transcript lines (`agent/cli_events.py`) and its raw stream is kept in `logs/<agent>.jsonl`.
+
+Budgets: tokens, dollars and model calls (steps) are the gateway's; wall time is this supervisor's, with the
+gateway's retry back-off given back: past the budget the CLI gets SIGINT, then SIGKILL after a grace period.
+Grading is periodic and final as for any run. Blocked URLs: Claude Code gets deny rules and a PreToolUse hook
+(`agent/cli_hook.py`, rg-agent's own URL rules); Codex has no per-URL control, so its sandbox keeps commands off
+the network when the task blocks URLs (where the kernel allows Codex's sandbox; the pod's NetworkPolicy is the
+boundary on a cluster). A resumed run continues the CLI's own session (`claude --resume`, `codex exec resume`);
+with no session to continue it starts anew and the result says so (`details.cli.restarted`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from labkube.agent.budget import BudgetTracker
+from labkube.agent.checkpoint import Checkpoint
+from labkube.agent.cli_events import ClaudeCodeEvents, CodexEvents
+from labkube.agent.cli_install import CLI_AGENTS, CliAgentSpec, InstallError, ensure_installed, reported_version
+from labkube.agent.gateway import (
+    GatewayConfig,
+    GatewayError,
+    GatewayState,
+    GatewayView,
+    ModelGateway,
+    upstream_for,
+)
+from labkube.agent.provider import ProviderError
+from labkube.agent.registry import api_key_for
+from labkube.agent.telemetry import RunTelemetry
+from labkube.agent.tools import ToolContext
+from labkube.agent.transcript import JsonlLog, now_iso
+from labkube.agent.workspace import Workspace
+from labkube.budgets import Budgets, StopReason, Usage
+from labkube.model_ref import parse_model
+from labkube.run_spec import RunPhase, RunSpec
+from labkube.store import RunDir
+from labkube.task_card import TaskCard
+
+# The tools a CLI's calls are recorded as (agent/cli_events.py), for the run's series from the first scrape.
+CLI_TOOL_NAMES = ("bash", "write_file", "replace", "read_file", "search", "web_browser", "web_search")
+GATEWAY_URL_VARIABLE = "LABKUBE_GATEWAY_URL"  # set in a pod: the gateway is the `gateway` sidecar
+GATEWAY_TOKEN_VARIABLE = "LABKUBE_GATEWAY_TOKEN_FILE"
+INTERRUPT_GRACE_S = 15.0
+POLL_S = 1.0
+CONTINUE_PROMPT = (
+    "Your session was interrupted (the run's sandbox restarted) and has been resumed. Continue the task from where "
+    "you left off; the workspace is as you left it."
+)
+# Variables the CLI must not inherit: keys, other endpoints, and the CLIs' own configuration from the host.
+DROPPED_PREFIXES = ("ANTHROPIC_", "OPENAI_", "CLAUDE_", "CODEX_", "AZURE_OPENAI", "AWS_", "GOOGLE_", "LABKUBE_")
+
+
+class CliState(BaseModel):
+    """The CLI side of a run, kept in the checkpoint and reported in the result (`details.cli`)."""
+
+    agent: str
+    package: str
+    version: str = Field(description="The pinned npm version that ran.")
+    reported_version: str = Field(default="", description="What the executable's --version says.")
+    session_id: str | None = None
+    starts: int = 0
+    resumed: int = Field(default=0, description="Starts that continued the CLI's own session.")
+    restarted: int = Field(default=0, description="Starts after the first that began anew (no session to resume).")
+
+
+def cli_env(rd: RunDir, spec: RunSpec, card: TaskCard, home: Path) -> dict[str, str]:
+    """rg-agent's command environment (the task's environment active, no keys), without any provider or CLI
+    settings of the host, with HOME in the run directory."""
+    ctx = ToolContext(
+        workspace=Workspace(rd.workspace),
+        blocked_urls=card.blocked_urls,
+        secret_vars=frozenset(spec.api_key_env.values()),
+    )
+    env = {k: v for k, v in ctx.env().items() if not k.startswith(DROPPED_PREFIXES)}
+    env["HOME"] = str(home)
+    env.setdefault("LANG", "C.UTF-8")
+    return env
+
+
+def claude_setup(home: Path, env: dict[str, str], gw: ModelGateway, model: str, blocked: list[str]) -> list[str]:
+    """Claude Code's environment and its settings file: the gateway as its API, nothing sent elsewhere, every tool
+    allowed without asking (nobody answers), and the task's blocked URLs refused."""
+    env.update(
+        {
+            "ANTHROPIC_BASE_URL": gw.anthropic_base_url,
+            "ANTHROPIC_API_KEY": gw.config.token,
+            "ANTHROPIC_MODEL": model,
+            "ANTHROPIC_SMALL_FAST_MODEL": model,  # side calls (titles, summaries) on the run's model too
+            "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
+            "CLAUDE_CONFIG_DIR": str(home / ".claude"),
+            "DISABLE_AUTOUPDATER": "1",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "DISABLE_TELEMETRY": "1",
+            "DISABLE_ERROR_REPORTING": "1",
+            "IS_SANDBOX": "1",  # bypassPermissions as root: the run's sandbox is the boundary
+            # Every tool sent up front and no beta headers a proxy may refuse (without it, a 400 is sent six times,
+            # dropping one beta feature a time).
+            "CLAUDE_CODE_DISABLE_EXPERIMENTAL_BETAS": "1",
+            "CLAUDE_CODE_MAX_RETRIES": "2",  # the gateway retries the provider's 429s and 5xx already
+        }
+    )
+    blocked_file = home / "blocked_urls.txt"
+    blocked_file.write_text("\n".join(blocked) + "\n")
+    hook = f"{sys.executable} -P -m labkube.agent.cli_hook {blocked_file}"
+    deny = [f"WebFetch(domain:{d})" for d in sorted(_domains(blocked))]
+    settings = {
+        "permissions": {"deny": deny},
+        "hooks": {
+            "PreToolUse": [{"matcher": "Bash|WebFetch|WebSearch", "hooks": [{"type": "command", "command": hook}]}]
+        },
+    }
+    path = home / "settings.json"
+    path.write_text(json.dumps(settings, indent=2))
+    return ["--settings", str(path)]
+
+
+def _domains(blocked: list[str]) -> set[str]:
+    """Bare hosts among the blocked patterns (WebFetch's deny rules take domains; paths go through the hook)."""
+    out = set()
+    for pattern in blocked:
+        rest = pattern.split("://", 1)[-1]
+        host = rest.split("/", 1)[0]
+        if host and "*" not in host and rest.strip("/") == host:
+            out.add(host.removeprefix("www."))
+    return out
+
+
+def claude_command(exe: Path, prompt: str, settings: list[str], session_id: str | None) -> list[str]:
+    resume = ["--resume", session_id] if session_id else []
+    return [
+        str(exe),
+        "-p",
+        prompt,
+        *resume,
+        "--output-format",
+        "stream-json",
+        "--verbose",
+        "--permission-mode",
+        "bypassPermissions",
+        *settings,
+    ]
+
+
+def codex_setup(home: Path, env: dict[str, str], gw: ModelGateway, model: str, blocked: list[str]) -> list[str]:
+    """Codex's home (config.toml): the gateway as a model provider of its own, its key the run token; no
+    analytics; web search off when the task blocks URLs."""
+    codex_home = home / ".codex"
+    codex_home.mkdir(parents=True, exist_ok=True)
+    web_search = "disabled" if blocked else "live"
+    (codex_home / "config.toml").write_text(
+        "\n".join(
+            [
+                f"model = {json.dumps(model)}",
+                'model_provider = "labkube"',
+                f'web_search = "{web_search}"',
+                "[analytics]",
+                "enabled = false",
+                "[features]",
+                "plugins = false",
+                "[sandbox_workspace_write]",
+                "network_access = false",
+                f"writable_roots = [{json.dumps(str(home))}]",
+                "[model_providers.labkube]",
+                'name = "labkube gateway"',
+                f"base_url = {json.dumps(gw.openai_base_url)}",
+                'env_key = "LABKUBE_GATEWAY_TOKEN"',
+                'wire_api = "responses"',
+                "request_max_retries = 2",  # the gateway retries the provider's 429s and 5xx already
+                "stream_max_retries = 2",
+                "",
+            ]
+        )
+    )
+    env.update({"CODEX_HOME": str(codex_home), "LABKUBE_GATEWAY_TOKEN": gw.config.token})
+    return []
+
+
+def codex_command(
+    exe: Path, prompt: str, workspace: Path, model: str, session_id: str | None, blocked: list[str]
+) -> list[str]:
+    """`codex exec`. Codex cannot refuse single URLs: when the task blocks some, its own sandbox keeps the agent's
+    commands off the network altogether (`workspace-write`, network_access = false: the task's packages and data
+    are installed at setup); otherwise commands run as rg-agent's do. An unreachable gateway ends the run instead
+    of being retried for ever."""
+    sandbox = ["--sandbox", "workspace-write"] if blocked else ["--dangerously-bypass-approvals-and-sandbox"]
+    common = ["--json", "--skip-git-repo-check", "-m", model, *sandbox, "--disable", "unbounded_connection_retries"]
+    if session_id:
+        return [str(exe), "exec", "resume", session_id, *common, prompt]
+    return [str(exe), "exec", "-C", str(workspace), *common, prompt]
+
+
+def task_text(card: TaskCard, spec: RunSpec, workspace: Path) -> str:
+    """The same task prompt rg-agent gets (its user message)."""
+    from labkube.agent.entrypoint import initial_messages
+
+    messages = initial_messages(card, spec, workspace)
+    return "\n\n".join(m.content for m in messages if m.role == "user" and m.content)
+
+
+def gateway_budgets(budgets: Budgets) -> Budgets:
+    """What the gateway enforces: tokens, dollars, model calls (wall time is the supervisor's)."""
+    return Budgets(tokens=budgets.tokens, usd=budgets.usd, steps=budgets.steps)
+
+
+async def run_cli_agent(
+    rd: RunDir,
+    spec: RunSpec,
+    card: TaskCard,
+    ckpt: Checkpoint,
+    transcript: JsonlLog,
+    telemetry: RunTelemetry,
+    take_grade: Any,
+    write_status: Any,
+    save_checkpoint: Any,
+) -> tuple[StopReason, str | None]:
+    """Run the CLI to its end under the run's budgets; the stop reason and error for the final result."""
+    agent = CLI_AGENTS[spec.agent]
+    ref = parse_model(spec.model)
+    sidecar = os.environ.get(GATEWAY_URL_VARIABLE)
+    try:
+        # In a pod the gateway is a sidecar holding the key; this container has none.
+        family, upstream = upstream_for(ref, None if sidecar else api_key_for(ref, spec))
+    except ProviderError as exc:
+        transcript.append({"type": "model_error", "ts": now_iso(), "reason": exc.reason.value, "error": str(exc)})
+        return exc.reason, str(exc)
+    except GatewayError as exc:
+        return StopReason.error, str(exc)
+    if family != agent.family:
+        return StopReason.error, f"{agent.name} speaks the {agent.family} API and {spec.model} is not served over it"
+    try:
+        exe = await asyncio.to_thread(ensure_installed, agent)
+    except InstallError as exc:
+        transcript.append({"type": "setup_error", "ts": now_iso(), "error": str(exc)})
+        return StopReason.setup_error, str(exc)
+
+    home = rd.root / "cli-home"
+    home.mkdir(parents=True, exist_ok=True)
+    env = cli_env(rd, spec, card, home)
+    state = CliState.model_validate(ckpt.provider_state["cli"]) if "cli" in ckpt.provider_state else None
+    state = state or CliState(agent=agent.name, package=agent.package, version=agent.version)
+    state.reported_version = await asyncio.to_thread(reported_version, exe, env)
+    gw: ModelGateway | GatewayView
+    if sidecar:
+        try:
+            token = await wait_for_token(Path(os.environ.get(GATEWAY_TOKEN_VARIABLE, "/gateway/token")))
+        except GatewayError as exc:
+            return StopReason.error, str(exc)
+        gw = GatewayView(sidecar, token, rd.root / "gateway.json")
+    else:
+        config = GatewayConfig(
+            **{family: upstream},
+            provider_prefix="openai" if ref.provider == "openai-chat" else ref.provider,
+            budgets=gateway_budgets(spec.budgets),
+            prices=dict(spec.prices),
+        )
+        gw = ModelGateway(
+            config,
+            transcript=transcript,
+            telemetry=telemetry,
+            state=GatewayState(spend=ckpt.spend.model_copy(deep=True)),
+            state_path=rd.root / "gateway.json",
+        )
+        await gw.start()
+    try:
+        return await _supervise(
+            rd, spec, card, ckpt, transcript, telemetry, agent, exe, home, env, state, gw,
+            take_grade, write_status, save_checkpoint,
+        )  # fmt: skip
+    finally:
+        await gw.close()
+
+
+async def wait_for_token(path: Path, timeout_s: float = 120.0) -> str:
+    """The token the gateway sidecar writes once it listens (it starts first; this waits out a slow start)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not path.exists():
+        if loop.time() > deadline:
+            raise GatewayError(f"the gateway sidecar wrote no token to {path} in {timeout_s:.0f} s; see its log")
+        await asyncio.sleep(0.2)
+    return path.read_text().strip()
+
+
+async def _supervise(
+    rd: RunDir,
+    spec: RunSpec,
+    card: TaskCard,
+    ckpt: Checkpoint,
+    transcript: JsonlLog,
+    telemetry: RunTelemetry,
+    agent: CliAgentSpec,
+    exe: Path,
+    home: Path,
+    env: dict[str, str],
+    state: CliState,
+    gw: ModelGateway | GatewayView,
+    take_grade: Any,
+    write_status: Any,
+    save_checkpoint: Any,
+) -> tuple[StopReason, str | None]:
+    ref = parse_model(spec.model)
+    blocked = list(card.blocked_urls)
+    session = state.session_id if ckpt.resumes else None
+    prompt = CONTINUE_PROMPT if session else task_text(card, spec, rd.workspace)
+    if agent.name == "claude-code":
+        events: ClaudeCodeEvents | CodexEvents = ClaudeCodeEvents(rd.workspace)
+        settings = claude_setup(home, env, gw, ref.name, blocked)
+        command = claude_command(exe, prompt, settings, session)
+    else:
+        events = CodexEvents(rd.workspace)
+        codex_setup(home, env, gw, ref.name, blocked)
+        command = codex_command(exe, prompt, rd.workspace, ref.name, session, blocked)
+    if ckpt.resumes and session:
+        state.resumed += 1
+    elif ckpt.resumes:
+        state.restarted += 1
+        transcript.append(
+            {"type": "agent_restart", "ts": now_iso(), "agent": agent.name, "why": "no session to resume"}
+        )
+    state.starts += 1
+    transcript.append(
+        {
+            "type": "resume" if ckpt.resumes else "start",
+            "ts": now_iso(),
+            "run_id": spec.run_id,
+            "step": ckpt.step,
+            "model": spec.model,
+            "seed": spec.seed,
+            "agent": agent.name,
+            "cli": {"package": agent.package, "version": agent.version, "reported": state.reported_version},
+            "resumed_session": session,
+            "prompt": prompt,
+        }
+    )
+    tracker = BudgetTracker(spec.budgets, ckpt.spend)
+    tracker.start()
+    rd.logs.mkdir(parents=True, exist_ok=True)
+    with (rd.logs / f"{agent.name}.stderr").open("ab") as err:
+        proc = await asyncio.create_subprocess_exec(
+            *command,
+            cwd=rd.workspace,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=err,
+            start_new_session=True,
+            limit=64 * 1024 * 1024,
+        )
+    raw_log = (rd.logs / f"{agent.name}.jsonl").open("ab")
+    last_text: list[str] = []
+
+    def sync(final: bool = False) -> None:
+        """The gateway's counts into the run's spend, the checkpoint and status.json (and, from a sidecar, into this
+        container's series: its counts since the last look)."""
+        tracker.tick()
+        if isinstance(gw, GatewayView):
+            before = gw.state.spend.model_copy(deep=True)
+            gw.refresh()
+            after = gw.state.spend
+            delta = Usage(**{k: max(0, getattr(after.usage, k) - getattr(before.usage, k)) for k in Usage.model_fields})
+            if delta.total or after.usd > before.usd:
+                telemetry.model_call(delta, max(0.0, after.usd - before.usd), None)
+        spend = gw.state.spend
+        tracker.spend.usage, tracker.spend.usd, tracker.spend.steps = spend.usage, spend.usd, spend.steps
+        given_back = gw.state.backoff_s - synced["backoff"]
+        if given_back > 0:
+            tracker.exclude(given_back)
+            synced["backoff"] = gw.state.backoff_s
+        ckpt.spend = tracker.spend
+        ckpt.step = spend.steps
+        state.session_id = events.session_id or state.session_id
+        ckpt.provider_state["cli"] = state.model_dump(mode="json")
+        ckpt.transcript_offset = transcript.offset
+        if not final:
+            save_checkpoint(rd, ckpt)
+            write_status(rd, spec, ckpt, RunPhase.running)
+            telemetry.budgets(tracker)
+
+    synced = {"backoff": gw.state.backoff_s}
+
+    async def read_events() -> None:
+        assert proc.stdout is not None
+        async for line in proc.stdout:
+            raw_log.write(line)
+            raw_log.flush()
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(event, dict):
+                continue
+            if event.get("type") == "item.completed" and (event.get("item") or {}).get("type") == "agent_message":
+                last_text.append(str(event["item"].get("text", "")))
+            for record in events.feed(event, gw.state.spend.steps):
+                transcript.append(record)
+                if record["type"] == "tool_call":
+                    telemetry.tool_call(record["tool"], bool(record["ok"]))
+
+    reader = asyncio.create_task(read_events())
+    stop: StopReason | None = None
+    interval = None if card.gaia else spec.grade_interval_s or card.grading.interval_s
+    try:
+        while proc.returncode is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(proc.wait()), POLL_S)
+            sync()
+            if interval and tracker.spend.wall_seconds - ckpt.last_grade_at >= interval and proc.returncode is None:
+                grade = await asyncio.to_thread(take_grade, rd, card, ckpt)
+                ckpt.score_curve.append(grade)
+                ckpt.last_grade_at = tracker.spend.wall_seconds
+                transcript.append({"type": "grade", "ts": now_iso(), **grade.model_dump(mode="json")})
+                telemetry.grade(grade.score, _completion(grade))
+            over = tracker.exceeded()
+            if over is not None and over.kind is StopReason.time and proc.returncode is None:
+                stop = StopReason.time
+                transcript.append(
+                    {"type": "budget_stop", "ts": now_iso(), "reason": "time", "detail": str(over), "agent": agent.name}
+                )
+                await interrupt(proc)
+    except asyncio.CancelledError:
+        # SIGTERM to the run (preemption, a dead supervisor): the CLI stops, its session stays for the resume.
+        await interrupt(proc)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(reader, 5)
+        sync()
+        transcript.append({"type": "terminated", "ts": now_iso(), "step": ckpt.step})
+        raise
+    finally:
+        kill_group(proc)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(reader, 10)
+        raw_log.close()
+    sync(final=True)
+    if isinstance(events, ClaudeCodeEvents) and events.result is not None:
+        ckpt.end_summary = str(events.result.get("result") or "")
+    elif last_text:
+        ckpt.end_summary = last_text[-1]
+    failure = events.failure()
+    if stop is None:
+        stop = gw.state.stop_reason
+    if stop is not None:
+        return stop, None
+    if proc.returncode == 0 and failure is None:
+        return StopReason.done, None
+    why = failure or f"{agent.name} exited {proc.returncode}"
+    transcript.append({"type": "model_error", "ts": now_iso(), "reason": "model_error", "error": why})
+    return StopReason.model_error, f"{agent.name} stopped: {why}"
+
+
+def _completion(grade: Any) -> float:
+    from labkube.result import completion_of
+
+    return completion_of(grade.subtasks)
+
+
+async def interrupt(proc: asyncio.subprocess.Process, grace_s: float = INTERRUPT_GRACE_S) -> None:
+    """A clean interrupt (SIGINT, as Ctrl-C), then SIGKILL to the CLI's whole group after `grace_s`."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGINT)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), grace_s)
+    kill_group(proc)
+    await proc.wait()
+
+
+def kill_group(proc: asyncio.subprocess.Process) -> None:
+    """Whatever the CLI's commands left running dies with it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)

@@ -1,0 +1,333 @@
+"""Claude Code and Codex CLI as scaffolds: the real npm binaries (pinned, installed into the CLI cache) run by
+`labkube run --agent ...` against the fake provider (tests/fakellm.py) through the run's model gateway.
+
+The fake answers from what each request says (a responder): the main loop's request carries the CLI's shell tool
+and gets a scripted call; once the tool's result is in the conversation it gets the final text; side requests
+(Claude Code's title generation) get a short text."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli_helpers import labkube
+from fakellm import FakeLLM, Reply
+from fakellm import Usage as FakeUsage
+from tinytask import make_run_dir, make_tiny_task
+
+from labkube.agent.cli_events import ClaudeCodeEvents, CodexEvents
+from labkube.agent.cli_hook import verdict
+from labkube.agent.cli_install import CLI_AGENTS, ensure_installed
+from labkube.agent.transcript import read_jsonl
+from labkube.result import RunResult
+
+pytestmark = pytest.mark.slow
+DATA = Path(__file__).parent / "data" / "cli_agents"
+REAL_KEY = "sk-real-provider-key-0123456789"
+USAGE = FakeUsage(input=1000, output=100)
+
+
+@pytest.fixture(scope="session")
+def cli_binaries() -> dict[str, Path]:
+    """Both CLIs at their pinned versions, installed from npm once per machine (the cache every run uses)."""
+    return {name: ensure_installed(agent) for name, agent in CLI_AGENTS.items()}
+
+
+def _last_has_tool_result(body: dict[str, Any]) -> bool:
+    messages = body.get("messages") or []
+    content = messages[-1].get("content") if messages else None
+    return isinstance(content, list) and any(isinstance(c, dict) and c.get("type") == "tool_result" for c in content)
+
+
+def _has_output(body: dict[str, Any]) -> bool:
+    return any(isinstance(i, dict) and i.get("type", "").endswith("_output") for i in body.get("input") or [])
+
+
+def responder(command: str, final: str = "Done: result.txt is written.") -> Callable[[str, dict], Reply]:
+    """One shell call running `command`, then the final answer, in whichever API the CLI speaks."""
+
+    def answer(path: str, body: dict[str, Any]) -> Reply:
+        tools = [t.get("name") or t.get("type") for t in body.get("tools") or []]
+        if path.endswith("/messages"):  # Claude Code
+            if "Bash" not in tools:
+                return Reply.text('{"title": "Tiny task", "isNewTopic": true}', usage=USAGE)
+            if _last_has_tool_result(body):
+                return Reply.text(final, usage=USAGE)
+            return Reply.tool_call("Bash", {"command": command, "description": "run it"}, usage=USAGE)
+        if _has_output(body):  # Codex
+            return Reply.text(final, usage=USAGE)
+        if "exec_command" in tools:
+            return Reply.tool_call("exec_command", {"cmd": command}, usage=USAGE)
+        return Reply.tool_call("shell", {"command": ["bash", "-lc", command]}, usage=USAGE)
+
+    return answer
+
+
+MODELS = {"claude-code": "anthropic:claude-sonnet-4-6", "codex": "openai:gpt-5"}
+
+
+def provider_env(agent: str, server: FakeLLM) -> dict[str, str]:
+    """The run's provider as a user configures it: the real key and, here, the provider's base URL."""
+    if agent == "claude-code":
+        return {"ANTHROPIC_API_KEY": REAL_KEY, "ANTHROPIC_BASE_URL": server.base_url}
+    return {"OPENAI_API_KEY": REAL_KEY, "OPENAI_BASE_URL": server.base_url + "/v1"}
+
+
+def run_dir_of(out: Path) -> Path:
+    (run,) = [p for p in (out / "runs").iterdir() if p.is_dir()]
+    return run
+
+
+@pytest.mark.parametrize("agent", ["claude-code", "codex"])
+def test_the_cli_runs_a_task_through_the_gateway_with_no_key_of_its_own(
+    tmp_path: Path, cli_binaries: dict[str, Path], agent: str
+) -> None:
+    task = make_tiny_task(tmp_path, [])
+    command = "env > env.txt; echo 7 > result.txt"
+    with FakeLLM(responder=responder(command)) as server:
+        ran = labkube(
+            "run", str(task), "--model", MODELS[agent], "--agent", agent, "--out", str(tmp_path / "c"),
+            cwd=tmp_path, env=provider_env(agent, server), timeout=300,
+        )  # fmt: skip
+        requests = server.requests
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    rd = run_dir_of(tmp_path / "c")
+    result = RunResult.model_validate_json((rd / "result.json").read_text())
+    assert (result.agent, result.status.value, result.stop_reason.value) == (agent, "Finished", "done")
+    assert result.subtasks[0].raw == 7.0 and result.beat_baseline
+    cli = result.details["cli"]
+    assert cli["version"] == CLI_AGENTS[agent].version and CLI_AGENTS[agent].version in cli["reported_version"]
+    assert cli["session_id"] and cli["starts"] == 1
+    # The provider saw the real key on every call; the CLI saw only its run token.
+    assert requests and all(
+        REAL_KEY in (r.headers.get("x-api-key") or r.headers.get("authorization", "")) for r in requests
+    )
+    seen_env = (rd / "workspace" / "env.txt").read_text()
+    assert REAL_KEY not in seen_env and "_API_KEY=sk-real" not in seen_env
+    token = json.loads((rd / "run.json").read_text()).get("run_id")
+    assert token
+    # Every model call counted by the gateway, every tool call in rg-agent's vocabulary.
+    events = read_jsonl(rd / "transcript.jsonl")
+    calls = [e for e in events if e["type"] == "model_call"]
+    assert len(calls) == len([r for r in requests if r.path.endswith(("/messages", "/responses"))])
+    assert all(c["via"] == "gateway" for c in calls)
+    assert result.spend.usage.input == 1000 * len(calls) and result.spend.usage.output == 100 * len(calls)
+    assert result.spend.usd > 0 and result.spend.steps == len(calls)
+    (tool,) = [e for e in events if e["type"] == "tool_call"]
+    assert tool["tool"] == "bash" and tool["args"]["command"] == command and tool["ok"]
+    assert result.integrity_verdict == "PASS"
+    assert (rd / "logs" / f"{agent}.jsonl").stat().st_size > 0
+    # labkube export reads the CLI's run as it reads rg-agent's: the prompt, the answers, the tool result
+    exported = labkube("export", str(tmp_path / "c"), "--format", "atif", "--out", str(tmp_path / "x"), cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    import atif
+
+    (path,) = (tmp_path / "x").glob("*.atif.json")
+    trajectory = atif.Trajectory.model_validate_json(path.read_text())
+    assert trajectory.agent.name == agent and trajectory.agent.version == cli["reported_version"]
+    assert [s.source for s in trajectory.steps][:2] == ["user", "agent"] and "Tiny task" in trajectory.steps[0].message
+    acting = next(s for s in trajectory.steps if s.tool_calls)
+    (observed,) = acting.observation.results
+    assert observed.source_call_id == acting.tool_calls[0].tool_call_id
+    assert sum(s.metrics.prompt_tokens for s in trajectory.steps if s.metrics) == result.spend.usage.input
+    sft = labkube("export", str(tmp_path / "c"), "--format", "sft-jsonl", "--out", str(tmp_path / "s"), cwd=tmp_path)
+    (lines,) = [p.read_text().splitlines() for p in (tmp_path / "s").glob("*.jsonl")]
+    roles = [m["role"] for m in json.loads(lines[0])["messages"]]
+    assert sft.returncode == 0 and roles[:3] == ["user", "assistant", "tool"] and roles[-1] == "assistant"
+
+
+@pytest.mark.parametrize("agent", ["claude-code", "codex"])
+def test_a_spent_dollar_budget_stops_the_cli_as_usd(tmp_path: Path, cli_binaries: dict[str, Path], agent: str) -> None:
+    """The first call costs more than the budget: the next is refused with the provider's final quota error, the
+    CLI gives up on it, and the run ends as `usd`, graded."""
+    task = make_tiny_task(tmp_path, [])
+    with FakeLLM(responder=responder("echo 3 > result.txt")) as server:
+        ran = labkube(
+            "run", str(task), "--model", MODELS[agent], "--agent", agent, "--out", str(tmp_path / "c"),
+            "--budget-usd", "0.000001", cwd=tmp_path, env=provider_env(agent, server), timeout=300,
+        )  # fmt: skip
+    rd = run_dir_of(tmp_path / "c")
+    result = RunResult.model_validate_json((rd / "result.json").read_text())
+    assert result.stop_reason.value == "usd", (result, ran.stderr[-2000:])
+    gateway = json.loads((rd / "gateway.json").read_text())
+    assert gateway["refused"] >= 1 and gateway["stop_reason"] == "usd"
+    assert any(e["type"] == "budget_stop" and e["reason"] == "usd" for e in read_jsonl(rd / "transcript.jsonl"))
+
+
+def test_the_wall_budget_interrupts_the_cli(tmp_path: Path, cli_binaries: dict[str, Path]) -> None:
+    """A model that never answers in time: past the wall budget the supervisor interrupts the CLI (SIGINT, then
+    SIGKILL) and the run ends as `time`, graded."""
+    task = make_tiny_task(tmp_path, [])
+    with FakeLLM(responder=lambda path, body: Reply.delay(120, Reply.text("late"))) as server:
+        started = time.monotonic()
+        ran = labkube(
+            "run", str(task), "--model", MODELS["claude-code"], "--agent", "claude-code", "--out", str(tmp_path / "c"),
+            "--budget-hours", str(6 / 3600), cwd=tmp_path, env=provider_env("claude-code", server), timeout=300,
+        )  # fmt: skip
+        took = time.monotonic() - started
+    rd = run_dir_of(tmp_path / "c")
+    result = RunResult.model_validate_json((rd / "result.json").read_text())
+    assert result.stop_reason.value == "time", ran.stderr[-2000:]
+    assert took < 90
+    assert any(e["type"] == "budget_stop" and e["reason"] == "time" for e in read_jsonl(rd / "transcript.jsonl"))
+
+
+@pytest.mark.parametrize("agent", ["claude-code", "codex"])
+def test_a_blocked_url_is_kept_from_the_agent_by_the_clis_own_settings(
+    tmp_path: Path, cli_binaries: dict[str, Path], agent: str
+) -> None:
+    """The task blocks a URL (here one on this machine, so that reaching it would succeed). Claude Code: its
+    PreToolUse hook refuses the command that names it, with rg-agent's URL rules. Codex cannot refuse single
+    URLs: its sandbox runs the command with no network, so the fetch fails (curl's code 000) and the rest runs."""
+    task = make_tiny_task(tmp_path, [])
+    answers: list[Callable[[str, dict], Reply]] = []  # the command names the server's own URL: known once it runs
+    with FakeLLM(responder=lambda path, body: answers[0](path, body)) as server:
+        paper = f"{server.base_url}/v1/responses"  # answers a POST (a 4xx for a bare one) when reachable
+        (task / "blocked_urls.yaml").write_text(f"- {paper}\n")
+        command = f"curl -s -X POST -o /dev/null -w '%{{http_code}}' {paper} > code.txt; echo 2 > result.txt"
+        answers.append(responder(command))
+        labkube(
+            "run", str(task), "--model", MODELS[agent], "--agent", agent, "--out", str(tmp_path / "c"),
+            cwd=tmp_path, env=provider_env(agent, server), timeout=300,
+        )  # fmt: skip
+        fetched = [r for r in server.requests if r.headers.get("user-agent", "").startswith("curl")]
+    rd = run_dir_of(tmp_path / "c")
+    workspace = rd / "workspace"
+    assert fetched == []
+    if agent == "claude-code":
+        (tool,) = [e for e in read_jsonl(rd / "transcript.jsonl") if e["type"] == "tool_call"]
+        assert not tool["ok"] and "is blocked for this task" in tool["output"]
+        assert not (workspace / "result.txt").exists()  # the whole command was refused
+    else:
+        assert (workspace / "code.txt").read_text() == "000"  # no network in Codex's sandbox
+        assert (workspace / "result.txt").read_text().strip() == "2"
+
+
+def test_a_terminated_run_resumes_the_clis_own_session(tmp_path: Path, cli_binaries: dict[str, Path]) -> None:
+    """SIGTERM to the run's agent mid-run (a preempted pod, a stopped supervisor): it interrupts the CLI and exits
+    resumable (143, no result); `--resume` continues the CLI's session (`claude --resume`), so the next request
+    carries the first part's tool call, and the result says the session was resumed."""
+    task = make_tiny_task(tmp_path, [])
+    rd = make_run_dir(tmp_path, task, model=MODELS["claude-code"], agent="claude-code")
+    first_part = responder("echo 5 > result.txt")
+
+    def stall_after_tool(path: str, body: dict[str, Any]) -> Reply:
+        if path.endswith("/messages") and _last_has_tool_result(body):
+            return Reply.delay(120, Reply.text("late"))
+        return first_part(path, body)
+
+    with FakeLLM(responder=stall_after_tool) as server:
+        env = {**os.environ, **provider_env("claude-code", server)}
+        agent = subprocess.Popen(
+            [sys.executable, "-P", "-m", "labkube", "agent", "--run-dir", str(rd)],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        while not any(r.path.endswith("/messages") and _last_has_tool_result(r.body or {}) for r in server.requests):
+            assert time.monotonic() < deadline and agent.poll() is None, agent.communicate()
+            time.sleep(0.2)
+        agent.send_signal(signal.SIGTERM)
+        _, err = agent.communicate(timeout=120)
+        assert agent.returncode == 143, err[-2000:]
+    first = json.loads((rd / "checkpoint.json").read_text())["provider_state"]["cli"]
+    assert first["session_id"] and not (rd / "result.json").exists()
+    assert read_jsonl(rd / "transcript.jsonl")[-1]["type"] == "terminated"
+    with FakeLLM(responder=first_part) as server:
+        ran = labkube("agent", "--run-dir", str(rd), "--resume", cwd=tmp_path, env=provider_env("claude-code", server))
+        resumed_requests = [r for r in server.requests if r.path.endswith("/messages") and r.body.get("tools")]
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    result = RunResult.model_validate_json((rd / "result.json").read_text())
+    assert result.details["cli"]["resumed"] == 1 and result.details["cli"]["starts"] == 2
+    assert result.subtasks[0].raw == 5.0 and result.resumes == 1
+    history = json.dumps(resumed_requests[0].body["messages"])
+    assert "echo 5 > result.txt" in history  # the first part's tool call, from the CLI's own session
+    starts = [e for e in read_jsonl(rd / "transcript.jsonl") if e["type"] in ("start", "resume")]
+    assert [e["type"] for e in starts] == ["start", "resume"] and starts[-1]["resumed_session"] == first["session_id"]
+
+
+def test_the_captured_streams_become_rg_agent_tool_calls(tmp_path: Path) -> None:
+    """The recorded event streams of both CLIs (one shell call writing out.txt) as transcript lines."""
+    workspace = Path("/tmp/cli_study/ccs_success/ws")
+    claude = ClaudeCodeEvents(workspace)
+    lines = [
+        r
+        for raw in (DATA / "claude-code-stream.jsonl").read_text().splitlines()
+        for r in claude.feed(json.loads(raw), 1)
+    ]
+    tools = [r for r in lines if r["type"] == "tool_call"]
+    assert [(t["tool"], t["args"], t["ok"], t["native_tool"]) for t in tools] == [
+        ("bash", {"command": "echo 42 > out.txt"}, True, "Bash")
+    ]
+    assert claude.session_id and claude.version == "2.1.331" and claude.failure() is None
+    codex = CodexEvents(workspace)
+    lines = [r for raw in (DATA / "codex-exec.jsonl").read_text().splitlines() for r in codex.feed(json.loads(raw), 1)]
+    assert [(t["tool"], t["args"], t["ok"]) for t in lines] == [("bash", {"command": "echo 42 > out.txt"}, True)]
+    assert codex.session_id == "01a20e62-572b-7620-bc3a-ef4128cb6945" and codex.failure() is None
+    failed = CodexEvents(workspace)
+    for raw in (DATA / "codex-exec-error.jsonl").read_text().splitlines():
+        failed.feed(json.loads(raw), 1)
+    assert failed.failure() == "Quota exceeded. Check your plan and billing details."
+    errored = ClaudeCodeEvents(workspace)
+    for raw in (DATA / "claude-code-error.jsonl").read_text().splitlines():
+        errored.feed(json.loads(raw), 1)
+    assert errored.failure()
+
+
+def test_the_hook_uses_rg_agents_url_rules() -> None:
+    blocked = ["https://arxiv.org/abs/2401.00001", "github.com/author/*"]
+    assert verdict({"tool_name": "Bash", "tool_input": {"command": "curl https://arxiv.org/abs/2401.00001v2"}}, blocked)
+    assert verdict({"tool_name": "WebFetch", "tool_input": {"url": "https://github.com/author/code"}}, blocked)
+    assert (
+        verdict({"tool_name": "Bash", "tool_input": {"command": "curl https://arxiv.org/abs/2401.00002"}}, blocked)
+        is None
+    )
+    assert verdict({"tool_name": "Read", "tool_input": {"file_path": "x"}}, blocked) is None
+
+
+def test_in_a_pod_the_gateway_is_a_sidecar_and_the_agent_container_has_no_key(
+    tmp_path: Path, cli_binaries: dict[str, Path]
+) -> None:
+    """The pod's layout as processes: `labkube gateway` (the sidecar, with the key) and `labkube agent` (the agent
+    container, with only the sidecar's address and the token file of their shared volume). The run finishes, the
+    sidecar's counts are the run's spend, and its model calls are in the run's transcript."""
+    task = make_tiny_task(tmp_path, [])
+    rd = make_run_dir(tmp_path, task, model=MODELS["claude-code"], agent="claude-code")
+    token_file = tmp_path / "gateway-volume" / "token"
+    with FakeLLM(responder=responder("env > env.txt; echo 7 > result.txt")) as server:
+        sidecar_env = {**os.environ, **provider_env("claude-code", server)}
+        sidecar = subprocess.Popen(
+            [sys.executable, "-P", "-m", "labkube", "gateway", "--run-dir", str(rd), "--token-file", str(token_file)],
+            env=sidecar_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert sidecar.stdout is not None
+            listening = sidecar.stdout.readline()
+            assert listening.startswith("LISTENING http://127.0.0.1:"), sidecar.communicate(timeout=10)
+            agent_env = {
+                "LABKUBE_GATEWAY_URL": listening.split()[1],
+                "LABKUBE_GATEWAY_TOKEN_FILE": str(token_file),
+            }
+            assert not any(k.endswith("_API_KEY") for k in os.environ)
+            ran = labkube("agent", "--run-dir", str(rd), cwd=tmp_path, env=agent_env)
+        finally:
+            sidecar.send_signal(signal.SIGTERM)
+            sidecar.communicate(timeout=30)
+        requests = server.requests
+    assert sidecar.returncode == 0
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    result = RunResult.model_validate_json((rd / "result.json").read_text())
+    assert result.subtasks[0].raw == 7.0 and result.stop_reason.value == "done"
+    calls = [e for e in read_jsonl(rd / "transcript.jsonl") if e["type"] == "model_call"]
+    assert len(calls) == len(requests) >= 2 and all(c["via"] == "gateway" for c in calls)
+    assert result.spend.steps == len(calls) and result.spend.usage.input == 1000 * len(calls)
+    assert all(REAL_KEY in r.headers.get("x-api-key", "") for r in requests)
+    assert token_file.read_text().strip() not in {REAL_KEY, ""}
+    assert REAL_KEY not in (rd / "workspace" / "env.txt").read_text()
