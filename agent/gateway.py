@@ -336,7 +336,8 @@ class ModelGateway:
         app = aiohttp.web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{family:openai|anthropic}/v1/{tail:.*}", self._handle)
         app.router.add_get("/healthz", self._health)
-        self._runner = aiohttp.web.AppRunner(app, access_log=None)
+        # On close, a call still in flight (the agent was stopped mid-call) is cut after 2 s, not aiohttp's 60.
+        self._runner = aiohttp.web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
         site = aiohttp.web.TCPSite(self._runner, host, port)
         await site.start()

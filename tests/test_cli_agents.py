@@ -164,20 +164,26 @@ def test_a_spent_dollar_budget_stops_the_cli_as_usd(tmp_path: Path, cli_binaries
 
 def test_the_wall_budget_interrupts_the_cli(tmp_path: Path, cli_binaries: dict[str, Path]) -> None:
     """A model that never answers in time: past the wall budget the supervisor interrupts the CLI (SIGINT, then
-    SIGKILL) and the run ends as `time`, graded."""
+    SIGKILL) and the run ends as `time`, graded; with --grade-interval it was graded while it ran too."""
     task = make_tiny_task(tmp_path, [])
     with FakeLLM(responder=lambda path, body: Reply.delay(120, Reply.text("late"))) as server:
         started = time.monotonic()
         ran = labkube(
             "run", str(task), "--model", MODELS["claude-code"], "--agent", "claude-code", "--out", str(tmp_path / "c"),
-            "--budget-hours", str(6 / 3600), cwd=tmp_path, env=provider_env("claude-code", server), timeout=300,
+            "--budget-hours", str(6 / 3600), "--grade-interval", "1",
+            cwd=tmp_path, env=provider_env("claude-code", server), timeout=300,
         )  # fmt: skip
         took = time.monotonic() - started
     rd = run_dir_of(tmp_path / "c")
     result = RunResult.model_validate_json((rd / "result.json").read_text())
     assert result.stop_reason.value == "time", ran.stderr[-2000:]
     assert took < 90
-    assert any(e["type"] == "budget_stop" and e["reason"] == "time" for e in read_jsonl(rd / "transcript.jsonl"))
+    events = read_jsonl(rd / "transcript.jsonl")
+    assert any(e["type"] == "budget_stop" and e["reason"] == "time" for e in events)
+    # graded while the CLI worked (every second of charged time), then once more at the end
+    periodic = [e for e in events if e["type"] == "grade"]
+    assert len(periodic) >= 3 and len(result.score_curve) == len(periodic) + 1
+    assert [g.at_seconds for g in result.score_curve] == sorted(g.at_seconds for g in result.score_curve)
 
 
 @pytest.mark.parametrize("agent", ["claude-code", "codex"])
