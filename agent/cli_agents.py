@@ -23,8 +23,10 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
@@ -52,11 +54,20 @@ from labkube.run_spec import RunPhase, RunSpec
 from labkube.store import RunDir
 from labkube.task_card import TaskCard
 
+if TYPE_CHECKING:
+    from labkube.agent.world_session import WorldSession
+    from labkube.result import Grade
+
 # The tools a CLI's calls are recorded as (agent/cli_events.py), for the run's series from the first scrape.
 CLI_TOOL_NAMES = ("bash", "write_file", "replace", "read_file", "search", "web_browser", "web_search")
 GATEWAY_URL_VARIABLE = "LABKUBE_GATEWAY_URL"  # set in a pod: the gateway is the `gateway` sidecar
 GATEWAY_TOKEN_VARIABLE = "LABKUBE_GATEWAY_TOKEN_FILE"
 INTERRUPT_GRACE_S = 15.0
+TURN_ENDING_TOOL = "AgentUserInterface__send_message_to_user"  # a Gaia2 turn ends when the agent messages the user
+WORLD_TOOLS_NOTE = (
+    "The world's apps are your tools (the `world` tools, named <App>__<action>), with wait_for_notification and "
+    "get_current_time. Reply to the user only with AgentUserInterface__send_message_to_user."
+)
 POLL_S = 1.0
 CONTINUE_PROMPT = (
     "Your session was interrupted (the run's sandbox restarted) and has been resumed. Continue the task from where "
@@ -93,7 +104,19 @@ def cli_env(rd: RunDir, spec: RunSpec, card: TaskCard, home: Path) -> dict[str, 
     return env
 
 
-def claude_setup(home: Path, env: dict[str, str], gw: ModelGateway, model: str, blocked: list[str]) -> list[str]:
+def world_mcp_command(world_url: str) -> list[str]:
+    """The world's apps as an MCP server over stdio (`labkube world-mcp`), for a CLI in a Gaia2 world."""
+    return [sys.executable, "-P", "-m", "labkube", "world-mcp", "--world-url", world_url]
+
+
+def claude_setup(
+    home: Path,
+    env: dict[str, str],
+    gw: ModelGateway | GatewayView,
+    model: str,
+    blocked: list[str],
+    world_url: str | None = None,
+) -> list[str]:
     """Claude Code's environment and its settings file: the gateway as its API, nothing sent elsewhere, every tool
     allowed without asking (nobody answers), and the task's blocked URLs refused."""
     env.update(
@@ -127,7 +150,14 @@ def claude_setup(home: Path, env: dict[str, str], gw: ModelGateway, model: str, 
     }
     path = home / "settings.json"
     path.write_text(json.dumps(settings, indent=2))
-    return ["--settings", str(path)]
+    flags = ["--settings", str(path)]
+    if world_url is not None:
+        command, *args = world_mcp_command(world_url)
+        mcp = home / "mcp.json"
+        mcp.write_text(json.dumps({"mcpServers": {"world": {"command": command, "args": args}}}, indent=2))
+        flags += ["--strict-mcp-config", "--mcp-config", str(mcp)]
+        env["MCP_TIMEOUT"] = "60000"  # ms for the bridge to start: a cold `python -m labkube` takes seconds
+    return flags
 
 
 def _domains(blocked: list[str]) -> set[str]:
@@ -157,7 +187,14 @@ def claude_command(exe: Path, prompt: str, settings: list[str], session_id: str 
     ]
 
 
-def codex_setup(home: Path, env: dict[str, str], gw: ModelGateway, model: str, blocked: list[str]) -> list[str]:
+def codex_setup(
+    home: Path,
+    env: dict[str, str],
+    gw: ModelGateway | GatewayView,
+    model: str,
+    blocked: list[str],
+    world_url: str | None = None,
+) -> list[str]:
     """Codex's home (config.toml): the gateway as a model provider of its own, its key the run token; no
     analytics; web search off when the task blocks URLs."""
     codex_home = home / ".codex"
@@ -183,12 +220,23 @@ def codex_setup(home: Path, env: dict[str, str], gw: ModelGateway, model: str, b
                 'wire_api = "responses"',
                 "request_max_retries = 2",  # the gateway retries the provider's 429s and 5xx already
                 "stream_max_retries = 2",
+                *(_codex_world(world_url) if world_url else []),
                 "",
             ]
         )
     )
     env.update({"CODEX_HOME": str(codex_home), "LABKUBE_GATEWAY_TOKEN": gw.config.token})
     return []
+
+
+def _codex_world(world_url: str) -> list[str]:
+    command, *args = world_mcp_command(world_url)
+    return [
+        "[mcp_servers.world]",
+        f"command = {json.dumps(command)}",
+        f"args = {json.dumps(args)}",
+        "startup_timeout_sec = 60",  # a cold `python -m labkube` takes seconds
+    ]
 
 
 def codex_command(
@@ -225,11 +273,12 @@ async def run_cli_agent(
     ckpt: Checkpoint,
     transcript: JsonlLog,
     telemetry: RunTelemetry,
-    take_grade: Any,
-    write_status: Any,
-    save_checkpoint: Any,
+    hooks: RunHooks,
+    world: WorldSession | None = None,
 ) -> tuple[StopReason, str | None]:
-    """Run the CLI to its end under the run's budgets; the stop reason and error for the final result."""
+    """Run the CLI to its end under the run's budgets; the stop reason and error for the final result. In a Gaia2
+    world (`world`, its scenario loaded) the world's apps are the CLI's tools over MCP, the world's clock stops
+    during model calls, and each further turn of the scenario resumes the CLI's session with the user's message."""
     agent = CLI_AGENTS[spec.agent]
     ref = parse_model(spec.model)
     sidecar = os.environ.get(GATEWAY_URL_VARIABLE)
@@ -275,13 +324,13 @@ async def run_cli_agent(
             telemetry=telemetry,
             state=GatewayState(spend=ckpt.spend.model_copy(deep=True)),
             state_path=rd.root / "gateway.json",
+            before_call=world.pause if world else None,
+            after_call=world.resume if world else None,
         )
         await gw.start()
+    run = CliRun(rd, spec, card, ckpt, transcript, telemetry, hooks, agent, exe, home, env, state, gw, world)
     try:
-        return await _supervise(
-            rd, spec, card, ckpt, transcript, telemetry, agent, exe, home, env, state, gw,
-            take_grade, write_status, save_checkpoint,
-        )  # fmt: skip
+        return await run.drive()
     finally:
         await gw.close()
 
@@ -297,77 +346,127 @@ async def wait_for_token(path: Path, timeout_s: float = 120.0) -> str:
     return path.read_text().strip()
 
 
-async def _supervise(
-    rd: RunDir,
-    spec: RunSpec,
-    card: TaskCard,
-    ckpt: Checkpoint,
-    transcript: JsonlLog,
-    telemetry: RunTelemetry,
-    agent: CliAgentSpec,
-    exe: Path,
-    home: Path,
-    env: dict[str, str],
-    state: CliState,
-    gw: ModelGateway | GatewayView,
-    take_grade: Any,
-    write_status: Any,
-    save_checkpoint: Any,
-) -> tuple[StopReason, str | None]:
-    ref = parse_model(spec.model)
-    blocked = list(card.blocked_urls)
-    session = state.session_id if ckpt.resumes else None
-    prompt = CONTINUE_PROMPT if session else task_text(card, spec, rd.workspace)
-    if agent.name == "claude-code":
-        events: ClaudeCodeEvents | CodexEvents = ClaudeCodeEvents(rd.workspace)
-        settings = claude_setup(home, env, gw, ref.name, blocked)
-        command = claude_command(exe, prompt, settings, session)
-    else:
-        events = CodexEvents(rd.workspace)
-        codex_setup(home, env, gw, ref.name, blocked)
-        command = codex_command(exe, prompt, rd.workspace, ref.name, session, blocked)
-    if ckpt.resumes and session:
-        state.resumed += 1
-    elif ckpt.resumes:
-        state.restarted += 1
-        transcript.append(
-            {"type": "agent_restart", "ts": now_iso(), "agent": agent.name, "why": "no session to resume"}
-        )
-    state.starts += 1
-    transcript.append(
-        {
-            "type": "resume" if ckpt.resumes else "start",
-            "ts": now_iso(),
-            "run_id": spec.run_id,
-            "step": ckpt.step,
-            "model": spec.model,
-            "seed": spec.seed,
-            "agent": agent.name,
-            "cli": {"package": agent.package, "version": agent.version, "reported": state.reported_version},
-            "resumed_session": session,
-            "prompt": prompt,
-        }
-    )
-    tracker = BudgetTracker(spec.budgets, ckpt.spend)
-    tracker.start()
-    rd.logs.mkdir(parents=True, exist_ok=True)
-    with (rd.logs / f"{agent.name}.stderr").open("ab") as err:
-        proc = await asyncio.create_subprocess_exec(
-            *command,
-            cwd=rd.workspace,
-            env=env,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=err,
-            start_new_session=True,
-            limit=64 * 1024 * 1024,
-        )
-    raw_log = (rd.logs / f"{agent.name}.jsonl").open("ab")
-    last_text: list[str] = []
+@dataclass
+class RunHooks:
+    """The entrypoint's own steps, which a CLI run shares with rg-agent's."""
 
-    def sync(final: bool = False) -> None:
+    take_grade: Callable[[RunDir, TaskCard, Checkpoint], Grade]
+    write_status: Callable[..., None]
+    save_checkpoint: Callable[[RunDir, Checkpoint], None]
+
+
+@dataclass
+class Invocation:
+    """How one start of the CLI ended."""
+
+    stop: StopReason | None
+    returncode: int | None
+    failure: str | None
+    turn_ended: bool
+
+
+@dataclass
+class CliRun:
+    rd: RunDir
+    spec: RunSpec
+    card: TaskCard
+    ckpt: Checkpoint
+    transcript: JsonlLog
+    telemetry: RunTelemetry
+    hooks: RunHooks
+    agent: CliAgentSpec
+    exe: Path
+    home: Path
+    env: dict[str, str]
+    state: CliState
+    gw: ModelGateway | GatewayView
+    world: WorldSession | None = None
+    tracker: BudgetTracker = field(init=False)
+    _backoff_seen: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tracker = BudgetTracker(self.spec.budgets, self.ckpt.spend)
+        self._backoff_seen = self.gw.state.backoff_s
+
+    async def drive(self) -> tuple[StopReason, str | None]:
+        session = self.state.session_id if self.ckpt.resumes else None
+        if self.world is not None and self.ckpt.resumes:
+            return StopReason.world_error, "a Gaia2 run cannot resume: its world died with the previous agent"
+        prompt = CONTINUE_PROMPT if session else await self.first_prompt()
+        if self.ckpt.resumes and session:
+            self.state.resumed += 1
+        elif self.ckpt.resumes:
+            self.state.restarted += 1
+            self.transcript.append(
+                {"type": "agent_restart", "ts": now_iso(), "agent": self.agent.name, "why": "no session to resume"}
+            )
+        self.tracker.start()
+        while True:
+            ended = await self.invoke(prompt, session)
+            if ended.stop is not None:
+                return ended.stop, None
+            if ended.failure is not None or ended.returncode != 0:
+                why = ended.failure or f"{self.agent.name} exited {ended.returncode}"
+                self.transcript.append({"type": "model_error", "ts": now_iso(), "reason": "model_error", "error": why})
+                return StopReason.model_error, f"{self.agent.name} stopped: {why}"
+            if self.world is None or not ended.turn_ended or self.world.done:
+                return StopReason.done, None
+            prompt = await self.next_turn()  # the user's next message, when the scenario has one
+            if prompt is None:
+                return StopReason.done, None
+            session = self.state.session_id
+
+    async def first_prompt(self) -> str:
+        if self.world is None:
+            return task_text(self.card, self.spec, self.rd.workspace)
+        from labkube.agent.world_session import SYSTEM as WORLD_SYSTEM
+
+        notes = await self.pull()
+        return "\n\n".join([WORLD_SYSTEM, WORLD_TOOLS_NOTE, *notes])
+
+    async def pull(self, wait_s: float | None = None, want_user: bool = False) -> list[str]:
+        """The world's pending notifications as rg-agent is shown them (waiting in simulated time when asked); with
+        `want_user`, none unless the user wrote (the next turn starts with the user's message)."""
+        from labkube.agent.world_session import format_notification
+
+        assert self.world is not None
+        client = self.world.client
+        pulled = await client.pull_notifications()
+        if not pulled.notifications and wait_s and not pulled.world_stopped:
+            await client.wait_for_notification(wait_s)
+            pulled = await client.pull_notifications()
+        self.world.seen.extend(pulled.notifications)
+        if pulled.world_stopped or any(n.type == "environment_stop" for n in pulled.notifications):
+            self.world.stopped = True
+        if want_user and not any(n.type == "user_message" for n in pulled.notifications):
+            return []
+        return [format_notification(n) for n in pulled.notifications]
+
+    async def next_turn(self) -> str | None:
+        """The user's next message, when the scenario has another turn (the world jumps to it)."""
+        from labkube.agent.world_session import NEXT_TURN_WAIT_S
+
+        notes = await self.pull(NEXT_TURN_WAIT_S, want_user=True)
+        return "\n\n".join(notes) if notes and not self.world_stopped() else None
+
+    def world_stopped(self) -> bool:
+        return self.world is not None and self.world.stopped
+
+    def command(self, prompt: str, session: str | None) -> tuple[list[str], ClaudeCodeEvents | CodexEvents]:
+        ref = parse_model(self.spec.model)
+        blocked = list(self.card.blocked_urls)
+        world_url = self.world.client.base_url if self.world is not None else None
+        if self.agent.name == "claude-code":
+            settings = claude_setup(self.home, self.env, self.gw, ref.name, blocked, world_url)
+            return claude_command(self.exe, prompt, settings, session), ClaudeCodeEvents(self.rd.workspace)
+        codex_setup(self.home, self.env, self.gw, ref.name, blocked, world_url)
+        command = codex_command(self.exe, prompt, self.rd.workspace, ref.name, session, blocked)
+        return command, CodexEvents(self.rd.workspace)
+
+    def sync(self, events: ClaudeCodeEvents | CodexEvents, final: bool = False) -> None:
         """The gateway's counts into the run's spend, the checkpoint and status.json (and, from a sidecar, into this
         container's series: its counts since the last look)."""
+        gw, tracker, ckpt = self.gw, self.tracker, self.ckpt
         tracker.tick()
         if isinstance(gw, GatewayView):
             before = gw.state.spend.model_copy(deep=True)
@@ -375,92 +474,135 @@ async def _supervise(
             after = gw.state.spend
             delta = Usage(**{k: max(0, getattr(after.usage, k) - getattr(before.usage, k)) for k in Usage.model_fields})
             if delta.total or after.usd > before.usd:
-                telemetry.model_call(delta, max(0.0, after.usd - before.usd), None)
+                self.telemetry.model_call(delta, max(0.0, after.usd - before.usd), None)
         spend = gw.state.spend
         tracker.spend.usage, tracker.spend.usd, tracker.spend.steps = spend.usage, spend.usd, spend.steps
-        given_back = gw.state.backoff_s - synced["backoff"]
-        if given_back > 0:
-            tracker.exclude(given_back)
-            synced["backoff"] = gw.state.backoff_s
+        if gw.state.backoff_s > self._backoff_seen:
+            tracker.exclude(gw.state.backoff_s - self._backoff_seen)
+            self._backoff_seen = gw.state.backoff_s
         ckpt.spend = tracker.spend
         ckpt.step = spend.steps
-        state.session_id = events.session_id or state.session_id
-        ckpt.provider_state["cli"] = state.model_dump(mode="json")
-        ckpt.transcript_offset = transcript.offset
+        self.state.session_id = events.session_id or self.state.session_id
+        ckpt.provider_state["cli"] = self.state.model_dump(mode="json")
+        ckpt.transcript_offset = self.transcript.offset
         if not final:
-            save_checkpoint(rd, ckpt)
-            write_status(rd, spec, ckpt, RunPhase.running)
-            telemetry.budgets(tracker)
+            self.hooks.save_checkpoint(self.rd, ckpt)
+            self.hooks.write_status(self.rd, self.spec, ckpt, RunPhase.running)
+            self.telemetry.budgets(tracker)
 
-    synced = {"backoff": gw.state.backoff_s}
+    async def grade_if_due(self) -> None:
+        interval = (
+            None if self.card.gaia or self.card.gaia2 else self.spec.grade_interval_s or self.card.grading.interval_s
+        )
+        if not interval or self.tracker.spend.wall_seconds - self.ckpt.last_grade_at < interval:
+            return
+        grade = await asyncio.to_thread(self.hooks.take_grade, self.rd, self.card, self.ckpt)
+        self.ckpt.score_curve.append(grade)
+        self.ckpt.last_grade_at = self.tracker.spend.wall_seconds
+        self.transcript.append({"type": "grade", "ts": now_iso(), **grade.model_dump(mode="json")})
+        self.telemetry.grade(grade.score, _completion(grade))
 
-    async def read_events() -> None:
-        assert proc.stdout is not None
-        async for line in proc.stdout:
-            raw_log.write(line)
-            raw_log.flush()
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(event, dict):
-                continue
-            if event.get("type") == "item.completed" and (event.get("item") or {}).get("type") == "agent_message":
-                last_text.append(str(event["item"].get("text", "")))
-            for record in events.feed(event, gw.state.spend.steps):
-                transcript.append(record)
-                if record["type"] == "tool_call":
-                    telemetry.tool_call(record["tool"], bool(record["ok"]))
+    async def invoke(self, prompt: str, session: str | None) -> Invocation:
+        """One start of the CLI: to its exit, an interrupt at the end of the wall budget, or a SIGTERM."""
+        rd, agent, transcript = self.rd, self.agent, self.transcript
+        command, events = self.command(prompt, session)
+        self.state.starts += 1
+        transcript.append(
+            {
+                "type": "resume" if session or self.state.starts > 1 else "start",
+                "ts": now_iso(),
+                "run_id": self.spec.run_id,
+                "step": self.ckpt.step,
+                "model": self.spec.model,
+                "seed": self.spec.seed,
+                "agent": agent.name,
+                "cli": {"package": agent.package, "version": agent.version, "reported": self.state.reported_version},
+                "resumed_session": session,
+                "prompt": prompt,
+            }
+        )
+        rd.logs.mkdir(parents=True, exist_ok=True)
+        with (rd.logs / f"{agent.name}.stderr").open("ab") as err:
+            proc = await asyncio.create_subprocess_exec(
+                *command,
+                cwd=rd.workspace,
+                env=self.env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=err,
+                start_new_session=True,
+                limit=64 * 1024 * 1024,
+            )
+        raw_log = (rd.logs / f"{agent.name}.jsonl").open("ab")
+        last_text: list[str] = []
+        turn_ended = False
 
-    reader = asyncio.create_task(read_events())
-    stop: StopReason | None = None
-    interval = None if card.gaia else spec.grade_interval_s or card.grading.interval_s
-    try:
-        while proc.returncode is None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(proc.wait()), POLL_S)
-            sync()
-            if interval and tracker.spend.wall_seconds - ckpt.last_grade_at >= interval and proc.returncode is None:
-                grade = await asyncio.to_thread(take_grade, rd, card, ckpt)
-                ckpt.score_curve.append(grade)
-                ckpt.last_grade_at = tracker.spend.wall_seconds
-                transcript.append({"type": "grade", "ts": now_iso(), **grade.model_dump(mode="json")})
-                telemetry.grade(grade.score, _completion(grade))
-            over = tracker.exceeded()
-            if over is not None and over.kind is StopReason.time and proc.returncode is None:
-                stop = StopReason.time
-                transcript.append(
-                    {"type": "budget_stop", "ts": now_iso(), "reason": "time", "detail": str(over), "agent": agent.name}
-                )
-                await interrupt(proc)
-    except asyncio.CancelledError:
-        # SIGTERM to the run (preemption, a dead supervisor): the CLI stops, its session stays for the resume.
-        await interrupt(proc)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(reader, 5)
-        sync()
-        transcript.append({"type": "terminated", "ts": now_iso(), "step": ckpt.step})
-        raise
-    finally:
-        kill_group(proc)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(reader, 10)
-        raw_log.close()
-    sync(final=True)
-    if isinstance(events, ClaudeCodeEvents) and events.result is not None:
-        ckpt.end_summary = str(events.result.get("result") or "")
-    elif last_text:
-        ckpt.end_summary = last_text[-1]
-    failure = events.failure()
-    if stop is None:
-        stop = gw.state.stop_reason
-    if stop is not None:
-        return stop, None
-    if proc.returncode == 0 and failure is None:
-        return StopReason.done, None
-    why = failure or f"{agent.name} exited {proc.returncode}"
-    transcript.append({"type": "model_error", "ts": now_iso(), "reason": "model_error", "error": why})
-    return StopReason.model_error, f"{agent.name} stopped: {why}"
+        async def read_events() -> None:
+            nonlocal turn_ended
+            assert proc.stdout is not None
+            async for line in proc.stdout:
+                raw_log.write(line)
+                raw_log.flush()
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if not isinstance(event, dict):
+                    continue
+                item = event.get("item") or {}
+                if event.get("type") == "item.completed" and item.get("type") == "agent_message":
+                    last_text.append(str(item.get("text", "")))
+                for record in events.feed(event, self.gw.state.spend.steps):
+                    transcript.append(record)
+                    if record["type"] == "tool_call":
+                        self.telemetry.tool_call(record["tool"], bool(record["ok"]))
+                        if record["tool"] == TURN_ENDING_TOOL and record["ok"]:
+                            turn_ended = True
+                            if self.world is not None:  # the world counts turns as the message reaches the user
+                                self.world.turns_completed += 1
+
+        reader = asyncio.create_task(read_events())
+        stop: StopReason | None = None
+        try:
+            while proc.returncode is None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(proc.wait()), POLL_S)
+                self.sync(events)
+                if proc.returncode is None:
+                    await self.grade_if_due()
+                over = self.tracker.exceeded()
+                if over is not None and over.kind is StopReason.time and proc.returncode is None:
+                    stop = StopReason.time
+                    transcript.append(
+                        {
+                            "type": "budget_stop",
+                            "ts": now_iso(),
+                            "reason": "time",
+                            "detail": str(over),
+                            "agent": agent.name,
+                        }
+                    )
+                    await interrupt(proc)
+        except asyncio.CancelledError:
+            # SIGTERM to the run (preemption, a dead supervisor): the CLI stops, its session stays for the resume.
+            await interrupt(proc)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(reader, 5)
+            self.sync(events)
+            transcript.append({"type": "terminated", "ts": now_iso(), "step": self.ckpt.step})
+            raise
+        finally:
+            kill_group(proc)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(reader, 10)
+            raw_log.close()
+        self.sync(events, final=True)
+        if isinstance(events, ClaudeCodeEvents) and events.result is not None:
+            self.ckpt.end_summary = str(events.result.get("result") or "")
+        elif last_text:
+            self.ckpt.end_summary = last_text[-1]
+        stop = stop or self.gw.state.stop_reason
+        return Invocation(stop, proc.returncode, None if stop else events.failure(), turn_ended)
 
 
 def _completion(grade: Any) -> float:

@@ -42,7 +42,12 @@ def relative(path: Any, workspace: Path) -> Any:
         return path
 
 
+WORLD_MCP_PREFIX = "mcp__world__"  # Claude Code's name for a tool of the `world` MCP server (a Gaia2 world's app)
+
+
 def canonical(native: str, args: dict[str, Any], workspace: Path) -> tuple[str, dict[str, Any]]:
+    if native.startswith(WORLD_MCP_PREFIX):  # the world's own tool name, as rg-agent's transcript has it
+        return native.removeprefix(WORLD_MCP_PREFIX), dict(args)
     tool, names = CLAUDE_TOOLS.get(native, (native.lower(), {}))
     if native == "Bash" and args.get("run_in_background"):
         tool = "start_async"
@@ -200,7 +205,8 @@ class CodexEvents:
                 tool_line(step, item_id, "web_search", {"query": item.get("query", "")}, True, "", kind, item, started)
             ]
         if kind == "mcp_tool_call":
-            name = f"{item.get('server', 'mcp')}.{item.get('tool', '?')}"
+            server = item.get("server", "mcp")
+            name = str(item.get("tool", "?")) if server == "world" else f"{server}.{item.get('tool', '?')}"
             ok = item.get("status") == "completed"
             return [
                 tool_line(

@@ -23,7 +23,7 @@ from typing import Any
 from labkube.agent.are_default import run_are_default
 from labkube.agent.budget import BudgetTracker
 from labkube.agent.checkpoint import Checkpoint
-from labkube.agent.cli_agents import CLI_TOOL_NAMES, run_cli_agent
+from labkube.agent.cli_agents import CLI_TOOL_NAMES, RunHooks, run_cli_agent
 from labkube.agent.jobs import JobManager
 from labkube.agent.loop import AgentRun, estimate_tokens, run_loop
 from labkube.agent.messages import Message
@@ -270,13 +270,20 @@ async def run_agent(run_dir: Path, resume: bool = False) -> RunResult:
             finally:
                 await world.close()
             return stop_before_the_loop(*outcome)
-    elif spec.agent in CLI_AGENTS:
+    if spec.agent in CLI_AGENTS:
         telemetry.declare_tools(CLI_TOOL_NAMES)
-        outcome = await run_cli_agent(
-            rd, spec, card, ckpt, transcript, telemetry, take_grade, write_status, save_checkpoint
-        )
+        hooks = RunHooks(take_grade, write_status, save_checkpoint)
+        try:
+            outcome = await run_cli_agent(rd, spec, card, ckpt, transcript, telemetry, hooks, world)
+            if world is not None and outcome[0] is not StopReason.world_error:
+                ckpt.world_verdict = (await world.finish()).model_dump(mode="json")
+        except WorldFailure as exc:
+            outcome = (StopReason.world_error, f"the Gaia2 world failed: {exc}")
+        finally:
+            if world is not None:
+                await world.close()
         return stop_before_the_loop(*outcome)
-    elif spec.agent != "rg-agent":
+    if spec.agent != "rg-agent":
         return stop_before_the_loop(StopReason.error, f"agent {spec.agent} runs Gaia2 scenarios only")
     try:
         provider = make_provider(ref, card, spec)

@@ -147,6 +147,7 @@ class CallDigest:
         self.thinking: list[str] = []
         self.calls: dict[int | str, dict[str, Any]] = {}
         self.stop_reason: str | None = None
+        self.backoff_s = 0.0
         self._anthropic_usage: dict[str, Any] = {}
         self._blocks: dict[int, dict[str, Any]] = {}
 
@@ -296,6 +297,7 @@ class SseReader:
 
 
 Hook = Callable[[], Awaitable[None]]
+AfterHook = Callable[[float], Awaitable[None]]  # given the call's model seconds
 
 
 class ModelGateway:
@@ -310,7 +312,7 @@ class ModelGateway:
         state: GatewayState | None = None,
         state_path: Path | None = None,
         before_call: Hook | None = None,
-        after_call: Hook | None = None,
+        after_call: AfterHook | None = None,
         on_refusal: Callable[[StopReason], None] | None = None,
     ) -> None:
         self.config = config
@@ -413,11 +415,12 @@ class ModelGateway:
         digest = CallDigest(family, endpoint)
         if self.before_call is not None:
             await self.before_call()
+        started = time.monotonic()
         try:
             return await self._forward(request, family, upstream, tail, raw, digest, body)
         finally:
-            if self.after_call is not None:
-                await self.after_call()
+            if self.after_call is not None:  # the world is charged the model's time, not the retries' back-off
+                await self.after_call(max(0.0, time.monotonic() - started - digest.backoff_s))
 
     def _refuse(self, family: Family, reason: StopReason, detail: str) -> aiohttp.web.Response:
         self.state.refused += 1
@@ -561,6 +564,7 @@ class ModelGateway:
         """Count one model call (even a failed one: its back-off and attempts are real) and write its line."""
         if digest is None:
             return
+        digest.backoff_s = backoff
         usage = digest.usage or Usage()
         model = digest.model or (body or {}).get("model") or ""
         usd = cost_usd(f"{self.config.provider_prefix}:{model}", usage, self.config.prices) if model else 0.0
@@ -651,6 +655,27 @@ class GatewayView:
         return None
 
 
+def world_clock_hooks(world_url: str | None, think_time_s: float | None) -> tuple[Hook | None, AfterHook | None]:
+    """In a Gaia2 pod the gateway sidecar stops the world sidecar's clock around each model call, as rg-agent does:
+    the clock is charged the call's measured time (or the run's fixed think time)."""
+    if not world_url:
+        return None, None
+    from labkube.tasks.gaia2 import WorldClient
+
+    client = WorldClient(world_url)
+
+    async def pause() -> None:
+        await client.pause_clock()
+
+    async def resume(model_seconds: float) -> None:
+        if think_time_s is None:
+            await client.resume_clock("measured", seconds=model_seconds)
+        else:
+            await client.resume_clock("fixed", seconds=think_time_s)
+
+    return pause, resume
+
+
 async def serve_run_gateway(run_dir: Path, host: str, port: int, token_file: Path) -> None:
     """The pod's gateway sidecar: the run's provider and budgets from run.json, its key from this container's
     environment, the spend so far from the run's checkpoint (a resumed run goes on counting); the token written to
@@ -674,7 +699,15 @@ async def serve_run_gateway(run_dir: Path, host: str, port: int, token_file: Pat
         prices=dict(spec.prices),
     )
     state = GatewayState(spend=ckpt.spend.model_copy(deep=True) if ckpt else Spend())
-    gateway = ModelGateway(config, transcript=JsonlLog(rd.transcript), state=state, state_path=rd.root / "gateway.json")
+    before, after = world_clock_hooks(os.environ.get("LABKUBE_WORLD_URL"), spec.think_time_s)
+    gateway = ModelGateway(
+        config,
+        transcript=JsonlLog(rd.transcript),
+        state=state,
+        state_path=rd.root / "gateway.json",
+        before_call=before,
+        after_call=after,
+    )
     await gateway.start(host, port)
     token_file.parent.mkdir(parents=True, exist_ok=True)
     staged = token_file.with_suffix(".tmp")

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from labkube.budgets import Budgets
 from labkube.model_ref import API_PROVIDERS, parse_model
-from labkube.run_spec import CLI_AGENTS, DEFAULT_AGENT, AgentName, RunSpec, make_run_id
+from labkube.run_spec import DEFAULT_AGENT, AgentName, RunSpec, make_run_id
 from labkube.task_card import TaskCard, TaskFamily
 
 MAX_SEEDS = 10_000
@@ -144,8 +144,6 @@ def agent_mismatch(agent: str, family: TaskFamily, model: str) -> str | None:
     provider = parse_model(model).provider
     if agent == "are-default" and family is not TaskFamily.gaia2:
         return f"are-default runs Gaia2 scenarios only, and this campaign's tasks include a {family.value} task"
-    if agent in CLI_AGENTS and family is TaskFamily.gaia2:
-        return f"{agent} does not run Gaia2 scenarios (the world's app tools have no bridge to its CLI); use rg-agent"
     if agent == "claude-code" and provider != "anthropic":
         return f"claude-code speaks Anthropic Messages, and {model} is not an anthropic: model"
     if agent == "codex" and provider not in ("openai", "openai-chat", "openai-compatible"):

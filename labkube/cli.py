@@ -863,6 +863,32 @@ def worlds_serve(host: str, port: int, log_level: str) -> None:
     os.execv(python, world_command(python, host, port, log_level))
 
 
+@main.command("world-mcp")
+@click.option(
+    "--world-url",
+    envvar="LABKUBE_WORLD_URL",
+    required=True,
+    help="The running world, its scenario loaded (default: $LABKUBE_WORLD_URL).",
+)
+@click.option("--log-level", default="WARNING", show_default=True)
+def world_mcp(world_url: str, log_level: str) -> None:
+    """Serve a Gaia2 world's tools to an agent CLI as an MCP server on stdio (Claude Code's --mcp-config, Codex's
+    [mcp_servers]). It neither loads nor judges the scenario: the run's agent process does.
+
+    Stdout carries only the MCP protocol; logs go to stderr."""
+    import asyncio
+    import logging
+
+    from labkube.agent.mcp_bridge import serve_world
+    from labkube.agent.world_errors import WorldFailure
+
+    logging.basicConfig(stream=sys.stderr, level=log_level.upper(), format="world-mcp %(levelname)s %(message)s")
+    try:
+        asyncio.run(serve_world(world_url))
+    except WorldFailure as exc:
+        raise UsageFailure(f"world-mcp: {exc} (is the world at {world_url} up, with a scenario loaded?)") from None
+
+
 # -- the sandbox entrypoint, schemas, tools ------------------------------------------------------
 
 

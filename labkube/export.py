@@ -379,7 +379,7 @@ def build_trajectory(run_dir: Path, result: RunResult) -> Any:
     if not acc.steps and result.agent == "are-default":
         _are_agent_steps(run_dir / "transcript.jsonl", acc, matcher)
     if not acc.steps and result.agent in CLI_AGENTS:
-        _gateway_steps(run_dir / "transcript.jsonl", acc)
+        _gateway_steps(run_dir / "transcript.jsonl", acc, matcher if gaia2 else None)
     if not acc.steps:  # e.g. a Gaia2 oracle run: ARE replayed the scenario's oracle events, no model was called
         what = "ARE ran the scenario's oracle events" if gaia2 and result.model == "oracle" else "no model call"
         acc.add(source="system", message=f"{result.task}: no conversation was recorded ({what}).", extra={})
@@ -520,7 +520,9 @@ def gateway_conversation(transcript: Path) -> Iterator[tuple[dict[str, Any], dic
             )
 
 
-def _gateway_steps(transcript: Path, acc: _Steps) -> None:
+def _gateway_steps(transcript: Path, acc: _Steps, matcher: Gaia2Matcher | None) -> None:
+    """A vendor CLI's run as steps. In a Gaia2 world its tool calls carry the world's tool names; which of them
+    write is not in its log: a tool counts as a write when ARE's judge weighed a call of it (as for ARE's agent)."""
     import atif
 
     last: Any = None
@@ -548,6 +550,11 @@ def _gateway_steps(transcript: Path, acc: _Steps) -> None:
             if record.get("step") is not None:
                 acc.agent_steps[int(record["step"])] = len(acc.steps) - 1
         elif role == "tool" and last is not None and record is not None:
+            tool = str(record.get("tool") or "")
+            if matcher is not None and (
+                reward := matcher.reward(tool, "write" if tool in matcher.tools else None, record.get("ok"))
+            ):
+                last.extra.setdefault("rewards", []).append({**reward, "tool_call_id": message["tool_call_id"]})
             observed = atif.ObservationResult(
                 source_call_id=message["tool_call_id"] or None,
                 content=message["content"],

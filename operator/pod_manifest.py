@@ -173,7 +173,8 @@ def build_pod_manifest(
     ]
     gateway = run.agent in CLI_AGENTS
     if gateway:  # a vendor CLI: the keys are the gateway sidecar's; the agent container gets none
-        init_containers.append(_gateway_container(run, options, run_dir, namespace, keys))
+        world_url = [e for e in env if e["name"] == "LABKUBE_WORLD_URL"]  # its clock stops during model calls
+        init_containers.append(_gateway_container(run, options, run_dir, namespace, [*world_url, *keys]))
         env += [
             {"name": "LABKUBE_GATEWAY_URL", "value": f"http://127.0.0.1:{GATEWAY_PORT}"},
             {"name": "LABKUBE_GATEWAY_TOKEN_FILE", "value": f"{GATEWAY_MOUNT}/token"},

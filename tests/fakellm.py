@@ -129,6 +129,7 @@ class ToolCall:
     name: str
     arguments: Json
     call_id: str | None = None
+    namespace: str | None = None  # Responses API: the `namespace` tool it belongs to (Codex's `mcp__<server>`)
 
 
 @dataclass(frozen=True)
@@ -238,6 +239,7 @@ def _responses_body(reply: Reply, ctx: _Ctx) -> Json:
                 "type": "function_call",
                 "call_id": call.call_id or ctx.new_id("call"),
                 "name": call.name,
+                **({"namespace": call.namespace} if call.namespace else {}),
                 "arguments": _dumps(call.arguments),
                 "status": "completed",
             }

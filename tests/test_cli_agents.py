@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from cli_helpers import labkube
-from fakellm import FakeLLM, Reply
+from fakellm import FakeLLM, Reply, ToolCall
 from fakellm import Usage as FakeUsage
 from tinytask import make_run_dir, make_tiny_task
 
@@ -337,3 +337,69 @@ def test_in_a_pod_the_gateway_is_a_sidecar_and_the_agent_container_has_no_key(
     assert all(REAL_KEY in r.headers.get("x-api-key", "") for r in requests)
     assert token_file.read_text().strip() not in {REAL_KEY, ""}
     assert REAL_KEY not in (rd / "workspace" / "env.txt").read_text()
+
+
+WHITFIELD, MARCO = "dana.whitfield@northwind.example", "marco.bianchi@northwind.example"
+EMAIL = {"recipients": [WHITFIELD], "cc": [MARCO], "subject": "Q3 budget final", "content": "The numbers are final."}
+
+
+def gaia2_responder(path: str, body: dict[str, Any]) -> Reply:
+    """The scenario's one write (the email ARE's oracle sends), then the message to the user that ends the turn,
+    then a closing text; through whichever tool naming the CLI uses for the `world` MCP server."""
+    if path.endswith("/messages"):  # Claude Code: mcp__world__<tool>
+        done = sum(
+            1 for m in body.get("messages") or [] if isinstance(m.get("content"), list)
+            for c in m["content"] if isinstance(c, dict) and c.get("type") == "tool_result"
+        )  # fmt: skip
+        steps = [
+            Reply.tool_call("mcp__world__EmailClientV2__send_email", EMAIL, usage=USAGE),
+            Reply.tool_call("mcp__world__AgentUserInterface__send_message_to_user", {"content": "Sent."}, usage=USAGE),
+        ]
+    else:  # Codex: a `mcp__world` namespace holding the world's own names
+        done = sum(
+            1 for i in body.get("input") or [] if isinstance(i, dict) and i.get("type") == "function_call_output"
+        )
+        steps = [
+            Reply.tool_calls([ToolCall("EmailClientV2__send_email", EMAIL, namespace="mcp__world")], usage=USAGE),
+            Reply.tool_calls(
+                [ToolCall("AgentUserInterface__send_message_to_user", {"content": "Sent."}, namespace="mcp__world")],
+                usage=USAGE,
+            ),
+        ]
+    return steps[done] if done < len(steps) else Reply.text("The email is sent.", usage=USAGE)
+
+
+@pytest.mark.gaia2
+@pytest.mark.parametrize("agent", ["claude-code", "codex"])
+def test_a_cli_in_a_gaia2_world_uses_its_apps_and_aress_judge_decides(
+    tmp_path: Path, cli_binaries: dict[str, Path], agent: str
+) -> None:
+    """`--agent claude-code|codex` on a Gaia2 scenario: the world's apps reach the CLI as the `world` MCP server
+    (`labkube world-mcp`), the world's clock stops during model calls (the gateway's hooks), the turn ends with the
+    message to the user, and ARE's judge passes the run on the write it saw."""
+    with FakeLLM(responder=gaia2_responder) as server:
+        ran = labkube(
+            "run", "gaia2/execution_budget_email", "--model", MODELS[agent], "--agent", agent,
+            "--out", str(tmp_path / "c"), cwd=tmp_path, env=provider_env(agent, server), timeout=400,
+        )  # fmt: skip
+        calls = [r for r in server.requests if r.path.endswith(("/messages", "/responses"))]
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    rd = run_dir_of(tmp_path / "c")
+    result = RunResult.model_validate_json((rd / "result.json").read_text())
+    assert result.details["gaia2"]["success"] is True, result.details["gaia2"]
+    assert result.score == 1.0 and result.stop_reason.value == "done"
+    events = read_jsonl(rd / "transcript.jsonl")
+    tools = [e["tool"] for e in events if e["type"] == "tool_call"]
+    assert tools == ["EmailClientV2__send_email", "AgentUserInterface__send_message_to_user"]
+    assert "Message from the user" in events[next(i for i, e in enumerate(events) if e["type"] == "start")]["prompt"]
+    assert len([e for e in events if e["type"] == "model_call"]) == len(calls) == 3
+    # the write's per-action reward in the export, from ARE's own matching
+    exported = labkube("export", str(tmp_path / "c"), "--format", "atif", "--out", str(tmp_path / "x"), cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    (path,) = (tmp_path / "x").glob("*.atif.json")
+    rewards = [
+        r for step in json.loads(path.read_text())["steps"] for r in (step.get("extra") or {}).get("rewards", [])
+    ]
+    matched = [r for r in rewards if r["kind"] == "oracle_match"]
+    # both writes (the email, the message to the user) matched to the oracle's events by ARE's judge
+    assert [r["value"] for r in matched] == [1.0, 1.0] and all(r["oracle_event_id"] for r in matched)

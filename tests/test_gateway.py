@@ -203,7 +203,8 @@ async def test_hooks_pause_and_resume_around_each_model_call_only(tmp_path: Path
     async def pause() -> None:
         order.append("pause")
 
-    async def resume() -> None:
+    async def resume(model_seconds: float) -> None:
+        assert model_seconds >= 0
         order.append("resume")
 
     with FakeLLM() as server:

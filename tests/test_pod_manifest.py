@@ -533,3 +533,13 @@ def test_a_vendor_cli_pod_keeps_the_keys_in_the_gateway_sidecar(monkeypatch: pyt
     assert not pod["spec"].get("shareProcessNamespace")  # the agent cannot read the sidecar's environment
     plain = build_pod_manifest(make_run(), make_options(), owner=OWNER)
     assert "gateway" not in containers(plain) and "LABKUBE_STDIN_VARS" in env_of(containers(plain)["agent"])
+
+
+def test_a_vendor_cli_in_a_gaia2_pod_has_the_world_and_a_gateway_that_stops_its_clock() -> None:
+    run = make_run(family=TaskFamily.gaia2).model_copy(update={"agent": "claude-code"})
+    pod = build_pod_manifest(run, make_options(), owner=OWNER)
+    check_pod(pod)
+    assert [c["name"] for c in pod["spec"]["initContainers"]] == ["prepare", "world", "gateway"]
+    world_url = "http://127.0.0.1:8765"
+    assert env_of(containers(pod)["gateway"])["LABKUBE_WORLD_URL"]["value"] == world_url  # pause/resume its clock
+    assert env_of(containers(pod)["agent"])["LABKUBE_WORLD_URL"]["value"] == world_url  # the CLI's MCP bridge
