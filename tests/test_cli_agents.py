@@ -217,43 +217,49 @@ def test_a_blocked_url_is_kept_from_the_agent_by_the_clis_own_settings(
         assert (workspace / "result.txt").read_text().strip() == "2"
 
 
-def test_a_terminated_run_resumes_the_clis_own_session(tmp_path: Path, cli_binaries: dict[str, Path]) -> None:
+def _answered_tool(path: str, body: dict[str, Any] | None) -> bool:
+    """A request that carries a tool's result (the model is asked what next)."""
+    return _last_has_tool_result(body or {}) if path.endswith("/messages") else _has_output(body or {})
+
+
+@pytest.mark.parametrize("agent", ["claude-code", "codex"])
+def test_a_terminated_run_resumes_the_clis_own_session(
+    tmp_path: Path, cli_binaries: dict[str, Path], agent: str
+) -> None:
     """SIGTERM to the run's agent mid-run (a preempted pod, a stopped supervisor): it interrupts the CLI and exits
-    resumable (143, no result); `--resume` continues the CLI's session (`claude --resume`), so the next request
-    carries the first part's tool call, and the result says the session was resumed."""
+    resumable (143, no result); `--resume` continues the CLI's session (`claude --resume`, `codex exec resume`), so
+    the next request carries the first part's tool call, and the result says the session was resumed."""
     task = make_tiny_task(tmp_path, [])
-    rd = make_run_dir(tmp_path, task, model=MODELS["claude-code"], agent="claude-code")
+    rd = make_run_dir(tmp_path, task, model=MODELS[agent], agent=agent)
     first_part = responder("echo 5 > result.txt")
 
     def stall_after_tool(path: str, body: dict[str, Any]) -> Reply:
-        if path.endswith("/messages") and _last_has_tool_result(body):
-            return Reply.delay(120, Reply.text("late"))
-        return first_part(path, body)
+        return Reply.delay(120, Reply.text("late")) if _answered_tool(path, body) else first_part(path, body)
 
     with FakeLLM(responder=stall_after_tool) as server:
-        env = {**os.environ, **provider_env("claude-code", server)}
-        agent = subprocess.Popen(
+        env = {**os.environ, **provider_env(agent, server)}
+        process = subprocess.Popen(
             [sys.executable, "-P", "-m", "labkube", "agent", "--run-dir", str(rd)],
             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )  # fmt: skip
         deadline = time.monotonic() + 120
-        while not any(r.path.endswith("/messages") and _last_has_tool_result(r.body or {}) for r in server.requests):
-            assert time.monotonic() < deadline and agent.poll() is None, agent.communicate()
+        while not any(_answered_tool(r.path, r.body) for r in server.requests):
+            assert time.monotonic() < deadline and process.poll() is None, process.communicate()
             time.sleep(0.2)
-        agent.send_signal(signal.SIGTERM)
-        _, err = agent.communicate(timeout=120)
-        assert agent.returncode == 143, err[-2000:]
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=120)
+        assert process.returncode == 143, err[-2000:]
     first = json.loads((rd / "checkpoint.json").read_text())["provider_state"]["cli"]
     assert first["session_id"] and not (rd / "result.json").exists()
     assert read_jsonl(rd / "transcript.jsonl")[-1]["type"] == "terminated"
     with FakeLLM(responder=first_part) as server:
-        ran = labkube("agent", "--run-dir", str(rd), "--resume", cwd=tmp_path, env=provider_env("claude-code", server))
-        resumed_requests = [r for r in server.requests if r.path.endswith("/messages") and r.body.get("tools")]
+        ran = labkube("agent", "--run-dir", str(rd), "--resume", cwd=tmp_path, env=provider_env(agent, server))
+        resumed = [r for r in server.requests if r.path.endswith(("/messages", "/responses")) and r.body.get("tools")]
     assert ran.returncode == 0, ran.stderr[-2000:]
     result = RunResult.model_validate_json((rd / "result.json").read_text())
     assert result.details["cli"]["resumed"] == 1 and result.details["cli"]["starts"] == 2
     assert result.subtasks[0].raw == 5.0 and result.resumes == 1
-    history = json.dumps(resumed_requests[0].body["messages"])
+    history = json.dumps(resumed[0].body.get("messages") or resumed[0].body.get("input"))
     assert "echo 5 > result.txt" in history  # the first part's tool call, from the CLI's own session
     starts = [e for e in read_jsonl(rd / "transcript.jsonl") if e["type"] in ("start", "resume")]
     assert [e["type"] for e in starts] == ["start", "resume"] and starts[-1]["resumed_session"] == first["session_id"]
