@@ -2,8 +2,8 @@
 
 Synthetic paper-task runs (tests/analyze_synth.py: the real store layout and models) with N steps each, every
 tool output padded to about 2 kB, plus the conversation.jsonl the agent would have written, are exported with
-`export_campaigns`; peak memory is Python's (tracemalloc). Memory grows with one run's trajectory (an ATIF
-document is validated whole), never with the campaign; SFT lines are one context epoch each.
+`export_campaigns`; peak memory is Python's (tracemalloc). An ATIF file is written a step at a time, so memory
+does not grow with a run's length or the campaign's; an SFT line is one context epoch, held while written.
 
     python benchmarks/export_scale.py [--runs 20] [--steps 500,2000,8000] [--format atif,sft-jsonl]
 """

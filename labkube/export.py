@@ -19,11 +19,13 @@ Rewards, each with its source:
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from labkube.result import RunResult
 from labkube.run_spec import CLI_AGENTS
@@ -266,15 +268,49 @@ class Gaia2Matcher:
 
 @dataclass
 class _Steps:
-    steps: list[Any] = field(default_factory=list)
+    """Steps as they are made, in bounded memory. Counting (the first pass over a run) keeps none; writing (the
+    second) holds only the newest step, which may still get its observations and tool calls, and writes each
+    earlier one out, with its rewards (planned from the first pass), as soon as it is complete."""
+
+    sink: IO[str] | None = None
+    rewards_at: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # step index -> rewards to add
+    count: int = 0
     agent_steps: dict[int, int] = field(default_factory=dict)  # run step number -> index of its agent step
+    with_metrics: int = 0
+    oracle_matches: int = 0
+    last: Any = None
 
     def add(self, **kwargs: Any) -> Any:
         import atif
 
-        step = atif.Step(step_id=len(self.steps) + 1, **kwargs)
-        self.steps.append(step)
+        step = atif.Step(step_id=self.count + 1, **kwargs)
+        self._flush()
+        self.last = step
+        self.count += 1
+        self.with_metrics += step.metrics is not None
         return step
+
+    def mark_agent(self, run_step: int) -> None:
+        self.agent_steps[run_step] = self.count - 1
+
+    def _flush(self) -> None:
+        step, self.last = self.last, None
+        if step is None:
+            return
+        placed = self.rewards_at.get(step.step_id - 1)
+        if placed:
+            step.extra = step.extra or {}
+            step.extra.setdefault("rewards", []).extend(placed)
+        rewards = (step.extra or {}).get("rewards", [])
+        self.oracle_matches += sum(1 for r in rewards if r.get("kind") == "oracle_match")
+        if self.sink is not None:
+            self.sink.write(
+                ("," if step.step_id > 1 else "")
+                + json.dumps(step.model_dump(mode="json", exclude_none=True), ensure_ascii=False, default=str)
+            )
+
+    def close(self) -> None:
+        self._flush()
 
 
 def _metrics(call: dict[str, Any] | None) -> Any:
@@ -297,12 +333,11 @@ def _metrics(call: dict[str, Any] | None) -> Any:
     )
 
 
-def build_trajectory(run_dir: Path, result: RunResult) -> Any:
-    """One run as an `atif.Trajectory`."""
+def _walk(run_dir: Path, result: RunResult, acc: _Steps) -> TranscriptCursor:
+    """Every step of the run, in order, into `acc` (a pass over its conversation and transcript, line by line)."""
     import atif
 
     cursor = TranscriptCursor(run_dir / "transcript.jsonl")
-    acc = _Steps()
     gaia2 = "gaia2" in result.details
     matcher = Gaia2Matcher(result.details.get("gaia2") or {})
     epoch = 0
@@ -354,7 +389,7 @@ def build_trajectory(run_dir: Path, result: RunResult) -> Any:
                 extra=extra,
             )
             if step_no is not None:
-                acc.agent_steps[step_no] = len(acc.steps) - 1
+                acc.mark_agent(step_no)
         elif role == "tool" and last_agent is not None:
             call_id = message.get("tool_call_id")
             logged = cursor.tool_call(str(call_id)) if call_id else None
@@ -376,65 +411,110 @@ def build_trajectory(run_dir: Path, result: RunResult) -> Any:
                 last_agent.observation.results.append(observed)
     cursor.drain()
     emit_handoffs()
-    if not acc.steps and result.agent == "are-default":
+    if not acc.count and result.agent == "are-default":
         _are_agent_steps(run_dir / "transcript.jsonl", acc, matcher)
-    if not acc.steps and result.agent in CLI_AGENTS:
+    if not acc.count and result.agent in CLI_AGENTS:
         _gateway_steps(run_dir / "transcript.jsonl", acc, matcher if gaia2 else None)
-    if not acc.steps:  # e.g. a Gaia2 oracle run: ARE replayed the scenario's oracle events, no model was called
+    if not acc.count:  # e.g. a Gaia2 oracle run: ARE replayed the scenario's oracle events, no model was called
         what = "ARE ran the scenario's oracle events" if gaia2 and result.model == "oracle" else "no model call"
         acc.add(source="system", message=f"{result.task}: no conversation was recorded ({what}).", extra={})
+    return cursor
 
-    rewards = _place_rewards(acc, result)
-    spec_start = cursor.start or {}
-    totals = [s.metrics for s in acc.steps if s.metrics is not None]
-    trajectory = atif.Trajectory(
-        schema_version=ATIF_SCHEMA_VERSION,
-        session_id=result.run_id,
-        trajectory_id=result.run_id,
-        agent=atif.Agent(
-            name=result.agent,
-            version=str((result.details.get("cli") or {}).get("reported_version") or "")
-            or SCAFFOLD_VERSION + "-" + _labkube_version(),
-            model_name=result.model,
-            extra={"scaffold": result.agent},
-        ),
-        steps=acc.steps,
-        final_metrics=atif.FinalMetrics(
-            total_prompt_tokens=result.spend.usage.input,
-            total_completion_tokens=result.spend.usage.output,
-            total_cached_tokens=result.spend.usage.cached,
-            total_cost_usd=result.spend.usd,
-            total_steps=len(acc.steps),
+
+def write_trajectory(run_dir: Path, result: RunResult, path: Path) -> None:
+    """One run as an ATIF trajectory file, in memory bounded by one step: a first pass counts the steps and plans
+    where the rewards go, the second writes the steps as they are made, then the envelope (agent, final metrics,
+    labkube's fields) is validated with `atif.Trajectory` around a placeholder step and written around them."""
+    import atif
+
+    counted = _Steps()
+    _walk(run_dir, result, counted)
+    rewards_at, placed = plan_rewards(counted, result)
+    steps_file = path.with_suffix(".steps.tmp")
+    try:
+        with steps_file.open("w", encoding="utf-8") as sink:
+            acc = _Steps(sink=sink, rewards_at=rewards_at)
+            cursor = _walk(run_dir, result, acc)
+            acc.close()
+        terminal = terminal_rewards(result)
+        rewards = {
+            "step_reward_sum": placed,
+            "step_reward_source": "result.json score_curve (normalised score change between consecutive gradings)"
+            if step_rewards(result)
+            else None,
+            "terminal": terminal,
+            "write_actions": acc.oracle_matches or None,
+        }
+        envelope = atif.Trajectory(
+            schema_version=ATIF_SCHEMA_VERSION,
+            session_id=result.run_id,
+            trajectory_id=result.run_id,
+            agent=atif.Agent(
+                name=result.agent,
+                version=str((result.details.get("cli") or {}).get("reported_version") or "")
+                or SCAFFOLD_VERSION + "-" + _labkube_version(),
+                model_name=result.model,
+                extra={"scaffold": result.agent},
+            ),
+            steps=[atif.Step(step_id=1, source="system", message="")],
+            final_metrics=atif.FinalMetrics(
+                total_prompt_tokens=result.spend.usage.input,
+                total_completion_tokens=result.spend.usage.output,
+                total_cached_tokens=result.spend.usage.cached,
+                total_cost_usd=result.spend.usd,
+                total_steps=acc.count,
+                extra={
+                    "reasoning_tokens": result.spend.usage.reasoning,
+                    "wall_seconds": result.spend.wall_seconds,
+                    "agent_steps": result.spend.steps,
+                    "model_calls_exported": acc.with_metrics,
+                },
+            ),
             extra={
-                "reasoning_tokens": result.spend.usage.reasoning,
-                "wall_seconds": result.spend.wall_seconds,
-                "agent_steps": result.spend.steps,
-                "model_calls_exported": len(totals),
+                "labkube": {
+                    "run_id": result.run_id,
+                    "task": result.task,
+                    "seed": result.seed,
+                    "status": result.status.value if hasattr(result.status, "value") else str(result.status),
+                    "stop_reason": str(result.stop_reason.value) if result.stop_reason else None,
+                    "error": result.error,
+                    "integrity_verdict": result.integrity_verdict,
+                    "score": result.score,
+                    "beat_baseline": result.beat_baseline,
+                    "capabilities": result.capabilities,
+                    "resumes": result.resumes,
+                    "handoffs": [
+                        {"n": e.get("n"), "ts": e.get("ts"), "summary": e.get("summary")} for e, _ in cursor.handoffs
+                    ],
+                    "started": (cursor.start or {}).get("ts"),
+                    "details": result.details,
+                },
+                "rewards": rewards,
             },
-        ),
-        extra={
-            "labkube": {
-                "run_id": result.run_id,
-                "task": result.task,
-                "seed": result.seed,
-                "status": result.status.value if hasattr(result.status, "value") else str(result.status),
-                "stop_reason": str(result.stop_reason.value) if result.stop_reason else None,
-                "error": result.error,
-                "integrity_verdict": result.integrity_verdict,
-                "score": result.score,
-                "beat_baseline": result.beat_baseline,
-                "capabilities": result.capabilities,
-                "resumes": result.resumes,
-                "handoffs": [
-                    {"n": e.get("n"), "ts": e.get("ts"), "summary": e.get("summary")} for e, _ in cursor.handoffs
-                ],
-                "started": spec_start.get("ts"),
-                "details": result.details,
-            },
-            "rewards": rewards,
-        },
-    )
-    return atif.Trajectory.model_validate(trajectory.model_dump())
+        ).to_json_dict()
+        envelope["steps"] = [STEPS_MARK]
+        head, tail = json.dumps(envelope, ensure_ascii=False, default=str).split(json.dumps(STEPS_MARK))
+        staged = path.with_suffix(".tmp")
+        with staged.open("w", encoding="utf-8") as out, steps_file.open(encoding="utf-8") as steps:
+            out.write(head)
+            shutil.copyfileobj(steps, out)
+            out.write(tail)
+        staged.replace(path)
+    finally:
+        steps_file.unlink(missing_ok=True)
+
+
+STEPS_MARK = "\u0000labkube-steps\u0000"
+
+
+def build_trajectory(run_dir: Path, result: RunResult) -> Any:
+    """One run as an `atif.Trajectory` object (the file `write_trajectory` writes, read back and validated)."""
+    import atif
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trajectory.json"
+        write_trajectory(run_dir, result, path)
+        return atif.Trajectory.model_validate_json(path.read_text(encoding="utf-8"))
 
 
 def _are_agent_steps(transcript: Path, acc: _Steps, matcher: Gaia2Matcher) -> None:
@@ -548,7 +628,7 @@ def _gateway_steps(transcript: Path, acc: _Steps, matcher: Gaia2Matcher | None) 
                 extra={"run_step": record.get("step"), "via": "gateway"},
             )
             if record.get("step") is not None:
-                acc.agent_steps[int(record["step"])] = len(acc.steps) - 1
+                acc.mark_agent(int(record["step"]))
         elif role == "tool" and last is not None and record is not None:
             tool = str(record.get("tool") or "")
             if matcher is not None and (
@@ -571,38 +651,23 @@ def _arguments(call: dict[str, Any]) -> dict[str, Any]:
     return args if isinstance(args, dict) else {"input": args}
 
 
-def _place_rewards(acc: _Steps, result: RunResult) -> dict[str, Any]:
-    """Put step and terminal rewards into the steps' extra; return the per-trajectory summary."""
-    per_step = step_rewards(result)
-    agent_indices = sorted(acc.agent_steps.items())
+def plan_rewards(counted: _Steps, result: RunResult) -> tuple[dict[int, list[dict[str, Any]]], float]:
+    """Which step gets which reward (by index), from the first pass's count: a grading's score change goes to the
+    agent step of its run step, else the last agent step before it, else the last step; the terminal rewards to
+    the last step. Also the sum of the step rewards placed."""
+    at: dict[int, list[dict[str, Any]]] = {}
+    agent_indices = sorted(counted.agent_steps.items())
+    last = counted.count - 1 if counted.count else None
     placed = 0.0
-    for run_step, rewards in per_step.items():
-        # the agent step numbered run_step, else the last agent step before it, else the last step
-        index = next((i for n, i in reversed(agent_indices) if n <= run_step), None)
-        if index is None:
-            index = len(acc.steps) - 1 if acc.steps else None
+    for run_step, rewards in step_rewards(result).items():
+        index = next((i for n, i in reversed(agent_indices) if n <= run_step), last)
         for reward in rewards:
             placed += reward["value"]
             if index is not None:
-                step = acc.steps[index]
-                step.extra = step.extra or {}
-                step.extra.setdefault("rewards", []).append(reward)
-    terminal = terminal_rewards(result)
-    if acc.steps:
-        last = acc.steps[-1]
-        last.extra = last.extra or {}
-        last.extra.setdefault("rewards", []).extend({**r, "terminal": True} for r in terminal)
-    action_rewards = [
-        r for s in acc.steps for r in (s.extra or {}).get("rewards", []) if r.get("kind") == "oracle_match"
-    ]
-    return {
-        "step_reward_sum": placed,
-        "step_reward_source": "result.json score_curve (normalised score change between consecutive gradings)"
-        if per_step
-        else None,
-        "terminal": terminal,
-        "write_actions": len(action_rewards) or None,
-    }
+                at.setdefault(index, []).append(reward)
+    if last is not None:
+        at.setdefault(last, []).extend({**r, "terminal": True} for r in terminal_rewards(result))
+    return at, placed
 
 
 def _labkube_version() -> str:
@@ -673,10 +738,7 @@ def export_run(cdir: CampaignDir, run_id: str, fmt: str, out: Path, flt: ExportF
     out.mkdir(parents=True, exist_ok=True)
     if fmt == "atif":
         path = out / f"{campaign}--{run_id}.atif.json"
-        trajectory = build_trajectory(run_dir, result)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(trajectory.to_json_dict(), ensure_ascii=False, default=str), encoding="utf-8")
-        tmp.replace(path)
+        write_trajectory(run_dir, result, path)
         return ExportedRun(run_id, path)
     path = out / f"{campaign}--{run_id}.sft.jsonl"
     tmp = path.with_suffix(".tmp")
