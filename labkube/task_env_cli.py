@@ -38,7 +38,14 @@ def _card(task: str):
 
 @click.command("prepare")
 @click.argument("task")
-def tasks_prepare(task: str) -> None:
+@click.option(
+    "--record",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Also write what was built and how long it took here (a pod's task-env init container: the run's "
+    "setup.json, reported as the result's setup_seconds).",
+)
+def tasks_prepare(task: str, record: Path | None) -> None:
     """Build TASK's environment (requirements.txt with uv, then install.sh) into the cache, as a run would.
 
     The cache is $LABKUBE_ENV_CACHE, else ~/.cache/labkube/task-envs; runs of the task reuse it."""
@@ -60,6 +67,10 @@ def tasks_prepare(task: str) -> None:
                 console.print(exc.log_tail, style="dim", highlight=False)
             raise click.ClickException(str(exc)) from None
     assert env is not None
+    if record is not None:
+        from labkube.store import write_model
+
+        write_model(record, env)
     how = "reused" if env.reused else "built"
     console.print(
         f"{card.name}: environment {how} in {time.monotonic() - started:.1f} s at {env.path} (cache {cache_root()})",

@@ -151,7 +151,7 @@ def build_pod_manifest(
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
     init_containers = [_prepare_container(run, image, options, run_dir, namespace)]
-    task_env = _task_env_container(run, image, options)
+    task_env = _task_env_container(run, image, options, run_dir, namespace)
     if task_env is not None:  # the task's environment, built before the agent starts (not in its budget)
         init_containers.append(task_env)
         env.append({"name": "LABKUBE_ENV_CACHE", "value": TASK_ENVS_MOUNT})
@@ -359,7 +359,9 @@ def _prepare_container(
 TASK_ENVS_MOUNT = "/task-envs"
 
 
-def _task_env_container(run: RunResourceSpec, image: str, options: PodOptions) -> dict[str, Any] | None:
+def _task_env_container(
+    run: RunResourceSpec, image: str, options: PodOptions, run_dir: str, namespace: str | None
+) -> dict[str, Any] | None:
     """`labkube tasks prepare` into the pod's task-envs volume (`runs.taskEnvironments`), for a ResearchGym task with
     requirements.txt or install.sh and no image of its own (an image from `labkube tasks dockerfile` has the
     environment baked in). It needs the package index: the run pods' NetworkPolicy must allow it."""
@@ -376,11 +378,16 @@ def _task_env_container(run: RunResourceSpec, image: str, options: PodOptions) -
         "name": "task-env",
         "image": image,
         "imagePullPolicy": options.image_pull_policy,
-        "command": ["labkube", "tasks", "prepare", run.task_path],
+        # --record: the build's time into the run's setup.json, the result's setup_seconds (not the agent's budget)
+        "command": ["labkube", "tasks", "prepare", run.task_path, "--record", f"{run_dir}/setup.json"],
         "env": [{"name": "HOME", "value": "/tmp"}, {"name": "LABKUBE_ENV_CACHE", "value": TASK_ENVS_MOUNT}],
         "resources": {"requests": {"cpu": _cpu(run.resources.cpus), "memory": _memory(run.resources.memory_gb)}},
         "securityContext": _secure(options.read_only_root_filesystem),
-        "volumeMounts": [{"name": "task-envs", "mountPath": TASK_ENVS_MOUNT}, {"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": [
+            {"name": "task-envs", "mountPath": TASK_ENVS_MOUNT},
+            {"name": "tmp", "mountPath": "/tmp"},
+            _runs_mount(run, options, namespace),
+        ],
     }
 
 

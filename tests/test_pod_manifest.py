@@ -490,7 +490,11 @@ def test_task_environments_build_in_an_init_container_when_enabled() -> None:
     check_pod(pod)
     parts = containers(pod)
     init = parts["task-env"]
-    assert init["command"] == ["labkube", "tasks", "prepare", str(bundled.path)]
+    assert init["command"] == [
+        *("labkube", "tasks", "prepare", str(bundled.path)),
+        *("--record", f"/runs/{RUN_ID}/setup.json"),  # the build time, as the result's setup_seconds
+    ]
+    assert {"name": "runs", "mountPath": f"/runs/{RUN_ID}"} in init["volumeMounts"]
     assert (
         env_of(init)["LABKUBE_ENV_CACHE"]["value"]
         == "/task-envs"

@@ -153,3 +153,28 @@ def test_a_run_whose_setup_fails_ends_setup_error_and_the_agent_never_starts(
     assert "not found in the package registry" in result.details["setup_log_tail"]
     run_dir = tmp_path / "out" / "runs" / result.run_id
     assert not (run_dir / "transcript.jsonl").exists() and result.spend.steps == 0
+
+
+def test_in_a_pod_the_init_containers_build_time_is_the_results_setup_seconds(tmp_path: Path, env_cache: Path) -> None:
+    """The pod's layout as processes, with the commands the manifest gives them (tests/test_pod_manifest.py): the
+    `task-env` init container runs `labkube tasks prepare TASK --record <run>/setup.json` into the pod's cache; the
+    agent container (LABKUBE_RUN_DIR set, the cache mounted) finds the environment ready and reports the init
+    container's build time as setup_seconds, apart from its own clock."""
+    from cli_helpers import labkube
+    from tinytask import make_run_dir
+
+    from labkube.result import RunResult
+    from labkube.tasks.environment import TaskEnv
+
+    task = task_with_env(tmp_path, steps=[WRITE, CHECK_SIX])
+    rd = make_run_dir(tmp_path, task)
+    prepared = labkube("tasks", "prepare", str(task), "--record", str(rd / "setup.json"), cwd=tmp_path)
+    assert prepared.returncode == 0, prepared.stderr
+    record = TaskEnv.model_validate_json((rd / "setup.json").read_text())
+    assert not record.reused and record.seconds > 0 and str(record.path).startswith(str(env_cache))
+    ran = labkube("agent", "--run-dir", str(rd), cwd=tmp_path, env={"LABKUBE_RUN_DIR": str(rd)})
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    result = RunResult.model_validate_json((rd / "result.json").read_text())
+    assert result.setup_seconds == pytest.approx(record.seconds, abs=1e-3)
+    assert (rd / "workspace" / "six.txt").read_text() == "1.17.0"  # the agent's python was the environment's
+    assert TaskEnv.model_validate_json((rd / "setup.json").read_text()) == record  # the agent kept the record
