@@ -300,7 +300,21 @@ Hook = Callable[[], Awaitable[None]]
 AfterHook = Callable[[float], Awaitable[None]]  # given the call's model seconds
 
 
-class ModelGateway:
+class GatewayAddress:
+    """Where agents reach a gateway (`url`): the base URLs they are given, as the SDKs and CLIs expect them."""
+
+    url: str
+
+    @property
+    def openai_base_url(self) -> str:
+        return f"{self.url}/openai/v1"
+
+    @property
+    def anthropic_base_url(self) -> str:
+        return f"{self.url}/anthropic"
+
+
+class ModelGateway(GatewayAddress):
     """One run's gateway. `await start()` binds 127.0.0.1 (or `host`) on a free port (or `port`); `url` is then the
     base for agents (`openai_base_url`, `anthropic_base_url`)."""
 
@@ -325,14 +339,6 @@ class ModelGateway:
         self._runner: aiohttp.web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self.url = ""
-
-    @property
-    def openai_base_url(self) -> str:
-        return f"{self.url}/openai/v1"
-
-    @property
-    def anthropic_base_url(self) -> str:
-        return f"{self.url}/anthropic"
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> ModelGateway:
         app = aiohttp.web.Application(client_max_size=64 * 1024 * 1024)
@@ -628,7 +634,7 @@ def _passed_back(response: aiohttp.ClientResponse, content_type: str) -> dict[st
     return headers
 
 
-class GatewayView:
+class GatewayView(GatewayAddress):
     """A gateway in another container of the pod (the `gateway` sidecar): its address, the token it wrote, and the
     totals it keeps in `gateway.json`, with the same attributes the CLI supervisor reads from a `ModelGateway`."""
 
@@ -638,14 +644,6 @@ class GatewayView:
         self.state_path = state_path
         self.state = GatewayState()
         self.refresh()
-
-    @property
-    def openai_base_url(self) -> str:
-        return f"{self.url}/openai/v1"
-
-    @property
-    def anthropic_base_url(self) -> str:
-        return f"{self.url}/anthropic"
 
     def refresh(self) -> None:
         with contextlib.suppress(OSError, ValueError):

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 
 import pytest
+from browser import Browser, find_chromium
 
 pytest_plugins = ["fault_record"]  # the `fault` fixture and docs/reliability.md, for every directory
 
@@ -28,3 +30,19 @@ def ray_local():
     yield ctx
     shutdown(ctx)
     assert not ray.is_initialized()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Headless Chromium for the pages' tests (tests/browser.py); on CI its absence is a failure, not a skip."""
+    found = find_chromium()
+    if found is None:
+        message = "headless Chromium not found: apt-get install chromium chromium-driver (scripts/test.sh does)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    b = Browser(*found)
+    try:
+        yield b
+    finally:
+        b.close()

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 import tracemalloc
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +24,7 @@ from analyze_synth import (
     write_gaia2_campaign,
     write_paper_campaign,
 )
-from browser import Browser, find_chromium
+from browser import Browser
 from cli_helpers import BUNDLED_TASK, labkube
 
 from labkube.analysis import FLAG_RULES, Analysis, analyze_campaigns, phase_of, read_transcript
@@ -266,21 +264,6 @@ def test_empty_campaign_is_a_one_line_error(tmp_path: Path) -> None:
     proc = labkube("analyze", str(tmp_path / "camp"), cwd=tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "no runs yet" in proc.stderr
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    found = find_chromium()
-    if found is None:
-        message = "headless Chromium not found: apt-get install chromium chromium-driver"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    b = Browser(*found)
-    try:
-        yield b
-    finally:
-        b.close()
 
 
 @pytest.mark.slow

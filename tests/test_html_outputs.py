@@ -11,12 +11,11 @@ import os
 import shutil
 import struct
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from browser import Browser, find_chromium
+from browser import Browser
 from cli_helpers import BUNDLED_TASK, labkube
 
 from labkube.html_report import CapabilityScore, render_gaia2_section, render_report_html
@@ -67,21 +66,6 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = Path(keep) if keep else tmp_path_factory.mktemp("artifacts")
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    found = find_chromium()
-    if found is None:
-        message = "headless Chromium not found: apt-get install chromium chromium-driver (scripts/test.sh does)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    b = Browser(*found)
-    try:
-        yield b
-    finally:
-        b.close()
 
 
 def severe(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:

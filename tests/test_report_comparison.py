@@ -11,16 +11,14 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import statistics
-from collections.abc import Iterator
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 from analyze_synth import write_run
-from browser import Browser, find_chromium
+from browser import Browser
 from cli_helpers import labkube
 
 from labkube.budgets import Budgets, Spend, StopReason, Usage
@@ -303,21 +301,6 @@ def test_html_report_leaves_suspicious_runs_out_of_the_comparison_when_asked(cam
     rows = comparison_rows(render_report_html(campaign, exclude_suspicious=True))
     claude = next(r for r in rows if r["scaffold"] == "claude-code")
     assert claude["cmp-mean"] == "0.700" and "SUSPICIOUS" not in claude["cmp-integrity"]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    found = find_chromium()
-    if found is None:
-        message = "headless Chromium not found: apt-get install chromium chromium-driver (scripts/test.sh does)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    b = Browser(*found)
-    try:
-        yield b
-    finally:
-        b.close()
 
 
 @pytest.mark.slow
