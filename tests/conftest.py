@@ -46,3 +46,10 @@ def browser() -> Iterator[Browser]:
         yield b
     finally:
         b.close()
+
+
+@pytest.fixture(autouse=True)
+def no_task_environment_from_an_earlier_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An agent run in this process names its task's environment in os.environ (LABKUBE_TASK_ENV, as `labkube agent`
+    does for its own tools); a later test's subprocesses would inherit it and run in that task's environment."""
+    monkeypatch.delenv("LABKUBE_TASK_ENV", raising=False)
