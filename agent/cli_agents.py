@@ -26,7 +26,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
@@ -35,11 +35,11 @@ from labkube.agent.checkpoint import Checkpoint
 from labkube.agent.cli_events import ClaudeCodeEvents, CodexEvents
 from labkube.agent.cli_install import CLI_AGENTS, CliAgentSpec, InstallError, ensure_installed, reported_version
 from labkube.agent.gateway import (
-    GatewayConfig,
     GatewayError,
     GatewayState,
     GatewayView,
     ModelGateway,
+    run_config,
     upstream_for,
 )
 from labkube.agent.provider import ProviderError
@@ -48,8 +48,9 @@ from labkube.agent.telemetry import RunTelemetry
 from labkube.agent.tools import ToolContext
 from labkube.agent.transcript import JsonlLog, now_iso
 from labkube.agent.workspace import Workspace
-from labkube.budgets import Budgets, StopReason, Usage
+from labkube.budgets import StopReason, Usage
 from labkube.model_ref import parse_model
+from labkube.result import completion_of
 from labkube.run_spec import RunPhase, RunSpec
 from labkube.store import RunDir
 from labkube.task_card import TaskCard
@@ -261,11 +262,6 @@ def task_text(card: TaskCard, spec: RunSpec, workspace: Path) -> str:
     return "\n\n".join(m.content for m in messages if m.role == "user" and m.content)
 
 
-def gateway_budgets(budgets: Budgets) -> Budgets:
-    """What the gateway enforces: tokens, dollars, model calls (wall time is the supervisor's)."""
-    return Budgets(tokens=budgets.tokens, usd=budgets.usd, steps=budgets.steps)
-
-
 async def run_cli_agent(
     rd: RunDir,
     spec: RunSpec,
@@ -312,14 +308,8 @@ async def run_cli_agent(
             return StopReason.error, str(exc)
         gw = GatewayView(sidecar, token, rd.root / "gateway.json")
     else:
-        config = GatewayConfig(
-            **{family: upstream},
-            provider_prefix="openai" if ref.provider == "openai-chat" else ref.provider,
-            budgets=gateway_budgets(spec.budgets),
-            prices=dict(spec.prices),
-        )
         gw = ModelGateway(
-            config,
+            run_config(spec, family, upstream),
             transcript=transcript,
             telemetry=telemetry,
             state=GatewayState(spend=ckpt.spend.model_copy(deep=True)),
@@ -500,7 +490,7 @@ class CliRun:
         self.ckpt.score_curve.append(grade)
         self.ckpt.last_grade_at = self.tracker.spend.wall_seconds
         self.transcript.append({"type": "grade", "ts": now_iso(), **grade.model_dump(mode="json")})
-        self.telemetry.grade(grade.score, _completion(grade))
+        self.telemetry.grade(grade.score, completion_of(grade.subtasks))
 
     async def invoke(self, prompt: str, session: str | None) -> Invocation:
         """One start of the CLI: to its exit, an interrupt at the end of the wall budget, or a SIGTERM."""
@@ -603,12 +593,6 @@ class CliRun:
             self.ckpt.end_summary = last_text[-1]
         stop = stop or self.gw.state.stop_reason
         return Invocation(stop, proc.returncode, None if stop else events.failure(), turn_ended)
-
-
-def _completion(grade: Any) -> float:
-    from labkube.result import completion_of
-
-    return completion_of(grade.subtasks)
 
 
 async def interrupt(proc: asyncio.subprocess.Process, grace_s: float = INTERRUPT_GRACE_S) -> None:

@@ -43,7 +43,8 @@ from labkube.agent.telemetry import RunTelemetry
 from labkube.agent.transcript import JsonlLog, now_iso
 from labkube.agent.usage import anthropic_usage, chat_usage, responses_usage
 from labkube.budgets import Budgets, Spend, StopReason, Usage
-from labkube.model_ref import ModelRef
+from labkube.model_ref import ModelRef, parse_model
+from labkube.run_spec import RunSpec
 from labkube.store import write_model
 
 Family = Literal["openai", "anthropic"]
@@ -83,6 +84,18 @@ class GatewayConfig(BaseModel):
     base_delay_s: float = Field(default=1.0, ge=0)
     max_delay_s: float = Field(default=60.0, ge=0)
     timeout_s: float = Field(default=900.0, gt=0)
+
+
+def run_config(spec: RunSpec, family: Family, upstream: Upstream) -> GatewayConfig:
+    """A run's gateway: its provider, and the budgets a gateway enforces (tokens, dollars, model calls; wall time is
+    the supervisor's), priced as the run's model is."""
+    provider = parse_model(spec.model).provider
+    return GatewayConfig(
+        **{family: upstream},
+        provider_prefix="openai" if provider == "openai-chat" else provider,
+        budgets=Budgets(tokens=spec.budgets.tokens, usd=spec.budgets.usd, steps=spec.budgets.steps),
+        prices=dict(spec.prices),
+    )
 
 
 class GatewayState(BaseModel):
@@ -682,7 +695,6 @@ async def serve_run_gateway(run_dir: Path, host: str, port: int, token_file: Pat
 
     from labkube.agent.checkpoint import Checkpoint
     from labkube.agent.registry import api_key_for
-    from labkube.model_ref import parse_model
     from labkube.store import RunDir, read_model
 
     rd = RunDir(run_dir)
@@ -690,12 +702,7 @@ async def serve_run_gateway(run_dir: Path, host: str, port: int, token_file: Pat
     ref = parse_model(spec.model)
     family, upstream = upstream_for(ref, api_key_for(ref, spec))
     ckpt = read_model(rd.checkpoint_json, Checkpoint)
-    config = GatewayConfig(
-        **{family: upstream},
-        provider_prefix="openai" if ref.provider == "openai-chat" else ref.provider,
-        budgets=Budgets(tokens=spec.budgets.tokens, usd=spec.budgets.usd, steps=spec.budgets.steps),
-        prices=dict(spec.prices),
-    )
+    config = run_config(spec, family, upstream)
     state = GatewayState(spend=ckpt.spend.model_copy(deep=True) if ckpt else Spend())
     before, after = world_clock_hooks(os.environ.get("LABKUBE_WORLD_URL"), spec.think_time_s)
     gateway = ModelGateway(

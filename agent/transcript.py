@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -58,3 +59,20 @@ def read_jsonl(path: Path, start: int = 0, end: int | None = None) -> list[dict[
         except ValueError:
             continue
     return out
+
+
+def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """Records of a JSONL file, one line at a time (memory bounded by a line); a torn or malformed line, or one
+    that is not an object, is skipped; a missing file has none."""
+    try:
+        fh = path.open("rb")
+    except FileNotFoundError:
+        return
+    with fh:
+        for line in fh:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                yield record

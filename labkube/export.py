@@ -27,6 +27,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import IO, Any
 
+from labkube.agent.transcript import iter_jsonl
 from labkube.result import RunResult
 from labkube.run_spec import CLI_AGENTS
 from labkube.store import CampaignDir
@@ -60,22 +61,6 @@ class ExportedRun:
     run_id: str
     path: Path | None
     skipped: str | None = None
-
-
-def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    """Records of a JSONL file, one line at a time; a torn or malformed line is skipped."""
-    try:
-        fh = path.open("rb")
-    except FileNotFoundError:
-        return
-    with fh:
-        for line in fh:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict):
-                yield record
 
 
 def campaign_runs(campaigns: list[Path]) -> list[tuple[CampaignDir, str]]:
@@ -370,26 +355,7 @@ def _walk(run_dir: Path, result: RunResult, acc: _Steps) -> TranscriptCursor:
         elif role == "assistant":
             call = cursor.next_model_call()
             emit_handoffs()
-            step_no = int(call["step"]) if call and "step" in call else None
-            extra["run_step"] = step_no
-            calls = [
-                atif.ToolCall(
-                    tool_call_id=str(c["id"]), function_name=str(c["name"]), arguments=c.get("arguments") or {}
-                )
-                for c in message.get("tool_calls") or []
-            ]
-            last_agent = acc.add(
-                source="agent",
-                message=str(message.get("content") or ""),
-                reasoning_content=message.get("thinking"),
-                tool_calls=calls or None,
-                model_name=(call or {}).get("model"),
-                metrics=_metrics(call),
-                timestamp=(call or {}).get("ts"),
-                extra=extra,
-            )
-            if step_no is not None:
-                acc.mark_agent(step_no)
+            last_agent = _agent_step(acc, message, call, extra)
         elif role == "tool" and last_agent is not None:
             call_id = message.get("tool_call_id")
             logged = cursor.tool_call(str(call_id)) if call_id else None
@@ -405,10 +371,7 @@ def _walk(run_dir: Path, result: RunResult, acc: _Steps) -> TranscriptCursor:
             observed = atif.ObservationResult(
                 source_call_id=call_id, content=str(message.get("content") or ""), extra=result_extra
             )
-            if last_agent.observation is None:
-                last_agent.observation = atif.Observation(results=[observed])
-            else:
-                last_agent.observation.results.append(observed)
+            _observe(last_agent, observed)
     cursor.drain()
     emit_handoffs()
     if not acc.count and result.agent == "are-default":
@@ -567,10 +530,7 @@ def _are_agent_steps(transcript: Path, acc: _Steps, matcher: Gaia2Matcher) -> No
         elif kind in ("observation", "error") and last is not None:
             source = last.tool_calls[-1].tool_call_id if last.tool_calls else None
             observed = atif.ObservationResult(source_call_id=source, content=text, extra={"are_log": kind})
-            if last.observation is None:
-                last.observation = atif.Observation(results=[observed])
-            else:
-                last.observation.results.append(observed)
+            _observe(last, observed)
 
 
 def gateway_conversation(transcript: Path) -> Iterator[tuple[dict[str, Any], dict[str, Any] | None]]:
@@ -600,6 +560,39 @@ def gateway_conversation(transcript: Path) -> Iterator[tuple[dict[str, Any], dic
             )
 
 
+def _agent_step(acc: _Steps, message: dict[str, Any], call: dict[str, Any] | None, extra: dict[str, Any]) -> Any:
+    """An assistant message as an agent step, with its model call's metrics; numbered by the call's run step."""
+    import atif
+
+    step_no = int(call["step"]) if call and call.get("step") is not None else None
+    calls = [
+        atif.ToolCall(tool_call_id=str(c["id"]), function_name=str(c["name"]), arguments=_arguments(c))
+        for c in message.get("tool_calls") or []
+    ]
+    step = acc.add(
+        source="agent",
+        message=str(message.get("content") or ""),
+        reasoning_content=message.get("thinking"),
+        tool_calls=calls or None,
+        model_name=(call or {}).get("model"),
+        metrics=_metrics(call),
+        timestamp=(call or {}).get("ts"),
+        extra={**extra, "run_step": step_no},
+    )
+    if step_no is not None:
+        acc.mark_agent(step_no)
+    return step
+
+
+def _observe(step: Any, observed: Any) -> None:
+    import atif
+
+    if step.observation is None:
+        step.observation = atif.Observation(results=[observed])
+    else:
+        step.observation.results.append(observed)
+
+
 def _gateway_steps(transcript: Path, acc: _Steps, matcher: Gaia2Matcher | None) -> None:
     """A vendor CLI's run as steps. In a Gaia2 world its tool calls carry the world's tool names; which of them
     write is not in its log: a tool counts as a write when ARE's judge weighed a call of it (as for ARE's agent)."""
@@ -612,23 +605,7 @@ def _gateway_steps(transcript: Path, acc: _Steps, matcher: Gaia2Matcher | None) 
             acc.add(source="user", message=message["content"], extra={})
             last = None
         elif role == "assistant":
-            assert record is not None
-            calls = [
-                atif.ToolCall(tool_call_id=str(c["id"]), function_name=str(c["name"]), arguments=_arguments(c))
-                for c in message.get("tool_calls") or []
-            ]
-            last = acc.add(
-                source="agent",
-                message=str(message.get("content") or ""),
-                reasoning_content=message.get("thinking"),
-                tool_calls=calls or None,
-                model_name=record.get("model"),
-                metrics=_metrics(record),
-                timestamp=record.get("ts"),
-                extra={"run_step": record.get("step"), "via": "gateway"},
-            )
-            if record.get("step") is not None:
-                acc.mark_agent(int(record["step"]))
+            last = _agent_step(acc, message, record, {"via": "gateway"})
         elif role == "tool" and last is not None and record is not None:
             tool = str(record.get("tool") or "")
             if matcher is not None and (
@@ -640,14 +617,13 @@ def _gateway_steps(transcript: Path, acc: _Steps, matcher: Gaia2Matcher | None) 
                 content=message["content"],
                 extra={"tool": record.get("tool"), "native_tool": message["name"], "ok": record.get("ok")},
             )
-            if last.observation is None:
-                last.observation = atif.Observation(results=[observed])
-            else:
-                last.observation.results.append(observed)
+            _observe(last, observed)
 
 
 def _arguments(call: dict[str, Any]) -> dict[str, Any]:
     args = call.get("arguments")
+    if args is None:
+        return {}
     return args if isinstance(args, dict) else {"input": args}
 
 

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from markupsafe import Markup
 
+from labkube.agent.transcript import iter_jsonl
 from labkube.html_report import (
     BASELINE_COLOR,
     SOTA_COLOR,
@@ -192,19 +193,7 @@ class Trajectory:
 
 def read_transcript(path: Path) -> list[dict[str, Any]]:
     """Every whole record; a torn or foreign line is skipped."""
-    records = []
-    try:
-        with path.open("rb") as fh:
-            for line in fh:
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(record, dict):
-                    records.append(record)
-    except FileNotFoundError:
-        return []
-    return records
+    return list(iter_jsonl(path))
 
 
 def _preview(tool: str, args: dict[str, Any]) -> str:
