@@ -409,3 +409,44 @@ def test_a_cli_in_a_gaia2_world_uses_its_apps_and_aress_judge_decides(
     matched = [r for r in rewards if r["kind"] == "oracle_match"]
     # both writes (the email, the message to the user) matched to the oracle's events by ARE's judge
     assert [r["value"] for r in matched] == [1.0, 1.0] and all(r["oracle_event_id"] for r in matched)
+
+
+def test_a_resume_with_no_session_to_continue_restarts_and_says_so(
+    tmp_path: Path, cli_binaries: dict[str, Path]
+) -> None:
+    """A run interrupted before the CLI reported its session (no session id in the checkpoint) cannot continue it:
+    the resumed run starts the CLI anew with the whole task prompt, and the result and transcript say so."""
+    from labkube.agent.checkpoint import Checkpoint
+    from labkube.store import utcnow, write_model
+
+    task = make_tiny_task(tmp_path, [])
+    rd = make_run_dir(tmp_path, task, model=MODELS["claude-code"], agent="claude-code")
+    write_model(rd / "checkpoint.json", Checkpoint(started_at=utcnow()))  # an attempt that left no CLI state
+    with FakeLLM(responder=responder("echo 4 > result.txt")) as server:
+        ran = labkube("agent", "--run-dir", str(rd), "--resume", cwd=tmp_path, env=provider_env("claude-code", server))
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    result = RunResult.model_validate_json((rd / "result.json").read_text())
+    assert result.details["cli"]["restarted"] == 1 and result.details["cli"]["resumed"] == 0
+    assert result.subtasks[0].raw == 4.0
+    events = read_jsonl(rd / "transcript.jsonl")
+    assert any(e["type"] == "agent_restart" and e["why"] == "no session to resume" for e in events)
+    started = next(e for e in events if e["type"] in ("start", "resume"))
+    assert started["resumed_session"] is None and "Tiny task" in started["prompt"]
+
+
+def test_claude_codes_settings_deny_blocked_domains_and_hook_every_network_tool(tmp_path: Path) -> None:
+    from labkube.agent.cli_agents import claude_setup
+    from labkube.agent.gateway import GatewayView
+
+    gw = GatewayView("http://127.0.0.1:9", "tok", tmp_path / "gateway.json")
+    env: dict[str, str] = {}
+    blocked = ["https://arxiv.org", "github.com/author/code", "*.author.example"]
+    flags = claude_setup(tmp_path, env, gw, "claude-sonnet-4-6", blocked)
+    settings = json.loads(Path(flags[flags.index("--settings") + 1]).read_text())
+    # whole hosts become WebFetch deny rules; paths and globs are the hook's (rg-agent's matching)
+    assert settings["permissions"]["deny"] == ["WebFetch(domain:arxiv.org)"]
+    (hook,) = settings["hooks"]["PreToolUse"]
+    assert hook["matcher"] == "Bash|WebFetch|WebSearch" and "labkube.agent.cli_hook" in hook["hooks"][0]["command"]
+    assert (tmp_path / "blocked_urls.txt").read_text().split() == blocked
+    assert env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:9/anthropic" and env["ANTHROPIC_API_KEY"] == "tok"
+    assert "--mcp-config" not in flags  # no world, no MCP server
