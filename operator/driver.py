@@ -118,6 +118,29 @@ def _use_token(token: str) -> None:
     AuthenticationTokenLoader.instance().reset_cache()
 
 
+@contextlib.contextmanager
+def _without_monitors() -> Any:
+    """Inside, `ray.init` starts a head node without the autoscaler monitor and the log monitor (160 MiB together).
+    A node started on this machine never scales, and with `log_to_driver=False` nothing reads what the log monitor
+    publishes. `ray start` has flags for both (`--no-monitor`, `--include-log-monitor=false`); `ray.init` does not,
+    so its node parameters get them here."""
+    import ray._private.parameter as parameter
+
+    base = parameter.RayParams
+
+    class HeadParams(base):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.no_monitor = True
+            self.include_log_monitor = False
+
+    parameter.RayParams = HeadParams  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        parameter.RayParams = base  # type: ignore[misc]
+
+
 def connect(
     address: str | None,
     concurrency: int,
@@ -157,15 +180,16 @@ def connect(
         if address:
             ray.init(address=address, log_to_driver=False, logging_level="ERROR")
         else:
-            ray.init(
-                address="local",  # a new instance, never one a `ray start` on this machine left in /tmp/ray
-                resources=resources,
-                num_gpus=num_gpus,
-                include_dashboard=False,
-                log_to_driver=False,
-                logging_level="ERROR",
-                **init_args,  # type: ignore[arg-type]
-            )
+            with _without_monitors():
+                ray.init(
+                    address="local",  # a new instance, never one a `ray start` on this machine left in /tmp/ray
+                    resources=resources,
+                    num_gpus=num_gpus,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    logging_level="ERROR",
+                    **init_args,  # type: ignore[arg-type]
+                )
     except (ConnectionError, RuntimeError, TimeoutError, ValueError) as exc:
         where = address or "this machine"
         raise DriverError(f"cannot start or reach Ray at {where}: {str(exc).splitlines()[0]}") from None

@@ -101,3 +101,23 @@ def test_two_one_gpu_runs_each_see_their_own_gpu(ray_local, tmp_path: Path) -> N
         records.append([json.loads(x)["ts"] for x in lines])
     (_, a_end), (b_start, _) = sorted((rec[0], rec[-1]) for rec in records)
     assert b_start < a_end, "the two runs did not overlap, so the test proves nothing"
+
+
+def test_the_local_head_runs_without_the_autoscaler_and_log_monitors(ray_local) -> None:
+    """A head started on this machine never scales and its workers' logs go to nobody (`log_to_driver=False`): the
+    two monitors would be 160 MiB of the operator pod's memory for nothing. Checked on the processes of this
+    session (the ones whose command line names its directory)."""
+    import ray
+
+    session = ray._private.worker._global_node.get_session_dir_path()
+    lines = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if session in text:
+            lines.append(text)
+    assert any("gcs_server" in line for line in lines) and any("raylet" in line for line in lines), lines
+    assert not [line for line in lines if "monitor.py" in line], "an autoscaler or log monitor was started"
+    assert ray.cluster_resources().get("GPU") == 2.0  # the node's own parameters are the ones given
