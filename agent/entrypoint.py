@@ -224,7 +224,7 @@ def restore_messages(rd: RunDir, ckpt: Checkpoint) -> list[Message]:
 async def run_agent(run_dir: Path, resume: bool = False) -> RunResult:
     rd = RunDir(run_dir)
     spec = rd.spec()
-    card = card_for_run(spec.task, spec.task_path, spec.task_id, spec.family)
+    card = card_for_run(spec.task, spec.task_path, spec.task_id, spec.family, spec.task_overlay)
     use_task_environment(rd, card)
     prepare_run_workspace(card, rd.workspace, spec.idea_hint)
     rd.logs.mkdir(parents=True, exist_ok=True)
@@ -512,7 +512,7 @@ def finalize_stopped(run_dir: Path, reason: StopReason) -> RunResult:
     """Grade a run whose agent was stopped from outside (time budget overrun, unrecoverable crash)."""
     rd = RunDir(run_dir)
     spec = rd.spec()
-    card = card_for_run(spec.task, spec.task_path, spec.task_id, spec.family)
+    card = card_for_run(spec.task, spec.task_path, spec.task_id, spec.family, spec.task_overlay)
     use_task_environment(rd, card)
     prepare_run_workspace(card, rd.workspace, spec.idea_hint)
     ckpt = read_model(rd.checkpoint_json, Checkpoint) or Checkpoint()

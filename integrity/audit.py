@@ -51,7 +51,7 @@ def audit_run(run_dir: Path, judge_model: str | None = None, judge_budget_usd: f
     """Audit the run in `run_dir`, write `integrity.json` and put the verdict into `result.json`."""
     rd = RunDir(run_dir)
     spec = rd.spec()
-    card = card_for_run(spec.task, spec.task_path, spec.task_id, spec.family)
+    card = card_for_run(spec.task, spec.task_path, spec.task_id, spec.family, spec.task_overlay)
     ev = gather(card, rd.root)
     violations, checks = run_checks(ev)
     inspector = None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 from itertools import product
+from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -61,8 +63,13 @@ class CampaignSpec(BaseModel):
     )
     overlay: str | None = Field(
         default=None,
-        description="labkube.yaml merged over the tasks' own (local backend): a file for one task, or a directory "
-        "of <task-name>.yaml or <task-name>/labkube.yaml files.",
+        description="Where `task_overlays` was read from (local backend; the CLI reads it): a labkube.yaml for "
+        "one task, or a directory of <task-name>.yaml or <task-name>/labkube.yaml files.",
+    )
+    task_overlays: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Task folder name -> labkube.yaml mapping merged over that task's own (SOTA values, "
+        "resources, budgets); checked when the campaign is planned.",
     )
 
     @field_validator("models")
@@ -114,11 +121,13 @@ class CampaignSpec(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _overlay_on_local_backend(self) -> CampaignSpec:
-        """The operator and its pods do not read overlays yet: refuse rather than ignore one."""
+    def _overlay_path_on_local_backend(self) -> CampaignSpec:
+        """The operator and its pods cannot read a path on the user's machine: refuse rather than ignore one."""
         if self.overlay is not None and self.backend == "k8s":
             raise ValueError(
-                "overlay is read on the local backend only; on Kubernetes put the labkube.yaml in the task folder"
+                "overlay is a path on your machine, which the cluster cannot read: give the labkube.yaml "
+                "mappings in task_overlays (task folder name -> mapping), or use "
+                "`labkube run --backend k8s --overlay PATH`, which reads the files"
             )
         return self
 
@@ -188,6 +197,9 @@ def expand_runs(spec: CampaignSpec, cards: dict[str, list[TaskCard]]) -> list[Ru
                     model_timeout_s=spec.model_timeout_s,
                     judge_budget_usd=spec.judge_budget_usd,
                     gpus=card.resources.gpus,
+                    task_overlay=spec.task_overlays.get(Path(card.path).name)
+                    if card.family is TaskFamily.researchgym
+                    else None,
                 )
             )
     ids = [r.run_id for r in runs]

@@ -13,6 +13,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 import yaml
@@ -78,25 +79,6 @@ def main() -> None:
 
 
 def run_campaign(spec: CampaignSpec, out: Path, ray_address: str | None, metrics_port: int | None = None) -> None:
-    from labkube.tasks.researchgym import OVERLAY_ENV
-
-    if spec.overlay is None:
-        _run_campaign(spec, out, ray_address, metrics_port)
-        return
-    # The planner here, and the supervisors and agents of the Ray it starts, each load the task cards:
-    # the environment is what they share (an existing cluster's workers do not see it).
-    before = os.environ.get(OVERLAY_ENV)
-    os.environ[OVERLAY_ENV] = spec.overlay
-    try:
-        _run_campaign(spec, out, ray_address, metrics_port)
-    finally:
-        if before is None:
-            os.environ.pop(OVERLAY_ENV, None)
-        else:
-            os.environ[OVERLAY_ENV] = before
-
-
-def _run_campaign(spec: CampaignSpec, out: Path, ray_address: str | None, metrics_port: int | None = None) -> None:
     from labkube.operator import CampaignError, DriverError, TaskError, launch, plan_campaign
     from labkube.operator.driver import HELD
 
@@ -234,8 +216,10 @@ def budgets_from(hours: float | None, usd: float | None, tokens: int | None, ste
     "--overlay",
     type=click.Path(exists=True, path_type=Path),
     default=None,
+    envvar="LABKUBE_TASK_OVERLAY",
     help="A labkube.yaml merged over the task's own (SOTA values, GPUs, budgets), or a directory of them: "
-    "DIR/<task-name>.yaml or DIR/<task-name>/labkube.yaml. Local backend.",
+    "DIR/<task-name>.yaml or DIR/<task-name>/labkube.yaml; read here and carried in the campaign "
+    "(default: $LABKUBE_TASK_OVERLAY).",
 )
 def run(
     tasks: tuple[str, ...],
@@ -264,11 +248,7 @@ def run(
     overlay: Path | None = None,
 ) -> None:
     """Run TASK... (bundled names like researchgym/NAME, or task directories) as one campaign."""
-    if overlay is not None and overlay.is_file() and len(tasks) > 1:
-        raise UsageFailure(
-            f"--overlay {overlay} is one task's labkube.yaml; for {len(tasks)} tasks pass a directory "
-            "holding <task-name>.yaml (or <task-name>/labkube.yaml) for each"
-        )
+    task_overlays = read_overlays(overlay, list(tasks))
     # a campaign name is a Kubernetes name: no underscores (Gaia2 scenario ids have them)
     joined = slug("-".join(t.rstrip("/").split("/")[-1] for t in tasks)).replace("_", "-")
     default_name = joined[:40].strip("-.") or "campaign"
@@ -289,7 +269,8 @@ def run(
             gaia2_a2a_model=gaia2_a2a_model,
             think_time_s=think_time,
             backend=backend,
-            overlay=str(overlay.resolve()) if overlay is not None else None,
+            overlay=str(overlay.resolve()) if overlay is not None and backend == "local" else None,
+            task_overlays=task_overlays,
         )
     except ValidationError as exc:
         raise UsageFailure(first_validation_error(exc, "campaign")) from None
@@ -306,6 +287,24 @@ def run(
     if kube_context or namespace:
         raise UsageFailure("--kube-context and --namespace need --backend k8s")
     run_campaign(spec, out or Path("campaigns") / spec.name, ray_address, metrics_port)
+
+
+def read_overlays(overlay: Path | None, tasks: list[str]) -> dict[str, dict[str, Any]]:
+    """`--overlay` (or a campaign file's `overlay`) read into `task_overlays`: the campaign carries the content,
+    so the planner, the runs and the operator's pods on a cluster all see it."""
+    from labkube.tasks import TaskError, read_task_overlays
+
+    if overlay is None:
+        return {}
+    if overlay.is_file() and len(tasks) > 1:
+        raise UsageFailure(
+            f"overlay {overlay} is one task's labkube.yaml; for {len(tasks)} tasks pass a directory "
+            "holding <task-name>.yaml (or <task-name>/labkube.yaml) for each"
+        )
+    try:
+        return read_task_overlays(overlay, tasks)
+    except TaskError as exc:
+        raise UsageFailure(str(exc)) from None
 
 
 def run_on_kubernetes(spec: CampaignSpec, kube_context: str | None, namespace: str | None) -> None:
@@ -416,10 +415,29 @@ def load_campaign_file(path: Path) -> CampaignSpec:
         data = {"name": metadata.get("name", "campaign"), **spec}
     if not isinstance(data, dict):
         raise UsageFailure(f"{path}: a campaign file is a mapping with at least `tasks:`")
+    if data.get("overlay") is not None:  # a path on this machine: read here, carried as task_overlays
+        data = with_overlays_read(data, path)
     try:
         return CampaignSpec.model_validate(data)
     except ValidationError as exc:
         raise UsageFailure(first_validation_error(exc, str(path))) from None
+
+
+def with_overlays_read(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """A campaign file's `overlay` read into its `task_overlays` (the path is kept on the local backend only)."""
+    try:
+        spec = CampaignSpec.model_validate({**data, "backend": "local"})
+    except ValidationError as exc:
+        raise UsageFailure(first_validation_error(exc, str(path))) from None
+    assert spec.overlay is not None
+    if spec.task_overlays:
+        raise UsageFailure(f"{path}: give overlay (a path) or task_overlays (the mappings), not both")
+    overlay = Path(spec.overlay).expanduser()
+    if not overlay.exists():
+        raise UsageFailure(f"{path}: overlay {overlay} does not exist")
+    local = data.get("backend", "local") == "local"
+    overlays = read_overlays(overlay, spec.tasks)
+    return {**data, "overlay": str(overlay.resolve()) if local else None, "task_overlays": overlays}
 
 
 @campaign.command("run")
@@ -688,10 +706,12 @@ def tasks_list() -> None:
     "--overlay",
     type=click.Path(exists=True, path_type=Path),
     default=None,
+    envvar="LABKUBE_TASK_OVERLAY",
     help="A labkube.yaml to merge over the task's own, or a directory of them: DIR/<task-name>.yaml or "
     "DIR/<task-name>/labkube.yaml (default: $LABKUBE_TASK_OVERLAY).",
 )
-def tasks_show(task: str, as_json: bool, overlay: Path | None = None) -> None:
+@click.pass_context
+def tasks_show(ctx: click.Context, task: str, as_json: bool, overlay: Path | None = None) -> None:
     """The parsed task card, and what could not be inferred (with the labkube.yaml line that fixes it)."""
     from rich.table import Table
 
@@ -708,9 +728,12 @@ def tasks_show(task: str, as_json: bool, overlay: Path | None = None) -> None:
         )
     try:
         cards = resolve_tasks(task)
-        if overlay is not None:
-            if cards[0].family is not TaskFamily.researchgym:
+        if overlay is not None and cards[0].family is not TaskFamily.researchgym:
+            if ctx.get_parameter_source("overlay") is click.core.ParameterSource.ENVIRONMENT:
+                overlay = None  # $LABKUBE_TASK_OVERLAY is for the ResearchGym tasks among all the others
+            else:
                 raise UsageFailure(f"--overlay is for ResearchGym task folders; {task} is a {cards[0].family} task")
+        if overlay is not None:
             cards = [load_researchgym(Path(cards[0].path), cards[0].ref, overlay=overlay)]
     except TaskError as exc:
         raise UsageFailure(str(exc)) from None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import html
 import io
+import json
 import math
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -169,13 +170,13 @@ class TaskReference:
 
 
 @functools.lru_cache(maxsize=4096)
-def _reference(task: str, task_path: str, task_id: str | None) -> TaskReference:
+def _reference(task: str, task_path: str, task_id: str | None, overlay_json: str = "null") -> TaskReference:
     from labkube.tasks import TaskError, card_for_run
     from labkube.tasks.scoring import fraction_of_sota
 
     scoring: Literal["normalized", "pass_fail"] = "pass_fail" if task_id is not None else "normalized"
     try:
-        card = card_for_run(task, task_path, task_id)
+        card = card_for_run(task, task_path, task_id, overlay=json.loads(overlay_json))
     except (TaskError, OSError, ValueError) as exc:
         return TaskReference(scoring=scoring, error=f"task card unavailable: {exc}")
     primary = card.primary
@@ -200,7 +201,8 @@ def task_reference(spec: RunSpec) -> TaskReference:
         match = re.search(r"\bL([1-3])$", spec.group)
         if match:
             return TaskReference(scoring="pass_fail", level=int(match.group(1)))
-    return _reference(spec.task, spec.task_path, spec.task_id)
+    overlay = json.dumps(spec.task_overlay, sort_keys=True)  # hashable, for the cache
+    return _reference(spec.task, spec.task_path, spec.task_id, overlay)
 
 
 # -- Gaia2: the hook ---------------------------------------------------------------------------------------------

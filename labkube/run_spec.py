@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from datetime import datetime
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -63,6 +63,11 @@ class RunSpec(BaseModel):
     judge_budget_usd: float = Field(default=1.0, gt=0, description="The inspector's own dollar budget per run.")
     api_key_env: dict[str, str] = Field(
         default_factory=dict, description="Model string -> environment variable holding its API key."
+    )
+    task_overlay: dict[str, Any] | None = Field(
+        default=None,
+        description="The labkube.yaml mapping the campaign merges over the task's own (its `task_overlays` "
+        "entry): the planner, the agent, the grader and the audit all load the task card with it.",
     )
 
 

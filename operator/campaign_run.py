@@ -18,7 +18,7 @@ from labkube.result import RunResult
 from labkube.run_spec import RunSpec
 from labkube.store import CampaignDir
 from labkube.task_card import TaskCard
-from labkube.tasks import resolve_tasks
+from labkube.tasks import resolve_campaign_tasks
 
 API_KEYS = {"openai": "OPENAI_API_KEY", "openai-chat": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 
@@ -48,7 +48,7 @@ def check_api_keys(models: list[str], api_key_env: dict[str, str]) -> None:
 
 def plan_campaign(spec: CampaignSpec, out: Path) -> tuple[CampaignDir, list[RunSpec], dict[str, list[TaskCard]]]:
     """Everything that can fail on bad input, with nothing written yet."""
-    cards = {t: resolve_tasks(t) for t in spec.tasks}
+    cards = resolve_campaign_tasks(spec.tasks, spec.task_overlays)
     world_models = [m for m in (spec.judge_model, spec.gaia2_a2a_model) if m]
     check_api_keys([*spec.models, *world_models], spec.api_key_env)
     try:

@@ -148,6 +148,7 @@ def connect(
     *,
     private: bool = False,
     pod_gpus: int | None = None,
+    patience_s: float = 0.0,
 ) -> RayContext:
     """Start Ray on this machine, or connect to `address`; a dead cluster is a one-line error.
 
@@ -178,7 +179,7 @@ def connect(
         return _context(False)
     try:
         if address:
-            ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+            _connect_patiently(address, patience_s)
         else:
             with _without_monitors():
                 ray.init(
@@ -194,6 +195,27 @@ def connect(
         where = address or "this machine"
         raise DriverError(f"cannot start or reach Ray at {where}: {str(exc).splitlines()[0]}") from None
     return _context(not address)
+
+
+def _connect_patiently(address: str, patience_s: float) -> None:
+    """Connect to an existing cluster, trying again for `patience_s` (the operator: a RayCluster head that is still
+    starting, or a Ray Client server slow to start this driver's own server on a loaded node, answers with an
+    initialisation failure the next try does not meet). Then the last error stands."""
+    import time
+
+    deadline = time.monotonic() + patience_s
+    delay = 1.0
+    while True:
+        try:
+            ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+            return
+        except (ConnectionError, RuntimeError, TimeoutError):
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            if time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 10.0)
 
 
 def shutdown(ctx: RayContext) -> None:

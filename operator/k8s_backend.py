@@ -477,6 +477,9 @@ class PodWatcher:
                 self._stop.wait(1.0)
 
 
+STATUS_WRITERS = 8
+
+
 class KubeSession:
     """The API clients of one process for one target, thread pools for their blocking calls, and
     one `PodWatcher` per namespace. Status patches have a pool of their own, so a burst of pod
@@ -490,7 +493,10 @@ class KubeSession:
         self.custom = CustomObjectsApi(self.client)
         self.loop = loop
         self.executor = ThreadPoolExecutor(max_workers=12, thread_name_prefix="labkube-kube")
-        self.status_executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="labkube-status")
+        self.status_executor = ThreadPoolExecutor(max_workers=STATUS_WRITERS, thread_name_prefix="labkube-status")
+        # A status patch waits for one of these, not in the executor's queue: it is built when its turn comes, so
+        # a Run whose pod moved on while it waited sends where the pod is now, and one patch instead of two.
+        self.status_turns = asyncio.Semaphore(STATUS_WRITERS)
         self.watchers: dict[str, PodWatcher] = {}
 
     async def call(
@@ -660,7 +666,16 @@ class PodRun:
                 return None
             raise
 
-    async def publish(self) -> None:
+    async def publish(self, pod_name: str | None = None) -> None:
+        """Patch the Run's status if it changed. With `pod_name`, the status is refreshed from that pod as the cache
+        has it when the patch's turn comes (during a campaign's start, patches queue behind each other's)."""
+        async with self.session.status_turns:
+            pod = self.watcher.get(pod_name) if pod_name is not None else None
+            if pod is not None:  # a pod gone from the cache is the caller's to handle: keep what is known
+                self.refresh(pod)
+            await self._patch_status()
+
+    async def _patch_status(self) -> None:
         body = self.status.to_status()
         body["observedGeneration"] = self.generation
         if body == self.published:
@@ -831,7 +846,7 @@ class PodRun:
         self.status.attempts = attempt + 1
         self.status.pod_name = name
         self.status.phase = RunPhase.starting
-        await self.publish()
+        await self.publish(name)
         return name
 
     async def follow(self, name: str) -> PodEnd:
@@ -844,8 +859,8 @@ class PodRun:
                 return PodEnd(None, last=self.watcher.deleted.pop(name, None))
             if (pod.get("status") or {}).get("phase") in _TERMINAL:
                 return PodEnd(pod)
-            self.refresh(pod)
-            await self.publish()
+            await self.publish(name)
+            pod = self.watcher.get(name) or pod
             stuck = stuck_condition(pod)
             if stuck is None:
                 stuck_since = None

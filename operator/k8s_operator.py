@@ -16,10 +16,11 @@
   are skipped, and each supervisor adopts its run's newest pod (`Run.status.podName`/`attempts`,
   and the pods' `labkube.dev/run` label) instead of creating one. Pod names are
   `<run>-<attempt>`, so a create that races a restart answers 409 and is adopted too.
-- **Deletion**: kopf's finalizer on a Campaign runs `campaign_deleted`, which deletes its Runs and
-  waits until they are gone; each Run's finalizer runs `run_deleted`, which deletes its pods (and
-  claim). The campaign directory on the runs volume is kept. (The owner references would let the
-  cluster's garbage collector do the same; the finalizers make it explicit and ordered.)
+- **Deletion**: kopf's finalizer on a Campaign runs `campaign_deleted`, which deletes its Runs, their
+  pods and claims, and waits until they are gone. The campaign directory on the runs volume is kept.
+  Runs have no finalizer: a Run deleted on its own takes its pods and claim with it through their
+  owner references (the cluster's garbage collector), and a finalizer would cost every Run two more
+  patches (kopf's finalizer and its last-handled annotation) during a campaign's start.
 
 Handlers are registered on a registry built by `build_registry(runtime, ray_ctx)`, so the
 operator's configuration reaches them without module globals; `labkube operator` passes it to
@@ -106,6 +107,7 @@ T = TypeVar("T")
 log = logging.getLogger("labkube.operator")
 
 DEFAULT_RUNS_ROOT = Path("/runs")
+RAY_CONNECT_PATIENCE_S = 120.0
 
 
 class OperatorRuntime(BaseModel):
@@ -324,21 +326,23 @@ class ClusterApi:
 def plan_resource_campaign(body: Mapping[str, Any]) -> tuple[CampaignSpec, list[RunSpec], dict[str, TaskCard]]:
     """The campaign a resource describes, its runs and each run's task card. Raises
     `CampaignSpecError` with a reason for the Campaign's condition."""
-    from labkube.tasks import TaskError, resolve_tasks
+    from labkube.tasks import OverlayError, TaskError, resolve_campaign_tasks
 
     name = (body.get("metadata") or {}).get("name", "?")
     try:
         spec = campaign_resource_spec(body).to_campaign_spec()
     except ValidationError as exc:
         err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or "spec"
-        raise CampaignSpecError("InvalidSpec", f"Campaign {name}: spec.{where}: {err['msg']}") from None
+        where = ".".join(["spec", *(str(p) for p in err["loc"])])
+        message = " ".join(err["msg"].removeprefix("Value error, ").split())
+        raise CampaignSpecError("InvalidSpec", f"Campaign {name}: {where}: {message}") from None
     except (SchemaError, UnknownModel) as exc:
         raise CampaignSpecError("InvalidSpec", str(exc)) from None
-    try:
-        cards = {t: resolve_tasks(t) for t in spec.tasks}
+    try:  # the overlays are checked here, against the tasks they apply to: the cards the runs' pods load
+        cards = resolve_campaign_tasks(spec.tasks, spec.task_overlays)
     except TaskError as exc:
-        raise CampaignSpecError("UnknownTask", f"Campaign {name}: {exc}") from None
+        reason = "InvalidOverlay" if isinstance(exc, OverlayError) else "UnknownTask"
+        raise CampaignSpecError(reason, f"Campaign {name}: {' '.join(str(exc).split())}") from None
     for model in spec.models:
         if parse_model(model).provider == "oracle":
             missing = [c.ref for cs in cards.values() for c in cs if not (c.oracle or c.gaia or c.gaia2)]
@@ -686,15 +690,12 @@ def build_registry(
         for run in runs:
             if not (run.get("metadata") or {}).get("deletionTimestamp"):
                 await api.delete_run(namespace, run["metadata"]["name"])
+            await api.delete_run_objects(namespace, run["metadata"]["name"])  # now, not when the collector gets to it
         if runs:
             raise kopf.TemporaryError(f"waiting for {len(runs)} Run(s) of campaign {name} to be deleted", delay=1)
         if metrics is not None:
             metrics.drop(namespace, name)
         logger.info(f"campaign {name}: runs and pods deleted; results kept in {runtime.campaign_root(namespace, name)}")
-
-    @kopf.on.delete(GROUP, VERSION, "runs", registry=registry)
-    async def run_deleted(name: str, namespace: str | None, **_: Any) -> None:
-        await api.delete_run_objects(namespace or "default", name)
 
     return registry
 
@@ -734,7 +735,13 @@ def run_operator(
             daemon=True,
         ).start()
     pod_gpus = gpus if gpus is not None else cluster_gpus(client, runtime.config.runs.gpu_resource_name)
-    ctx = connect(runtime.config.ray_address, max_runs, private=not runtime.config.ray_address, pod_gpus=pod_gpus)
+    ctx = connect(
+        runtime.config.ray_address,
+        max_runs,
+        private=not runtime.config.ray_address,
+        pod_gpus=pod_gpus,
+        patience_s=RAY_CONNECT_PATIENCE_S,  # a RayCluster installed with the chart may still be starting
+    )
     metrics = OperatorMetrics()
     server = metrics.serve(runtime.config.metrics_port)
     try:

@@ -380,7 +380,12 @@ def _task_env_container(
         "imagePullPolicy": options.image_pull_policy,
         # --record: the build's time into the run's setup.json, the result's setup_seconds (not the agent's budget)
         "command": ["labkube", "tasks", "prepare", run.task_path, "--record", f"{run_dir}/setup.json"],
-        "env": [{"name": "HOME", "value": "/tmp"}, {"name": "LABKUBE_ENV_CACHE", "value": TASK_ENVS_MOUNT}],
+        "env": [
+            {"name": "HOME", "value": "/tmp"},
+            {"name": "LABKUBE_ENV_CACHE", "value": TASK_ENVS_MOUNT},
+            # runs.env (a mirror's PIP_INDEX_URL or HF_ENDPOINT, say) reaches setup too, as it does the agent
+            *({"name": k, "value": v} for k, v in sorted(options.env.items())),
+        ],
         "resources": {"requests": {"cpu": _cpu(run.resources.cpus), "memory": _memory(run.resources.memory_gb)}},
         "securityContext": _secure(options.read_only_root_filesystem),
         "volumeMounts": [

@@ -79,7 +79,7 @@ async def task_environment(rd: RunDir, env: dict[str, str] | None) -> dict[str, 
     spec = rd.spec()
     if spec.family != "researchgym":
         return env
-    card = card_for_run(spec.task, spec.task_path, spec.task_id, spec.family)
+    card = card_for_run(spec.task, spec.task_path, spec.task_id, spec.family, spec.task_overlay)
     status = read_model(rd.status_json, RunStatus) or RunStatus(run_id=spec.run_id)
     write_model(rd.status_json, status.model_copy(update={"message": "building the task environment"}))
 

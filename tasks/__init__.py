@@ -3,11 +3,20 @@ and the bundled tasks."""
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from labkube.task_card import TaskCard
+from labkube.task_card import TaskCard, TaskFamily
 from labkube.tasks.grading import GradeOutcome, grade_workspace
-from labkube.tasks.researchgym import TaskError, load_researchgym
+from labkube.tasks.researchgym import (
+    OverlayError,
+    TaskError,
+    load_researchgym,
+    read_task_overlays,
+    task_folder_name,
+)
 from labkube.tasks.workspace import commit_pristine, prepare_workspace, workspace_diff
 
 BUNDLED = Path(__file__).parent / "bundled"
@@ -15,6 +24,7 @@ BUNDLED = Path(__file__).parent / "bundled"
 __all__ = [
     "BUNDLED",
     "GradeOutcome",
+    "OverlayError",
     "TaskError",
     "bundled_tasks",
     "card_for_run",
@@ -23,7 +33,10 @@ __all__ = [
     "load_task",
     "prepare_run_workspace",
     "prepare_workspace",
+    "read_task_overlays",
+    "resolve_campaign_tasks",
     "resolve_tasks",
+    "task_folder_name",
     "workspace_diff",
 ]
 
@@ -44,8 +57,14 @@ def _unknown(ref: str) -> TaskError:
     return TaskError(f"unknown task {ref!r}: not a task directory and not a bundled task (bundled: {known})")
 
 
-def resolve_tasks(ref: str) -> list[TaskCard]:
-    """Every task a reference names: one paper task, or the questions of a GAIA dataset."""
+def _researchgym(task_dir: Path, ref: str, overlays: Mapping[str, dict[str, Any]] | None) -> TaskCard:
+    overlay = (overlays or {}).get(task_dir.resolve().name)
+    return load_researchgym(task_dir, ref, overlay_content=overlay)
+
+
+def resolve_tasks(ref: str, overlays: Mapping[str, dict[str, Any]] | None = None) -> list[TaskCard]:
+    """Every task a reference names: one paper task, or the questions of a GAIA dataset. A paper task's
+    folder name keys its overlay in `overlays` (labkube.yaml mappings merged over the folder's own)."""
     from labkube.tasks.gaia import load_gaia
     from labkube.tasks.gaia2.cards import load_gaia2
 
@@ -55,7 +74,7 @@ def resolve_tasks(ref: str) -> list[TaskCard]:
         if (path / "metadata.jsonl").exists():
             return load_gaia(path, ref.split("#")[0].rstrip("/"), task_id or None)
         if (path / "task_description.md").exists():
-            return [load_researchgym(path, ref)]
+            return [_researchgym(path, ref, overlays)]
         return load_gaia2(ref)
     if path.is_file() and path.suffix in (".json", ".jsonl"):
         return load_gaia2(ref)
@@ -67,10 +86,31 @@ def resolve_tasks(ref: str) -> list[TaskCard]:
     if not name or not bundled.is_dir():
         raise _unknown(ref)
     if family == "researchgym" and not question:
-        return [load_researchgym(bundled, ref)]
+        return [_researchgym(bundled, ref, overlays)]
     if family == "gaia":
         return load_gaia(bundled, f"gaia/{name}", question or None)
     raise _unknown(ref)
+
+
+def resolve_campaign_tasks(
+    refs: list[str], overlays: Mapping[str, dict[str, Any]] | None = None
+) -> dict[str, list[TaskCard]]:
+    """The cards of a campaign's tasks, by reference, with the campaign's overlays (`task_overlays`) applied.
+    Raises `OverlayError` for an overlay that does not apply, or names a task folder the campaign does not run."""
+    cards = {ref: resolve_tasks(ref, overlays) for ref in refs}
+    folders = {Path(c.path).name: c for cs in cards.values() for c in cs}
+    for name in overlays or {}:
+        card = folders.get(name)
+        if card is None:
+            names = sorted(folders)
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = f"did you mean {close[0]}?" if close else f"its task folders: {', '.join(names) or 'none'}"
+            raise OverlayError(f"task_overlays: {name} is not a task folder this campaign runs ({hint})")
+        if card.family is not TaskFamily.researchgym:
+            raise OverlayError(
+                f"task_overlays: {name} is a {card.family.value} task; overlays are for ResearchGym task folders"
+            )
+    return cards
 
 
 def load_task(ref: str) -> TaskCard:
@@ -81,8 +121,15 @@ def load_task(ref: str) -> TaskCard:
     return cards[0]
 
 
-def card_for_run(task: str, task_path: str, task_id: str | None, family: str = "researchgym") -> TaskCard:
-    """The card of a run, from where its spec says the task lives (the same in a pod as locally)."""
+def card_for_run(
+    task: str,
+    task_path: str,
+    task_id: str | None,
+    family: str = "researchgym",
+    overlay: dict[str, Any] | None = None,
+) -> TaskCard:
+    """The card of a run, from where its spec says the task lives and with the overlay it carries
+    (`RunSpec.task_overlay`): the card its campaign's planner saw, in a pod as locally."""
     if family == "gaia2":
         from labkube.tasks.gaia2.cards import load_gaia2
 
@@ -92,7 +139,7 @@ def card_for_run(task: str, task_path: str, task_id: str | None, family: str = "
         from labkube.tasks.gaia import load_gaia
 
         return load_gaia(Path(task_path), task.rsplit("/", 1)[0], task_id)[0]
-    return load_researchgym(Path(task_path), task)
+    return load_researchgym(Path(task_path), task, overlay_content=overlay)
 
 
 def prepare_run_workspace(card: TaskCard, dest: Path, idea_hint: bool = False) -> Path:

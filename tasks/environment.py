@@ -136,7 +136,9 @@ def env_key(task_dir: Path) -> str | None:
 
 
 def env_dir(card: TaskCard, key: str, root: Path | None = None) -> Path:
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", card.name).strip("-") or "task"
+    """Named by the task's folder, not its `name:`: an overlay may rename a task, and the pod's `task-env` init
+    container (which builds the environment) and the agent (which finds it) must agree without it."""
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(card.path).name).strip("-") or "task"
     return (root or cache_root()) / f"{slug}-{key}"
 
 
@@ -153,15 +155,39 @@ def uv_binary() -> str:
         return found
 
 
+# Variables that move a part of the Hugging Face cache away from HF_HOME (the hub's files, datasets, xet chunks).
+HF_CACHE_VARIABLES = (
+    "HF_HUB_CACHE",
+    "HUGGINGFACE_HUB_CACHE",
+    "HF_ASSETS_CACHE",
+    "HUGGINGFACE_ASSETS_CACHE",
+    "HF_DATASETS_CACHE",
+    "HF_MODULES_CACHE",
+    "HF_XET_CACHE",
+    "TRANSFORMERS_CACHE",
+    "PYTORCH_TRANSFORMERS_CACHE",
+    "PYTORCH_PRETRAINED_BERT_CACHE",
+)
+
+
+def use_hf_cache(env: dict[str, str], hf: Path) -> dict[str, str]:
+    """`env` with `hf` as the whole Hugging Face cache: HF_HOME set, and a shell's own HF_HUB_CACHE and the like
+    dropped, which would otherwise send setup's downloads (and the run's reads) to a cache outside the environment."""
+    for name in HF_CACHE_VARIABLES:
+        env.pop(name, None)
+    env["HF_HOME"] = str(hf)
+    return env
+
+
 def activate(venv: Path, base: dict[str, str]) -> dict[str, str]:
     """`base` with the venv active: its bin first on PATH, VIRTUAL_ENV set, PYTHONHOME unset; the Hugging Face cache
-    of the environment, read offline (downloads happened at setup)."""
+    of the environment (`use_hf_cache`), read offline unless `base` says otherwise (downloads happened at setup)."""
     env = {k: v for k, v in base.items() if k not in ("PYTHONHOME", "PYTHONPATH")}
     env["VIRTUAL_ENV"] = str(venv)
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     hf = venv.parent / "cache" / "huggingface"
     if hf.is_dir():
-        env.setdefault("HF_HOME", str(hf))
+        use_hf_cache(env, hf)
         env.setdefault("HF_HUB_OFFLINE", "1")
         env.setdefault("HF_DATASETS_OFFLINE", "1")
     return env
@@ -272,8 +298,7 @@ def _build(card: TaskCard, task_dir: Path, path: Path, key: str, say: Callable[[
         say(f"{card.name}: creating the virtualenv (uv, Python {python_version()})")
         argv = [uv, "venv", "--seed", "--python", sys.executable, str(venv)]
         steps.append(EnvStep(name="uv venv", seconds=_run_step("uv venv", argv, path, base, log, timeout_s)))
-        active = activate(venv, base)
-        active["HF_HOME"] = str(path / "cache" / "huggingface")
+        active = use_hf_cache(activate(venv, base), path / "cache" / "huggingface")
         if (task_dir / REQUIREMENTS).is_file():
             say(f"{card.name}: installing requirements.txt")
             argv = [uv, "pip", "install", "--python", str(venv / "bin" / "python"), "-r", str(task_dir / REQUIREMENTS)]

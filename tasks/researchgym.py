@@ -9,8 +9,8 @@ name, for a task folder one does not own) add what the markdown does not say; se
 
 from __future__ import annotations
 
+import copy
 import difflib
-import os
 import re
 from collections import defaultdict
 from dataclasses import dataclass
@@ -44,12 +44,16 @@ from labkube.tasks._markdown import (
     plain,
 )
 
-OVERLAY_ENV = "LABKUBE_TASK_OVERLAY"  # a labkube.yaml, or a directory of them by task name
+OVERLAY_ENV = "LABKUBE_TASK_OVERLAY"  # the CLI's default `--overlay`: a labkube.yaml, or a directory of them
 ASSUMED = "assumed"  # `direction_inferred` when nothing in the task says which way is better
 
 
 class TaskError(ValueError):
     """A task that cannot be loaded; the message names the task, the problem and the fix."""
+
+
+class OverlayError(TaskError):
+    """A task that cannot be loaded with its overlay (or an overlay for no task of the campaign)."""
 
 
 # -- files -----------------------------------------------------------------------------------------------------
@@ -181,9 +185,29 @@ def _merge_subtask_entries(base: list[Any], overlay: list[Any]) -> list[Any]:
     return entries
 
 
-def overlay_from_environment() -> Path | None:
-    value = os.environ.get(OVERLAY_ENV, "").strip()
-    return Path(value).expanduser() if value else None
+def task_folder_name(ref: str) -> str:
+    """The folder name a task reference ends in (`researchgym/nanogpt`, `~/tasks/nanogpt/`: `nanogpt`), which
+    keys overlays; a reference to a folder on another machine (a cluster's tasks volume) works the same."""
+    path = Path(ref.partition("#")[0].rstrip("/")).expanduser()
+    return path.resolve().name if path.is_dir() else path.name
+
+
+def read_task_overlays(overlay: Path, tasks: list[str]) -> dict[str, dict[str, Any]]:
+    """The overlay of each task folder named in `tasks` that `overlay` (a file or a directory) has, by folder
+    name, each checked on its own: what a campaign carries to its planner and runs (`task_overlays`)."""
+    found: dict[str, dict[str, Any]] = {}
+    for task in dict.fromkeys(task_folder_name(t) for t in tasks):
+        path, _ = find_overlay(overlay.expanduser(), task)
+        if path is not None:
+            what = f"overlay {path}"
+            found[task] = read_yaml_mapping(path, task, what)
+            validate_labkube_yaml(found[task], task, what)
+    return found
+
+
+def overlay_label(task: str) -> str:
+    """How a card, and an error, name an overlay a campaign carries as content."""
+    return f"campaign overlay for {task}"
 
 
 # -- subtasks from the tables ---------------------------------------------------------------------------------
@@ -557,9 +581,19 @@ def gap_warnings(
 # -- the task card ---------------------------------------------------------------------------------------------
 
 
-def load_researchgym(task_dir: Path, ref: str, overlay: Path | None = None) -> TaskCard:
-    """The card of a ResearchGym task folder, with its labkube.yaml and `overlay` (default:
-    $LABKUBE_TASK_OVERLAY) merged over it."""
+def load_researchgym(
+    task_dir: Path,
+    ref: str,
+    overlay: Path | None = None,
+    *,
+    overlay_content: dict[str, Any] | None = None,
+    overlay_name: str | None = None,
+) -> TaskCard:
+    """The card of a ResearchGym task folder, with its labkube.yaml and an overlay merged over it: the file
+    `overlay` finds for the folder, or `overlay_content` (a labkube.yaml mapping a campaign carries), named
+    `overlay_name` in errors and in `card.overlay` (default: "campaign overlay for <task>")."""
+    if overlay is not None and overlay_content is not None:
+        raise ValueError("pass an overlay path or overlay content, not both")
     task_dir = task_dir.resolve()
     if not task_dir.is_dir():
         raise TaskError(f"task {ref}: {task_dir} is not a directory")
@@ -579,25 +613,36 @@ def load_researchgym(task_dir: Path, ref: str, overlay: Path | None = None) -> T
     if (task_dir / "labkube.yaml").exists():
         data = read_yaml_mapping(task_dir / "labkube.yaml", task, "labkube.yaml")
         validate_labkube_yaml(data, task, "labkube.yaml")
-    overlay = overlay if overlay is not None else overlay_from_environment()
-    overlay_file = None
+    over: dict[str, Any] | None = None
+    what = shown = ""  # the overlay as errors name it, and as the card records it
     if overlay is not None:
         overlay_file, overlay_warnings = find_overlay(overlay.expanduser(), task)
         warnings.extend(overlay_warnings)
-    if overlay_file is not None:
-        what = f"overlay {overlay_file}"
-        over = read_yaml_mapping(overlay_file, task, what)
-        validate_labkube_yaml(over, task, what)
-        source = {e["id"]: what for e in over.get("subtasks") or [] if isinstance(e, dict) and "id" in e}
-        data = merge_labkube_yaml(data, over)
-    merged = "labkube.yaml" if overlay_file is None else f"labkube.yaml with overlay {overlay_file}"
-    extra = validate_labkube_yaml(data, task, merged) if data else None
+        if overlay_file is not None:
+            what, shown = f"overlay {overlay_file}", str(overlay_file)
+            over = read_yaml_mapping(overlay_file, task, what)
+    elif overlay_content is not None:
+        what = shown = overlay_name or overlay_label(task)
+        if not isinstance(overlay_content, dict):
+            raise OverlayError(f"task {task}: {what} must be a mapping of keys to values (name:, subtasks:, ...)")
+        over = copy.deepcopy(overlay_content)  # the campaign's copy stays as it was
+    try:
+        if over is not None:
+            validate_labkube_yaml(over, task, what)
+            source = {e["id"]: what for e in over.get("subtasks") or [] if isinstance(e, dict) and "id" in e}
+            data = merge_labkube_yaml(data, over)
+        merged = "labkube.yaml" if over is None else f"labkube.yaml with {what}"
+        extra = validate_labkube_yaml(data, task, merged) if data else None
 
-    tables, problems = parse_tables(description)
-    warnings.extend(problems)
-    inference = infer_tables(tables, description)
-    warnings.extend(inference.problems)
-    subtasks, primary_given = apply_listed_subtasks(inference.subtasks, extra, task, source)
+        tables, problems = parse_tables(description)
+        warnings.extend(problems)
+        inference = infer_tables(tables, description)
+        warnings.extend(inference.problems)
+        subtasks, primary_given = apply_listed_subtasks(inference.subtasks, extra, task, source)
+    except TaskError as exc:
+        if over is None or isinstance(exc, OverlayError):
+            raise
+        raise OverlayError(str(exc)) from None
     warnings.extend(gap_warnings(subtasks, tables, inference.primary_reason, primary_given))
     if not (task_dir / "grading" / "grade.sh").exists():
         warnings.append("no grading/grade.sh: runs cannot be graded")
@@ -625,6 +670,6 @@ def load_researchgym(task_dir: Path, ref: str, overlay: Path | None = None) -> T
         required_seeds=list(extra.required_seeds),
         seeds_json_key=extra.seeds_json_key,
         blocked_urls=blocked,
-        overlay=str(overlay_file) if overlay_file else None,
+        overlay=shown or None,
         warnings=warnings,
     )

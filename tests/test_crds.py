@@ -12,6 +12,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from kube_schema import prune
 from pydantic import ValidationError
 
 from labkube.budgets import Budgets
@@ -137,7 +138,14 @@ def test_crd_schema_is_structural(crd: dict[str, Any]) -> None:
 @pytest.mark.parametrize("crd", [campaign_crd(), run_crd()], ids=["campaign", "run"])
 def test_preserve_unknown_fields_only_where_needed(crd: dict[str, Any]) -> None:
     preserved = sorted(p for p, n in nodes(openapi(crd)) if n.get("x-kubernetes-preserve-unknown-fields"))
-    expected = {"Campaign": [".spec.seeds", ".status.kopf"], "Run": [".status.kopf"]}
+    expected = {
+        "Campaign": [
+            ".spec.seeds",
+            ".spec.task_overlays{}",
+            ".status.kopf",
+        ],  # overlays: labkube.yaml, checked when planned
+        "Run": [".spec.task_overlay", ".status.kopf"],
+    }
     assert preserved == expected[crd["spec"]["names"]["kind"]]
 
 
@@ -350,6 +358,34 @@ def test_explicit_local_backend_is_kept() -> None:
 def test_lenient_mode_prunes_instead_of_rejecting() -> None:
     schema = openapi_to_jsonschema(openapi(campaign_crd()), strict_fields=False)
     jsonschema.validate(campaign_obj(surprise=True), schema)
+
+
+OVERLAY = {
+    "subtasks": [{"id": "final_acc", "sota": 0.91, "baseline": 0.5}],
+    "resources": {"gpus": 1, "node_selector": {"pool": "a100"}},
+    "budgets": {"wall_hours": 2},
+    "future_key": {"nested": [1, {"deep": True}]},  # not labkube.yaml's: pydantic refuses it when planned
+}
+
+
+def test_task_overlays_survive_the_api_servers_pruning() -> None:
+    """A labkube.yaml is free-form to the API server (checked when the campaign is planned): pruning keeps it whole,
+    in the Campaign and in each Run."""
+    obj = campaign_obj(task_overlays={"continual-learning-lite": OVERLAY})
+    validate_resource(obj, campaign_crd())
+    stored = prune(obj, openapi(campaign_crd()), root=True)
+    assert stored["spec"]["task_overlays"] == {"continual-learning-lite": OVERLAY}
+    assert spec_from_resource(stored).task_overlays == {"continual-learning-lite": OVERLAY}
+    run = run_objects(stored, card())[0]
+    validate_resource(run, run_crd())
+    stored_run = prune(run, openapi(run_crd()), root=True)
+    assert stored_run["spec"]["task_overlay"] == OVERLAY
+    assert run_spec_from_resource(stored_run).to_run_spec().task_overlay == OVERLAY
+
+
+def test_a_task_overlay_that_is_not_a_mapping_is_rejected_by_the_schema() -> None:
+    with pytest.raises(jsonschema.ValidationError):
+        validate_resource(campaign_obj(task_overlays={"continual-learning-lite": ["sota"]}), campaign_crd())
 
 
 # -- Run objects ----------------------------------------------------------------------------------

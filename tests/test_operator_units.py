@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from labkube.operator.admission import admission_violations, image_allowed
 from labkube.operator.k8s_backend import backoff_delay, disruption_of, retry_after, retrying
 from labkube.operator.k8s_models import OperatorConfig, PodOptions, PodSettings, RunResourceSpec, Tenancy
-from labkube.operator.k8s_operator import standby_health
+from labkube.operator.k8s_operator import CampaignSpecError, plan_resource_campaign, standby_health
 from labkube.result import TERMINATION_MESSAGE_LIMIT, RunResult, SubtaskScore, result_from_report, termination_report
 from labkube.run_spec import RunPhase
 from labkube.task_card import Resources
@@ -222,3 +222,61 @@ def test_a_standby_answers_its_health_probe() -> None:
         assert resp.status == 200 and b"standing by" in resp.read()
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)  # gone once it leads
+
+
+# -- planning a Campaign resource with task overlays --------------------------------------------------------
+
+
+def campaign_body(**spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "labkube.dev/v1alpha1",
+        "kind": "Campaign",
+        "metadata": {"name": "cl", "namespace": "default", "uid": "u-1"},
+        "spec": {"tasks": ["researchgym/continual-learning-lite"], "models": ["oracle"], **spec},
+    }
+
+
+def test_a_campaign_resources_overlay_reaches_its_runs_and_their_cards() -> None:
+    overlay = {"subtasks": [{"id": "avg_acc", "sota": 0.9}], "budgets": {"steps": 12}}
+    spec, runs, cards = plan_resource_campaign(campaign_body(task_overlays={"continual-learning-lite": overlay}))
+    assert spec.task_overlays == {"continual-learning-lite": overlay}
+    (run,) = runs
+    assert run.task_overlay == overlay and run.budgets.steps == 12
+    card = cards[run.run_id]
+    assert card.primary is not None and card.primary.sota == 0.9
+    assert card.overlay == "campaign overlay for continual-learning-lite"
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason", "expected"),
+    [
+        (
+            {"overlay": "/home/me/overlays"},
+            "InvalidSpec",
+            "Campaign cl: spec: overlay is a path on your machine, which the cluster cannot read: give the "
+            "labkube.yaml mappings in task_overlays (task folder name -> mapping), or use "
+            "`labkube run --backend k8s --overlay PATH`, which reads the files",
+        ),
+        (
+            {"task_overlays": {"continual-learning-lite": {"subtasks": [{"id": "avg_acc", "sotta": 1}]}}},
+            "InvalidOverlay",
+            "Campaign cl: task continual-learning-lite: campaign overlay for continual-learning-lite: "
+            "subtasks.0.sotta: unknown key (did you mean `sota`?)",
+        ),
+        (
+            {"task_overlays": {"continual-learning": {}}},
+            "InvalidOverlay",
+            "Campaign cl: task_overlays: continual-learning is not a task folder this campaign runs "
+            "(did you mean continual-learning-lite?)",
+        ),
+        (
+            {"task_overlays": {"continual-learning-lite": "sota: 1"}},
+            "InvalidSpec",
+            "Campaign cl: spec.task_overlays.continual-learning-lite: Input should be a valid dictionary",
+        ),
+    ],
+)
+def test_a_bad_overlay_in_a_campaign_resource_is_one_line(spec: dict[str, Any], reason: str, expected: str) -> None:
+    with pytest.raises(CampaignSpecError) as caught:
+        plan_resource_campaign(campaign_body(**spec))
+    assert (caught.value.reason, str(caught.value)) == (reason, expected)

@@ -505,6 +505,14 @@ def test_task_environments_build_in_an_init_container_when_enabled() -> None:
     assert [c["name"] for c in pod["spec"]["initContainers"]][:2] == ["prepare", "task-env"]
     prebuilt = run.model_copy(update={"resources": run.resources.model_copy(update={"image": "registry/task:1"})})
     assert "task-env" not in containers(build_pod_manifest(prebuilt, make_options(task_environments=True), owner=OWNER))
+    # runs.env (a package mirror, a Hugging Face endpoint) reaches setup as it reaches the agent; API keys do not
+    mirrored = build_pod_manifest(
+        run, make_options(task_environments=True, env={"HF_ENDPOINT": "http://hub.mirror:8080"}), owner=OWNER
+    )
+    setup, agent = containers(mirrored)["task-env"], containers(mirrored)["agent"]
+    assert env_of(setup)["HF_ENDPOINT"] == {"name": "HF_ENDPOINT", "value": "http://hub.mirror:8080"}
+    assert env_of(agent)["HF_ENDPOINT"] == env_of(setup)["HF_ENDPOINT"]
+    assert not [e for e in setup["env"] if "valueFrom" in e]
 
 
 @pytest.mark.parametrize("agent", ["claude-code", "codex"])

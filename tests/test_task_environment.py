@@ -20,7 +20,9 @@ from labkube.tasks.environment import (
     READY,
     SetupError,
     TaskEnvRecord,
+    cache_root,
     ensure_env,
+    env_dir,
     env_key,
     link_setup_outputs,
 )
@@ -68,6 +70,20 @@ def test_the_key_follows_the_files_and_the_python_version(tmp_path: Path) -> Non
     assert env_key(task) != first
     (task / "install.sh").write_text("true\n")
     assert env_key(task) not in (None, first)
+
+
+def test_an_overlay_that_renames_a_task_keeps_its_environments_place(tmp_path: Path) -> None:
+    """A pod's `task-env` init container builds from the task folder alone; the agent loads the card with the
+    campaign's overlay. Both must name the same environment, whatever `name:` the overlay gives."""
+    from labkube.tasks.researchgym import load_researchgym
+
+    task = task_with_env(tmp_path)
+    key = env_key(task)
+    assert key is not None
+    plain = load_researchgym(task, str(task))
+    renamed = load_researchgym(task, str(task), overlay_content={"name": "Renamed by an overlay"})
+    assert renamed.name == "Renamed by an overlay" != plain.name
+    assert env_dir(renamed, key) == env_dir(plain, key) == cache_root() / f"{task.name}-{key}"
 
 
 def test_build_once_then_reuse_read_only_and_link_what_install_sh_made(tmp_path: Path, env_cache: Path) -> None:

@@ -12,12 +12,14 @@ import pytest
 import yaml
 from cli_helpers import labkube
 from click.testing import CliRunner
+from pydantic import ValidationError
 from tinytask import make_tiny_task
 
 from labkube.campaign import CampaignSpec
-from labkube.cli import main
+from labkube.cli import load_campaign_file, main
+from labkube.operator.campaign_run import plan_campaign
 from labkube.task_card import Direction, Subtask, TaskCard
-from labkube.tasks import TaskError, load_task
+from labkube.tasks import OverlayError, TaskError, card_for_run, load_task, read_task_overlays
 from labkube.tasks.researchgym import OVERLAY_ENV, load_researchgym
 
 REAL_TASKS = Path(__file__).parent / "data" / "researchgym_tasks"
@@ -143,10 +145,46 @@ def test_overlay_can_add_a_subtask_the_tables_do_not_give(tmp_path: Path) -> Non
     assert (card.subtasks[-1].direction, card.subtasks[-1].direction_inferred) == (Direction.lower, None)
 
 
-def test_environment_variable_is_the_default_overlay(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_environment_variable_is_the_default_overlay_of_the_cli(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     write(tmp_path / "time-series-explanation.yaml", {"subtasks": [{"id": "state_aur", "sota": 0.7}]})
     monkeypatch.setenv(OVERLAY_ENV, str(tmp_path))
-    assert subtask(load_task(str(TSE)), "state_aur").sota == 0.7
+    result = CliRunner().invoke(main, ["tasks", "show", str(TSE), "--json"])
+    assert result.exit_code == 0, result.stderr
+    (card,) = json.loads(result.stdout)
+    assert subtask(TaskCard.model_validate(card), "state_aur").sota == 0.7
+    assert subtask(load_task(str(TSE)), "state_aur").sota is None  # a run's card comes from its spec, not from here
+    assert CliRunner().invoke(main, ["tasks", "show", "gaia/demo"]).exit_code == 0  # not a ResearchGym folder
+
+
+def test_overlay_content_merges_like_a_file_and_is_named_in_errors() -> None:
+    content = {"subtasks": [{"id": "state_aup", "sota": 0.991}], "budgets": {"usd": 3}}
+    card = load_researchgym(TSE, "tse", overlay_content=content)
+    assert subtask(card, "state_aup").sota == 0.991 and card.budgets.usd == 3
+    assert card.overlay == "campaign overlay for time-series-explanation"
+    assert content == {"subtasks": [{"id": "state_aup", "sota": 0.991}], "budgets": {"usd": 3}}  # not changed
+    with pytest.raises(OverlayError) as caught:
+        load_researchgym(TSE, "tse", overlay_content={"subtasks": [{"id": "state_aup", "sotta": 1}]})
+    assert str(caught.value) == (
+        "task time-series-explanation: campaign overlay for time-series-explanation: "
+        "subtasks.0.sotta: unknown key (did you mean `sota`?)"
+    )
+
+
+def test_read_task_overlays_keys_each_task_folder_that_has_one(tmp_path: Path) -> None:
+    write(tmp_path / "time-series-explanation.yaml", {"subtasks": [{"id": "state_cpd", "sota": 0.3}]})
+    write(tmp_path / "continual-learning" / "labkube.yaml", {"budgets": {"steps": 9}})
+    tasks = [f"{TSE}/", str(REAL_TASKS / "continual-learning"), "researchgym/materials-tokenization"]
+    assert read_task_overlays(tmp_path, tasks) == {
+        "time-series-explanation": {"subtasks": [{"id": "state_cpd", "sota": 0.3}]},
+        "continual-learning": {"budgets": {"steps": 9}},
+    }
+    one = write(tmp_path / "one.yaml", {"budgets": {"steps": 3}})
+    assert read_task_overlays(one, ["/cluster/tasks/nanogpt"]) == {"nanogpt": {"budgets": {"steps": 3}}}
+    write(tmp_path / "bad.yaml", "resources: {gpu: 1}\n")
+    with pytest.raises(TaskError, match=r"^task x: overlay .*bad\.yaml: resources\.gpu: unknown key"):
+        read_task_overlays(tmp_path / "bad.yaml", ["x"])
 
 
 def test_documented_labkube_yaml_example_applies_as_an_overlay(tmp_path: Path) -> None:
@@ -234,12 +272,54 @@ def test_run_refuses_one_overlay_file_for_several_tasks(tmp_path: Path) -> None:
     assert "is one task's labkube.yaml; for 2 tasks pass a directory" in result.stderr
 
 
-def test_kubernetes_campaign_with_an_overlay_is_refused_not_ignored(tmp_path: Path) -> None:
-    result = CliRunner().invoke(main, ["run", str(TSE), "--backend", "k8s", "--overlay", str(tmp_path)])
-    assert result.exit_code == 2
-    assert "overlay is read on the local backend only" in result.stderr
-    spec = CampaignSpec(tasks=["t"], overlay=str(tmp_path))
-    assert spec.overlay == str(tmp_path)
+def test_a_campaign_resource_with_an_overlay_path_is_refused_in_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError) as caught:
+        CampaignSpec(tasks=["t"], overlay=str(tmp_path), backend="k8s")
+    message = caught.value.errors()[0]["msg"]
+    assert "the cluster cannot read" in message and "task_overlays" in message and "\n" not in message
+    assert "`labkube run --backend k8s --overlay PATH`" in message
+    assert CampaignSpec(tasks=["t"], overlay=str(tmp_path)).overlay == str(tmp_path)  # local: a record
+
+
+def test_local_campaign_carries_each_tasks_overlay_to_its_runs(tmp_path: Path) -> None:
+    task = make_tiny_task(tmp_path / "tasks", [])
+    other = REAL_TASKS / "continual-learning"
+    overlay = {"subtasks": [{"id": "score", "sota": 4.0}], "budgets": {"steps": 7}}
+    spec = CampaignSpec(tasks=[str(task), str(other)], models=["noop"], task_overlays={"tiny-task": overlay})
+    _, runs, cards = plan_campaign(spec, tmp_path / "camp")
+    (tiny,) = [r for r in runs if r.task == str(task)]
+    (cl,) = [r for r in runs if r.task == str(other)]
+    assert (tiny.task_overlay, cl.task_overlay) == (overlay, None)
+    assert tiny.budgets.steps == 7 and subtask(cards[str(task)][0], "score").sota == 4.0
+    assert subtask(card_for_run(tiny.task, tiny.task_path, None, overlay=tiny.task_overlay), "score").sota == 4.0
+
+
+@pytest.mark.parametrize(
+    ("overlays", "expected"),
+    [
+        ({"tiny-tsk": {}}, "task_overlays: tiny-tsk is not a task folder this campaign runs (did you mean tiny-task?)"),
+        ({"tiny-task": {"subtask": []}}, "campaign overlay for tiny-task: subtask: unknown key"),
+        ({"tiny-task": {"subtasks": [{"id": "scor", "sota": 1}]}}, "subtask `scor` is not one the tables give"),
+    ],
+)
+def test_a_bad_campaign_overlay_is_one_line(tmp_path: Path, overlays: dict, expected: str) -> None:
+    task = make_tiny_task(tmp_path / "tasks", [])
+    spec = CampaignSpec(tasks=[str(task)], models=["noop"], task_overlays=overlays)
+    with pytest.raises(OverlayError) as caught:
+        plan_campaign(spec, tmp_path / "camp")
+    assert expected in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_campaign_file_overlay_is_read_into_task_overlays(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # a relative overlay is read from where labkube runs
+    write(tmp_path / "overlays" / "time-series-explanation.yaml", {"subtasks": [{"id": "state_aup", "sota": 0.9}]})
+    content = {"subtasks": [{"id": "state_aup", "sota": 0.9}]}
+    local = load_campaign_file(write(tmp_path / "c.yaml", {"tasks": [str(TSE)], "overlay": "overlays"}))
+    assert local.task_overlays == {"time-series-explanation": content}
+    assert local.overlay == str((tmp_path / "overlays").resolve())
+    on_k8s = {"tasks": [str(TSE)], "overlay": str(tmp_path / "overlays"), "backend": "k8s"}
+    remote = load_campaign_file(write(tmp_path / "k.yaml", on_k8s))
+    assert (remote.overlay, remote.task_overlays, remote.backend) == (None, {"time-series-explanation": content}, "k8s")
 
 
 @pytest.mark.slow
@@ -253,9 +333,28 @@ def test_run_with_overlay_reaches_the_agent_and_its_grading(tmp_path: Path) -> N
     assert proc.returncode == 0, proc.stderr + proc.stdout
     campaign = json.loads((out / "campaign.json").read_text())
     assert campaign["spec"]["overlay"] == str(overlays.resolve())
+    assert campaign["spec"]["task_overlays"] == {"tiny-task": {"subtasks": [{"id": "score", "sota": 4.0}]}}
     (run_id,) = campaign["runs"]
+    run = json.loads((out / "runs" / run_id / "run.json").read_text())
+    assert run["task_overlay"] == {"subtasks": [{"id": "score", "sota": 4.0}]}
     result = json.loads((out / "runs" / run_id / "result.json").read_text())
     (score,) = result["subtasks"]
     assert score["raw"] == 2.0
     assert score["fraction_of_sota"] == pytest.approx(0.5)  # 2 / 4 (the overlay), not 2 / 10 (the folder)
     shutil.rmtree(out)
+
+
+def test_documented_task_overlays_campaign_and_its_error(tmp_path: Path) -> None:
+    text = DOCS.read_text()
+    block = re.search(r"`task_overlays` itself:\n\n```yaml\n(.*?)```", text, re.DOTALL)
+    error = re.search(r"does not run is an error, in one line:\n\n```console\nerror: (.*)\n```", text)
+    assert block is not None and error is not None
+    data = yaml.safe_load(block.group(1).replace("ResearchGym/tasks/test/time-series-explanation", str(TSE)))
+    spec = load_campaign_file(write(tmp_path / "campaign.yaml", {**data, "models": ["noop"]}))
+    _, (run,), cards = plan_campaign(spec, tmp_path / "camp")
+    assert run.task_overlay == {"subtasks": [{"id": "state_aup", "sota": 0.991}]}
+    assert subtask(cards[str(TSE)][0], "state_aup").sota == 0.991
+    typo = spec.model_copy(update={"task_overlays": {"time-series-explanaton": {}}})
+    with pytest.raises(OverlayError) as caught:
+        plan_campaign(typo, tmp_path / "camp")
+    assert str(caught.value) == error.group(1)

@@ -16,6 +16,10 @@ kmock's own emulator lacks, and this subclass adds (DESIGN.md, "Testing without 
   changes only the status, a create drops the status of resources with the subresource;
 - finalizers: a DELETE of an object with finalizers sets `deletionTimestamp`; removing the last
   finalizer deletes it;
+- the garbage collector (kube-controller-manager's, in background propagation): when an object is
+  removed, the objects of its namespace whose every owner reference is now gone are deleted soon
+  after (their finalizers respected), and so is an object created with owners none of which exist;
+  its deletions are audited as `gc-delete`, not as a client's `delete`;
 - a consistent watch: every change is logged with its resourceVersion, and a watch from
   `?resourceVersion=N` replays what came after N before it follows new changes (410 when N is
   older than the log); without one it starts with ADDED events of the current objects; it honours
@@ -319,6 +323,8 @@ class FakeKube(kmock.KubernetesScaffold):
             admit(res, obj)
         self._commit(key, "ADDED", obj)
         self.audit.append(("create", res[2], ns, name))
+        if meta.get("ownerReferences"):
+            self._collect_soon(ns)  # owners that never existed or are gone already
         return copy.deepcopy(obj)
 
     def set_status(self, res: ResKey, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
@@ -350,12 +356,12 @@ class FakeKube(kmock.KubernetesScaffold):
         self._commit(key, "MODIFIED", new)
         return copy.deepcopy(new)
 
-    def delete_object(self, res: ResKey, namespace: str, name: str) -> dict[str, Any]:
+    def delete_object(self, res: ResKey, namespace: str, name: str, *, verb: str = "delete") -> dict[str, Any]:
         key = (*res, namespace, name)
         old = self.store.get(key)
         if old is None:
             raise KubeError(404, f'{res[2]} "{name}" not found')
-        self.audit.append(("delete", res[2], namespace, name))
+        self.audit.append((verb, res[2], namespace, name))
         if old["metadata"].get("finalizers"):
             if old["metadata"].get("deletionTimestamp"):
                 return copy.deepcopy(old)
@@ -379,6 +385,25 @@ class FakeKube(kmock.KubernetesScaffold):
         self.rv += 1
         obj["metadata"]["resourceVersion"] = str(self.rv)
         self._emit(key, "DELETED", obj)
+        self._collect_soon(key[3])
+
+    # -- the garbage collector --------------------------------------------------------------------
+
+    def _collect_soon(self, namespace: str) -> None:
+        """The collector runs apart from the request that removed an owner, as the real one does."""
+        try:
+            asyncio.get_running_loop().call_soon(self._collect, namespace)
+        except RuntimeError:  # no loop: a test's direct call outside one
+            self._collect(namespace)
+
+    def _collect(self, namespace: str) -> None:
+        uids = {o["metadata"].get("uid") for k, o in self.store.items() if k[3] == namespace}
+        for key, obj in list(self.store.items()):
+            owners = obj["metadata"].get("ownerReferences") or []
+            if key[3] != namespace or not owners or obj["metadata"].get("deletionTimestamp"):
+                continue
+            if all(o.get("uid") not in uids for o in owners) and key in self.store:
+                self.delete_object(key[:3], key[3], key[4], verb="gc-delete")  # type: ignore[arg-type]
 
     def _emit(self, key: ObjKey, type_: str, obj: dict[str, Any]) -> None:
         res = key[:3]

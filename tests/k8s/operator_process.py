@@ -152,6 +152,17 @@ def _zombie(pid: int) -> bool:
         return True
 
 
+def described(pids: list[int]) -> list[str]:
+    """What an assertion about leftover processes shows: each one's state and command line."""
+    out = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            out.append(f"{pid} {state} {cmdline[:160]}")
+    return out
+
+
 def supervisor_actor_pids() -> list[int]:
     """Every `ray::SupervisorActor` process on this machine, whoever started it."""
     out = []

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import Cluster, tiny_task
-from test_operator import READ, WRITE
+from conftest import Cluster, eventually, tiny_task
+from test_operator import READ, WRITE, condition, phase
 
+from labkube.run_spec import RunSpec
 from labkube.store import CampaignDir
 
 
@@ -103,3 +104,51 @@ def test_local_only_options_are_refused_with_the_k8s_backend(tmp_path: Path) -> 
         "run", "researchgym/continual-learning-lite", "--backend", "k8s", "--out", "x", env={}, cwd=tmp_path
     )
     assert code == 2 and "--out is for the local backend" in err
+
+
+@pytest.mark.slow
+async def test_run_with_the_k8s_backend_carries_the_overlay_to_the_pods(cluster: Cluster) -> None:
+    """`--overlay` is read by the CLI and travels as content: Campaign, Run, the pod's run.json, its grade. A bad
+    overlay in another Campaign fails that one in one line and nothing else."""
+    task = tiny_task(cluster.root, "overlaid", [WRITE, READ])
+    overlay = {"subtasks": [{"id": "score", "sota": 12.0}], "budgets": {"steps": 40}}
+    (cluster.root / "overlays").mkdir()
+    (cluster.root / "overlays" / "overlaid.yaml").write_text(yaml.safe_dump(overlay))
+    config = kubeconfig(cluster.root / "kubeconfig", cluster.url)
+    async with cluster.operator():
+        bad = {"overlaid": {"subtasks": [{"id": "score", "sotta": 1}]}}
+        cluster.campaign("bad-overlay", tasks=[str(task)], models=["oracle"], task_overlays=bad)
+        code, out, err = await labkube_async(
+            "run", str(task), "--backend", "k8s", "--kube-context", "fake", "--namespace", "default",
+            "--name", "overlaid", "--overlay", "overlays",
+            env={"KUBECONFIG": str(config)}, cwd=cluster.root,
+        )  # fmt: skip
+        assert code == 0, err + out
+        await eventually(lambda: phase(cluster, "bad-overlay") == "Failed", 30, what="the bad campaign to fail")
+
+    campaign = cluster.get_campaign("overlaid")
+    assert campaign is not None and campaign["status"]["phase"] == "Finished"
+    assert campaign["spec"]["task_overlays"] == {"overlaid": overlay} and "overlay" not in campaign["spec"]
+    (run,) = cluster.runs("overlaid")
+    assert run["spec"]["task_overlay"] == overlay and run["spec"]["budgets"]["steps"] == 40
+    (pod_name,) = cluster.pods_created("overlaid")
+    pod = cluster.created_pod(pod_name)
+    envs = [e for c in pod["spec"].get("initContainers", []) + pod["spec"]["containers"] for e in c.get("env", [])]
+    (spec_json,) = {e["value"] for e in envs if e["name"] == "LABKUBE_RUN_SPEC"}
+    assert RunSpec.model_validate_json(spec_json).task_overlay == overlay
+    cdir = CampaignDir(cluster.campaign_dir("overlaid"))
+    (run_id,) = cdir.run_ids()
+    result = cdir.result(run_id)
+    assert result is not None and result.status.value == "Finished"
+    (score,) = result.subtasks
+    assert score.raw == 6.0 and score.fraction_of_sota == pytest.approx(0.5)  # 6 / 12 (the overlay), not 6 / 10
+
+    failed = cluster.get_campaign("bad-overlay")
+    assert failed is not None
+    ready = condition(failed, "Ready")
+    assert ready is not None and ready["reason"] == "InvalidOverlay"
+    assert ready["message"] == (
+        "Campaign bad-overlay: task overlaid: campaign overlay for overlaid: "
+        "subtasks.0.sotta: unknown key (did you mean `sota`?)"
+    )
+    assert cluster.runs("bad-overlay") == [] and cluster.pods_created("bad-overlay") == []

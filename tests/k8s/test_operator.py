@@ -150,6 +150,45 @@ async def test_deleting_a_campaign_deletes_its_runs_and_pods_and_keeps_the_resul
         assert (cdir.run_dir(run_id) / "transcript.jsonl").exists()
 
 
+async def test_runs_carry_no_finalizer_and_a_run_deleted_alone_takes_its_pod_with_it(cluster: Cluster) -> None:
+    """A finalizer on every Run cost two API writes per Run while a campaign starts (kopf's finalizer and its
+    last-handled annotation). Without one, a Run deleted on its own goes at once and its pod follows through the
+    pod's owner reference: the fake API has kube-controller-manager's garbage collector (its deletions are audited as
+    `gc-delete`). A Run still holding the finalizer of an earlier version loses it when the operator sees it."""
+    from conftest import CAMPAIGNS, RUNS
+
+    def running() -> list[dict]:
+        return [p for p in cluster.pods("alone") if (p.get("status") or {}).get("phase") == "Running"]
+
+    task = tiny_task(cluster.root, "alone", [WRITE, sleep(60), READ])
+    async with cluster.operator():
+        cluster.campaign("alone", tasks=[str(task)], models=["oracle"], seeds=2)
+        await eventually(lambda: len(running()) == 2, 60, what="two running pods")
+        runs = cluster.runs("alone")
+        for run in runs:
+            assert not run["metadata"].get("finalizers"), run["metadata"]
+            assert not [a for a in run["metadata"].get("annotations") or {} if a.startswith("kopf.zalando.org")]
+        doomed, kept = (r["metadata"]["name"] for r in runs)
+        cluster.api.delete_object(RUNS, NAMESPACE, doomed)
+        assert cluster.api.read_object(RUNS, NAMESPACE, doomed) is None
+        await eventually(
+            lambda: [p["metadata"]["name"] for p in cluster.pods("alone")] == [f"{kept}-0"], 30, what="its pod to go"
+        )
+        assert ("gc-delete", "pods", NAMESPACE, f"{doomed}-0") in cluster.api.audit
+
+        cluster.api.update_object(
+            RUNS, NAMESPACE, kept, lambda r: r["metadata"].update(finalizers=["labkube.dev/finalizer"])
+        )
+        await eventually(
+            lambda: not (cluster.api.read_object(RUNS, NAMESPACE, kept) or {}).get("metadata", {}).get("finalizers"),
+            30,
+            what="the old finalizer to be removed",
+        )
+        cluster.api.delete_object(CAMPAIGNS, NAMESPACE, "alone")
+        await eventually(lambda: cluster.get_campaign("alone") is None, 60, what="the campaign to go")
+    assert cluster.pods("alone") == [] and cluster.kubelet.running() == []
+
+
 async def test_a_run_needing_more_gpus_than_the_cluster_has_shows_why_it_waits(cluster: Cluster) -> None:
     task = tiny_task(cluster.root, "huge", [WRITE], resources={"gpus": 4})
     async with cluster.operator():

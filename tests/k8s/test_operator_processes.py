@@ -26,7 +26,14 @@ import pytest
 from conftest import CAMPAIGNS, CLAIM, PODS, RUNS, eventually, tiny_task
 from fakekube import FakeKube
 from kubelet import FakeKubelet
-from operator_process import OperatorProcess, health, operator_config, supervisor_actor_pids, write_kubeconfig
+from operator_process import (
+    OperatorProcess,
+    described,
+    health,
+    operator_config,
+    supervisor_actor_pids,
+    write_kubeconfig,
+)
 from raynodes import LocalRayCluster
 
 from labkube.operator.crds import API_VERSION
@@ -150,7 +157,7 @@ async def test_the_operator_killed_and_restarted_twice_finishes_every_run(fake: 
     fake.campaign("restarts", task, seeds=3)
     await eventually(lambda: fake.running("restarts") == 3, 120, what="three running pods")
     await first.kill()
-    assert first.pids() == [], "the killed operator left processes"
+    assert first.pids() == [], described(first.pids())
     second = await fake.operator(config, "second")
     await wait_healthy(second, port)
     await asyncio.sleep(3)  # it leads, adopts the pods and drives for a while
@@ -161,7 +168,7 @@ async def test_the_operator_killed_and_restarted_twice_finishes_every_run(fake: 
     code, leftovers = await third.stop()
     assert code == 0 and leftovers == [], (code, leftovers, third.said())
     fake.assert_one_pod_per_run("restarts", 3)
-    assert supervisor_actor_pids() == []
+    assert supervisor_actor_pids() == [], described(supervisor_actor_pids())
 
 
 async def test_ray_holds_back_gpu_runs_beyond_the_clusters_allocatable_gpus(fake: Fake) -> None:
@@ -220,7 +227,7 @@ async def test_two_replicas_started_at_once_one_drives_and_the_standby_takes_ove
     fake.assert_one_pod_per_run("replicas", 3)
     lease = fake.api.read_object(LEASES, OPERATOR_NAMESPACE, "labkube-operator")
     assert lease is not None and lease["spec"]["leaseTransitions"] >= 1
-    assert supervisor_actor_pids() == []
+    assert supervisor_actor_pids() == [], described(supervisor_actor_pids())
 
 
 async def test_a_ray_worker_node_killed_mid_campaign_loses_no_run(fake: Fake, fault: Fault) -> None:
