@@ -282,10 +282,11 @@ async def bench(runs: int, run_seconds: float, timeout: float, console: Console)
                     memory.sample()
                     campaign = api.read_object(CAMPAIGNS, "default", "scale") or {}
                     status = campaign.get("status") or {}
-                    if all_pods_at is None and len(api.objects(PODS)) >= runs:
+                    pods = api.count(PODS)
+                    if all_pods_at is None and pods >= runs:
                         all_pods_at = time.monotonic() - started
                     console.print(
-                        f"[dim]{time.monotonic() - started:6.1f}s  pods {len(api.objects(PODS))}/{runs}  "
+                        f"[dim]{time.monotonic() - started:6.1f}s  pods {pods}/{runs}  "
                         f"running {len(kubelet.running())}  campaign {status.get('phase', '-')} "
                         f"{status.get('progress', '')}[/]",
                         highlight=False,

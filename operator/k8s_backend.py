@@ -38,12 +38,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import heapq
+import itertools
 import json
 import logging
 import random
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -65,7 +67,7 @@ from labkube.operator.k8s_models import (
     RunStatus,
     set_condition,
 )
-from labkube.operator.kube import KubeTarget, api_client, parse_time
+from labkube.operator.kube import KubeTarget, answered, api_client, parse_time
 from labkube.operator.pod_manifest import (
     LABEL_ATTEMPT,
     LABEL_COMPONENT,
@@ -365,6 +367,7 @@ class PodWatcher:
         self.deleted: dict[str, dict[str, Any]] = {}  # pod name -> its last state, for pods deleted since
         self.synced = asyncio.Event()
         self._bells: dict[str, asyncio.Event] = {}
+        self._versions: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"labkube-pods-{namespace}", daemon=True)
         self._thread.start()
@@ -382,8 +385,15 @@ class PodWatcher:
             self.pods[name] = slim_pod(pod)
             self._ring(name)
 
-    async def wait(self, name: str, timeout: float) -> None:
-        """Until pod `name` changes, or `timeout` seconds."""
+    def version(self, name: str) -> int:
+        """How many times pod `name` has changed in this cache: what `wait` compares with."""
+        return self._versions.get(name, 0)
+
+    async def wait(self, name: str, timeout: float, since: int) -> None:
+        """Until pod `name` changes after `version(name)` was `since` (at once if it already has: a change that
+        came while the caller was busy is not lost), or `timeout` seconds."""
+        if self.version(name) != since:
+            return
         bell = self._bells.setdefault(name, asyncio.Event())
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(bell.wait(), timeout)
@@ -392,6 +402,7 @@ class PodWatcher:
         self._stop.set()
 
     def _ring(self, name: str) -> None:
+        self._versions[name] = self._versions.get(name, 0) + 1
         bell = self._bells.pop(name, None)
         if bell is not None:
             bell.set()
@@ -477,40 +488,83 @@ class PodWatcher:
                 self._stop.wait(1.0)
 
 
-STATUS_WRITERS = 8
+API_CALLS = 20  # concurrent API calls of one process's session (threads of its pool)
+STATUS_FIRST, OTHER_CALLS = 0, 1
+
+
+class Turns:
+    """At most `n` holders at once; a waiting holder of a lower `priority` goes first (then first come, first
+    served). Status patches go before pod creations: while a campaign starts, a Run's status follows its pod
+    instead of queueing behind the creation of a thousand others."""
+
+    def __init__(self, n: int) -> None:
+        self.free = n
+        self.waiting: list[tuple[int, int, asyncio.Future[None]]] = []
+        self.arrivals = itertools.count()
+
+    @contextlib.asynccontextmanager
+    async def take(self, priority: int) -> AsyncIterator[None]:
+        if self.free > 0 and not self.waiting:
+            self.free -= 1
+        else:
+            turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            heapq.heappush(self.waiting, (priority, next(self.arrivals), turn))
+            try:
+                await turn
+            except asyncio.CancelledError:
+                if turn.done() and not turn.cancelled():  # handed over as it was cancelled: pass it on
+                    self._release()
+                raise
+        try:
+            yield
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        while self.waiting:
+            _, _, turn = heapq.heappop(self.waiting)
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self.free += 1
 
 
 class KubeSession:
-    """The API clients of one process for one target, thread pools for their blocking calls, and
-    one `PodWatcher` per namespace. Status patches have a pool of their own, so a burst of pod
-    creations (a campaign starting) does not delay the Runs' status."""
+    """The API clients of one process for one target, a thread pool for their blocking calls, and one
+    `PodWatcher` per namespace. Calls take turns (`Turns`): a status patch waits for a turn, not in the pool's
+    queue, and is built when its turn comes, so a Run whose pod moved on while it waited sends where the pod is
+    now, one patch instead of two; and status patches go before pod creations."""
 
     def __init__(self, target: KubeTarget, loop: asyncio.AbstractEventLoop) -> None:
         from kubernetes.client import CoreV1Api, CustomObjectsApi
 
-        self.client = api_client(target, pool_size=32)
+        self.client = api_client(target, pool_size=API_CALLS + 8)
         self.core = CoreV1Api(self.client)
         self.custom = CustomObjectsApi(self.client)
         self.loop = loop
-        self.executor = ThreadPoolExecutor(max_workers=12, thread_name_prefix="labkube-kube")
-        self.status_executor = ThreadPoolExecutor(max_workers=STATUS_WRITERS, thread_name_prefix="labkube-status")
-        # A status patch waits for one of these, not in the executor's queue: it is built when its turn comes, so
-        # a Run whose pod moved on while it waited sends where the pod is now, and one patch instead of two.
-        self.status_turns = asyncio.Semaphore(STATUS_WRITERS)
+        self.executor = ThreadPoolExecutor(max_workers=API_CALLS, thread_name_prefix="labkube-kube")
+        self.turns = Turns(API_CALLS)
         self.watchers: dict[str, PodWatcher] = {}
 
     async def call(
         self,
         fn: Callable[..., T],
         *args: Any,
-        status: bool = False,
+        in_turn: bool = False,
         conflicts: bool = False,
         patience_s: float | None = None,
         **kwargs: Any,
     ) -> T:
-        pool = self.status_executor if status else self.executor
-        work = partial(fn, *args, **kwargs)
-        return await retrying(lambda: self.loop.run_in_executor(pool, work), conflicts=conflicts, patience_s=patience_s)
+        """`fn(...)` in the pool, retried (`retrying`), in a turn of its own unless the caller holds one."""
+        work = partial(answered, fn, *args, **kwargs)
+
+        async def attempt() -> T:
+            return await self.loop.run_in_executor(self.executor, work)
+
+        if in_turn:
+            return await retrying(attempt, conflicts=conflicts, patience_s=patience_s)
+        async with self.turns.take(OTHER_CALLS):
+            return await retrying(attempt, conflicts=conflicts, patience_s=patience_s)
 
     def pods(self, namespace: str, campaign: str | None = None) -> PodWatcher:
         key = f"{namespace}/{campaign or ''}"
@@ -669,15 +723,23 @@ class PodRun:
     async def publish(self, pod_name: str | None = None) -> None:
         """Patch the Run's status if it changed. With `pod_name`, the status is refreshed from that pod as the cache
         has it when the patch's turn comes (during a campaign's start, patches queue behind each other's)."""
-        async with self.session.status_turns:
+        if pod_name is not None and (pod := self.watcher.get(pod_name)) is not None:
+            self.refresh(pod)
+        if self._status_body() == self.published:
+            return  # nothing new: no turn taken, so the Runs that have something to say go first
+        async with self.session.turns.take(STATUS_FIRST):
             pod = self.watcher.get(pod_name) if pod_name is not None else None
             if pod is not None:  # a pod gone from the cache is the caller's to handle: keep what is known
                 self.refresh(pod)
             await self._patch_status()
 
-    async def _patch_status(self) -> None:
+    def _status_body(self) -> dict[str, Any]:
         body = self.status.to_status()
         body["observedGeneration"] = self.generation
+        return body
+
+    async def _patch_status(self) -> None:
+        body = self._status_body()
         if body == self.published:
             return
         try:
@@ -690,7 +752,7 @@ class PodRun:
                 self.name,
                 {"status": body},
                 _preload_content=False,
-                status=True,
+                in_turn=True,
                 conflicts=True,
             )
         except Exception as exc:
@@ -853,6 +915,7 @@ class PodRun:
         """Until pod `name` ends; status is published on every change and every `poll_seconds`."""
         stuck_since: float | None = None
         while True:
+            seen = self.watcher.version(name)
             pod = self.watcher.get(name)
             if pod is None:
                 # Not in the cache of a synced watch: gone (a pod we just created is put there at once).
@@ -869,7 +932,7 @@ class PodRun:
                 if time.monotonic() - stuck_since > self.backend.image_pull_timeout_s:
                     await self.delete_pod(name)
                     return PodEnd(pod, gave_up=stuck[3])
-            await self.watcher.wait(name, self.backend.poll_seconds)
+            await self.watcher.wait(name, self.backend.poll_seconds, since=seen)
 
     def outcome(self, end: PodEnd) -> tuple[Outcome, str]:
         pod = end.pod

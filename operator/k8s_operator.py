@@ -73,7 +73,7 @@ from labkube.operator.k8s_models import (
     RunStatus,
     set_condition,
 )
-from labkube.operator.kube import KubeError, KubeTarget, api_client, connection_info
+from labkube.operator.kube import KubeError, KubeTarget, answered, api_client, connection_info
 from labkube.operator.leader import LeaseElector
 from labkube.operator.pod_manifest import LABEL_RUN, pvc_name
 from labkube.result import RunResult
@@ -224,7 +224,7 @@ class ClusterApi:
 
     async def call(self, fn: Callable[..., T], *args: Any, conflicts: bool = False, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
-        work = partial(fn, *args, **kwargs)
+        work = partial(answered, fn, *args, **kwargs)
         return await retrying(lambda: loop.run_in_executor(self.executor, work), conflicts=conflicts)
 
     def close(self) -> None:

@@ -16,9 +16,10 @@ the pod's service account (in a cluster) > the kubeconfig's current context.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -60,6 +61,9 @@ class KubeTarget(BaseModel):
         if self.context:
             return f"context {self.context}"
         return "the current kubeconfig context" if not _in_cluster() else "the in-cluster service account"
+
+
+T = TypeVar("T")
 
 
 def _in_cluster() -> bool:
@@ -188,6 +192,16 @@ def connection_info(target: KubeTarget) -> kopf.ConnectionInfo:
         certificate_path=config.cert_file,
         private_key_path=config.key_file,
     )
+
+
+def answered(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`fn(...)` with its response's body read. A `_preload_content=False` response keeps its connection until its
+    body is read: one nobody reads (a status patch, a delete) would leave the pool to open a new connection for the
+    next call, on a real cluster a TLS handshake per status patch."""
+    resp = fn(*args, **kwargs)
+    if kwargs.get("_preload_content") is False:
+        _ = cast(Any, resp).data  # read and kept (raw_json reads it again); the connection goes back to the pool
+    return resp
 
 
 def parse_time(text: object) -> datetime | None:

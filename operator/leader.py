@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from labkube.operator.kube import parse_time
+from labkube.operator.kube import answered, parse_time
 
 __all__ = ["LeaderElection", "LeaseElector"]
 
@@ -71,7 +71,7 @@ class LeaseElector:
         self.namespace = namespace
         self.identity = identity
         self.settings = settings
-        self.call = call or (lambda fn, *a, **k: asyncio.to_thread(fn, *a, **k))
+        self.call = call or (lambda fn, *a, **k: asyncio.to_thread(answered, fn, *a, **k))
         self.renewed_at = -float("inf")  # monotonic time of the last successful acquire or renewal
 
     async def _read(self) -> dict[str, Any] | None:

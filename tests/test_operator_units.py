@@ -280,3 +280,34 @@ def test_a_bad_overlay_in_a_campaign_resource_is_one_line(spec: dict[str, Any], 
     with pytest.raises(CampaignSpecError) as caught:
         plan_resource_campaign(campaign_body(**spec))
     assert (caught.value.reason, str(caught.value)) == (reason, expected)
+
+
+async def test_api_turns_let_status_patches_go_before_pod_creations() -> None:
+    """While a campaign starts, a Run's status patch goes before the creation of other Runs' pods (at 1,000 Runs the
+    Running patches queued behind creations for 1.5 s); among equals, first come first served; a waiter cancelled as
+    it is handed a turn passes it on, so no turn is lost."""
+    import asyncio
+
+    from labkube.operator.k8s_backend import OTHER_CALLS, STATUS_FIRST, Turns
+
+    turns = Turns(1)
+    order: list[str] = []
+
+    async def call(name: str, priority: int) -> None:
+        async with turns.take(priority):
+            order.append(name)
+
+    async with turns.take(OTHER_CALLS):  # held while the others queue
+        doomed = asyncio.create_task(call("cancelled", STATUS_FIRST))
+        await asyncio.sleep(0)
+        waiters = [
+            asyncio.create_task(call("create-a", OTHER_CALLS)),
+            asyncio.create_task(call("create-b", OTHER_CALLS)),
+            asyncio.create_task(call("status-a", STATUS_FIRST)),
+            asyncio.create_task(call("status-b", STATUS_FIRST)),
+        ]
+        await asyncio.sleep(0)
+    doomed.cancel()  # handed the turn as the block ended, cancelled before it ran: it passes the turn on
+    await asyncio.gather(*waiters)
+    assert order == ["status-a", "status-b", "create-a", "create-b"]
+    assert turns.free == 1 and not turns.waiting

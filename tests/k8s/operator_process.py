@@ -53,13 +53,16 @@ def operator_config(work: Path, **config: Any) -> tuple[Path, int]:
 
 
 def health(port: int) -> str | None:
-    """What `/healthz` answers (None: nothing listens yet). A standby replica says it is standing by."""
+    """What `/healthz` answers (None: nothing listens yet). A standby replica says it is standing by. Something that
+    is not HTTP on the port (a Ray process of another operator took it between `free_port` and the bind) is not an
+    answer either: the operator that cannot bind it exits, which `wait_healthy` reports."""
+    import http.client
     import urllib.request
 
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
             return resp.read().decode(errors="replace") if resp.status == 200 else None
-    except OSError:
+    except (OSError, http.client.HTTPException):
         return None
 
 

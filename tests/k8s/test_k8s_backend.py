@@ -138,3 +138,43 @@ def test_phase_and_exit_code_come_from_the_pod_and_the_agent() -> None:
     done = {"status": {"containerStatuses": [{"name": "agent", "state": {"terminated": {"exitCode": 143}}}]}}
     assert pod_exit_code(done) == 143
     assert pod_exit_code({"status": {}}) is None
+
+
+async def test_a_pod_change_while_its_supervisor_is_busy_wakes_its_next_wait_at_once() -> None:
+    """A supervisor publishes its Run's status, then waits for the pod's next change. A change that reached the cache
+    while it was publishing must end that wait at once: before `since`, it waited out `poll_seconds`, and the 2 s
+    poll was the p95 of pod Running -> Run Running at 1,000 Runs (benchmarks/operator_scale.py)."""
+    import asyncio
+
+    import kmock
+    from fakekube import FakeKube
+
+    from labkube.operator.crds import LABEL_CAMPAIGN
+    from labkube.operator.k8s_backend import LABEL_COMPONENT, KubeSession
+
+    pods = ("", "v1", "pods")
+    labels = {"app.kubernetes.io/managed-by": "labkube-operator", LABEL_COMPONENT: "run", LABEL_CAMPAIGN: "wake"}
+    async with FakeKube() as api, kmock.Server(api) as server:
+        loop = asyncio.get_running_loop()
+        session = KubeSession(KubeTarget(server=str(server.url).rstrip("/")), loop)
+        watcher = session.pods("default", "wake")
+        try:
+            await asyncio.wait_for(watcher.synced.wait(), 30)
+            api.create_object(pods, "default", {"metadata": {"name": "wake-0", "labels": labels}, "spec": {}})
+            while watcher.get("wake-0") is None:
+                await asyncio.sleep(0.01)
+            before = watcher.version("wake-0")
+            api.set_status(pods, "default", "wake-0", {"phase": "Running"})  # nobody is waiting yet
+            while watcher.version("wake-0") == before:
+                await asyncio.sleep(0.01)
+            started = loop.time()
+            await watcher.wait("wake-0", 10, since=before)
+            assert loop.time() - started < 0.5, "a change made while nobody waited was lost"
+            assert (watcher.get("wake-0") or {})["status"]["phase"] == "Running"
+            now = watcher.version("wake-0")
+            started = loop.time()
+            await watcher.wait("wake-0", 0.5, since=now)  # no change since: the whole timeout
+            assert loop.time() - started >= 0.45
+        finally:
+            watcher.close()
+            session.executor.shutdown(wait=False, cancel_futures=True)
