@@ -40,6 +40,7 @@ class ReportRow(BaseModel):
     wall_seconds: float = 0.0
     gpu_hours: float = Field(default=0.0, description="GPUs the run held times its wall time, as the GPU cap counts.")
     steps: int = 0
+    resumes: int = Field(default=0, description="Times the run was resumed from its checkpoint so far.")
     integrity_verdict: str | None = None
     error: str | None = None
     message: str = Field(default="", description="What the run is waiting on, or why it failed.")
@@ -101,6 +102,7 @@ def report_rows(cdir: CampaignDir) -> list[ReportRow]:
                     wall_seconds=round(result.spend.wall_seconds, 3),
                     gpu_hours=round(spec.gpus * result.spend.wall_seconds / 3600, 6),
                     steps=result.spend.steps,
+                    resumes=result.resumes,
                     integrity_verdict=result.integrity_verdict,
                     error=result.error,
                     message=result.error or "",
@@ -123,6 +125,7 @@ def report_rows(cdir: CampaignDir) -> list[ReportRow]:
                 wall_seconds=round(status.spend.wall_seconds, 3) if status else 0.0,
                 gpu_hours=round(spec.gpus * status.spend.wall_seconds / 3600, 6) if status else 0.0,
                 steps=status.spend.steps if status else 0,
+                resumes=max(status.attempts - 1, 0) if status else 0,
                 message=status.message if status else "",
             )
         )

@@ -109,8 +109,8 @@ def launch(
             on_tick()
 
     def result(r: RunResult) -> None:
-        if metrics is not None and r.resumes:
-            metrics.telemetry.resumed(r.resumes)
+        if metrics is not None:  # the run's end in the series at once, not at the next tick
+            metrics.tick()
         if on_result is not None:
             on_result(r)
 

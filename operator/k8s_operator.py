@@ -475,8 +475,6 @@ async def run_campaign(
     gpus = {r.run_id: r.gpus for r in runs}
 
     def on_result(result: RunResult) -> None:
-        if telemetry is not None and result.resumes:
-            telemetry.resumed(result.resumes)
         if not result.final and (result.error or "").startswith(HELD):
             held[result.run_id] = result.error or ""
             marks.append(asyncio.create_task(_mark_held(api, namespace, spec.name, result, generation)))

@@ -14,6 +14,7 @@ class CampaignTelemetry:
         self.campaign = campaign
         self.m = MetricSet(CAMPAIGN_METRICS, CAMPAIGN_LABELS, registry)
         self._gpu_seconds = 0.0
+        self._resumes = 0
         self._l("labkube_campaign_gpu_seconds_cap").set((gpu_hours_cap or 0) * 3600)
         self._l("labkube_campaign_runs_waiting_for_gpus").set(0)
         for counter in (
@@ -36,10 +37,12 @@ class CampaignTelemetry:
         if gpu_seconds > self._gpu_seconds:
             self._l("labkube_campaign_gpu_seconds_total").inc(gpu_seconds - self._gpu_seconds)
             self._gpu_seconds = gpu_seconds
+        # counted while runs go on (a live run's status says how often it started), not when they end
+        resumes = sum(r.resumes for r in rows)
+        if resumes > self._resumes:
+            self._l("labkube_campaign_run_resumes_total").inc(resumes - self._resumes)
+            self._l("labkube_campaign_run_restarts_total").inc(resumes - self._resumes)
+            self._resumes = resumes
 
     def waiting_for_gpus(self, n: int) -> None:
         self._l("labkube_campaign_runs_waiting_for_gpus").set(n)
-
-    def resumed(self, n: int = 1) -> None:
-        self._l("labkube_campaign_run_resumes_total").inc(n)
-        self._l("labkube_campaign_run_restarts_total").inc(n)

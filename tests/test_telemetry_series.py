@@ -195,3 +195,30 @@ def test_the_shared_multiprocess_endpoint_serves_them_too(tmp_path: Path) -> Non
 def test_series_left_unset_are_read_only_by_their_own_dashboard(name: str) -> None:
     boards = {b for b, board in load_dashboards().items() for _p, t in queries(board) if name in t["expr"]}
     assert boards == {"gaia2.json"}, NOT_AT_START[name]
+
+
+def test_campaign_resumes_count_while_runs_go_on_and_once_each() -> None:
+    """A resume shows in `labkube_campaign_run_resumes_total` at the tick after it (from the live run's status),
+    not when the run ends: a campaign whose last run ends right after its last scrape still shows it. The
+    result that follows the live status does not count it again."""
+    from prometheus_client import CollectorRegistry
+
+    from labkube.operator.telemetry import CampaignTelemetry
+    from labkube.report import ReportRow
+
+    telemetry = CampaignTelemetry("c", None, registry=CollectorRegistry())
+
+    def row(status: str, resumes: int) -> ReportRow:
+        return ReportRow(run_id="t--m--s1", task="t", model="m", seed=1, status=status, resumes=resumes)
+
+    def total(name: str) -> float:
+        (value,) = [v for labels, v in samples(telemetry)[name] if labels["campaign"] == "c"]  # type: ignore[arg-type]
+        return value
+
+    telemetry.update([row("Running", 0)], {})
+    assert total("labkube_campaign_run_resumes_total") == 0
+    telemetry.update([row("Running", 1)], {})  # the agent started a second time
+    assert total("labkube_campaign_run_resumes_total") == 1
+    telemetry.update([row("Finished", 1)], {})  # its result, with the same resume
+    assert total("labkube_campaign_run_resumes_total") == 1
+    assert total("labkube_campaign_run_restarts_total") == 1

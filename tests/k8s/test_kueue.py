@@ -48,7 +48,15 @@ async def test_kueue_admits_runs_by_quota_and_a_preempted_run_requeues_as_itself
         # the third run's pod waits behind Kueue's gate; its Run says it is queued
         await eventually(lambda: len(gated_pods(cluster, "kueue")) == 1, 60, what="one pod held by Kueue's gate")
         (gated,) = gated_pods(cluster, "kueue")
-        run_of_gated = next(r for r in cluster.runs("kueue") if r["status"].get("podName") == gated["metadata"]["name"])
+
+        def run_of(pod: dict) -> dict | None:
+            # the Run's status names its pod in a patch that follows the pod's creation
+            name = pod["metadata"]["name"]
+            return next((r for r in cluster.runs("kueue") if r["status"].get("podName") == name), None)
+
+        await eventually(lambda: run_of(gated) is not None, 30, what="the gated pod's Run to name it")
+        run_of_gated = run_of(gated)
+        assert run_of_gated is not None
 
         def queued() -> bool:
             run = next(r for r in cluster.runs("kueue") if r["metadata"]["name"] == run_of_gated["metadata"]["name"])
