@@ -69,7 +69,13 @@ async def test_operator_restart_adopts_running_pods_and_creates_no_duplicate(clu
     task = tiny_task(cluster.root, "steady", [WRITE, sleep(4), READ])
     async with cluster.operator():
         cluster.campaign("restart", tasks=[str(task)], models=["oracle"], seeds=3, concurrency=3)
-        await eventually(lambda: len(cluster.kubelet.running()) == 3, 60, what="three running pods")
+        await eventually(
+            lambda: (
+                len(cluster.kubelet.running()) == 3 and all(r["status"].get("podName") for r in cluster.runs("restart"))
+            ),
+            60,
+            what="three running pods, each named by its Run",
+        )
     # The operator is gone; its pods are not.
     assert len(cluster.kubelet.running()) == 3
     before = {r["metadata"]["name"]: r["status"]["podName"] for r in cluster.runs("restart")}
