@@ -120,12 +120,21 @@ class LocalRayCluster:
     """A head (no supervisors: like the chart's RayCluster head, `num-cpus: 0`) and `workers` nodes that declare
     `labkube_supervisor`; token authentication on, the token in `token`; Ray Client at `client_address`."""
 
-    def __init__(self, work: Path, workers: int, env: dict[str, str], head_resources: dict[str, float]) -> None:
+    def __init__(
+        self,
+        work: Path,
+        workers: int,
+        env: dict[str, str],
+        head_resources: dict[str, float],
+        *,
+        client_port: int | None = None,
+        token: str | None = None,
+    ) -> None:
         from labkube.operator.driver import SUPERVISOR
 
-        self.token = os.urandom(32).hex()
+        self.token = token or os.urandom(32).hex()
         self.env = {**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token}
-        self.gcs_port, self.client_port = free_port(), free_port()
+        self.gcs_port, self.client_port = free_port(), client_port or free_port()
         work.mkdir(parents=True, exist_ok=True)
         # A session directory of its own: `ray start --head` records its address in <temp-dir>/ray_current_cluster,
         # which a later `ray.init()` on this machine would otherwise join. Short: Ray's socket paths live there.
