@@ -37,16 +37,15 @@ Stopping the server (leaving the `with`) closes the port: the client then sees c
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import socket
-import sys
 import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, NamedTuple
 from urllib.parse import unquote, urlsplit
+
+from local_http import LocalHTTPServer
 
 REPO_TYPES = {"models": "model", "datasets": "dataset", "spaces": "space"}
 URL_PREFIX = {"model": "", "dataset": "datasets/", "space": "spaces/"}
@@ -94,7 +93,7 @@ class HubRepo:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    server: _Server
+    server: LocalHTTPServer
 
     def do_GET(self) -> None:
         self.server.owner._handle(self)
@@ -123,39 +122,6 @@ class _Handler(BaseHTTPRequestHandler):
         self.answer(status, json.dumps({"error": message}).encode(), headers)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = False  # server_close() joins the handler threads
-    block_on_close = True
-
-    def __init__(self, owner: FakeHub) -> None:
-        self.owner = owner
-        self.open_sockets: set[socket.socket] = set()
-        self.lock = threading.Lock()
-        super().__init__(("127.0.0.1", 0), _Handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self.lock:
-            self.open_sockets.add(request)
-        super().process_request(request, client_address)
-
-    def shutdown_request(self, request: Any) -> None:
-        with self.lock:
-            self.open_sockets.discard(request)
-        super().shutdown_request(request)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that gave up is not an error
-            super().handle_error(request, client_address)
-
-    def drop_connections(self) -> None:
-        """Unblock handler threads waiting on idle keep-alive connections."""
-        with self.lock:
-            sockets = list(self.open_sockets)
-        for sock in sockets:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-
-
 class FakeHub:
     """The fake Hub; a context manager (or `start()` / `stop()`). See the module docstring."""
 
@@ -164,7 +130,7 @@ class FakeHub:
         self._requests: list[Recorded] = []
         self._downloads: list[str] = []
         self._lock = threading.Lock()
-        self._httpd: _Server | None = None
+        self._httpd: LocalHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._port: int | None = None
 
@@ -175,7 +141,7 @@ class FakeHub:
         self.stop()
 
     def start(self) -> FakeHub:
-        self._httpd = _Server(self)
+        self._httpd = LocalHTTPServer(self, _Handler)
         self._port = self._httpd.server_address[1]
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="fakehub", daemon=True

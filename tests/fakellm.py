@@ -81,20 +81,19 @@ What the SDKs (openai 3.54, anthropic 2.12) need and do, as checked by tests/tes
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
-import socket
-import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Literal, NamedTuple
 from urllib.parse import urlsplit
+
+from local_http import LocalHTTPServer
 
 __all__ = ["FakeLLM", "Recorded", "Reply", "ToolCall", "Usage"]
 
@@ -497,7 +496,7 @@ _CUT_SHORT = Reply.text("this answer is cut short", thinking="a thought")  # wha
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive; streams use chunked encoding so a cut is detectable
-    server: _Server
+    server: LocalHTTPServer
 
     def do_POST(self) -> None:
         self.server.owner._handle(self)
@@ -536,39 +535,6 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = False  # server_close() joins the handler threads
-    block_on_close = True
-
-    def __init__(self, owner: FakeLLM) -> None:
-        self.owner = owner
-        self.open_sockets: set[socket.socket] = set()
-        self.lock = threading.Lock()
-        super().__init__(("127.0.0.1", 0), _Handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self.lock:
-            self.open_sockets.add(request)
-        super().process_request(request, client_address)
-
-    def shutdown_request(self, request: Any) -> None:
-        with self.lock:
-            self.open_sockets.discard(request)
-        super().shutdown_request(request)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that gave up is not an error
-            super().handle_error(request, client_address)
-
-    def drop_connections(self) -> None:
-        """Unblock handler threads waiting on idle keep-alive connections."""
-        with self.lock:
-            sockets = list(self.open_sockets)
-        for sock in sockets:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-
-
 class FakeLLM:
     """The fake server; a context manager. See the module docstring.
 
@@ -586,11 +552,11 @@ class FakeLLM:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        self._httpd: _Server | None = None
+        self._httpd: LocalHTTPServer | None = None
         self.thread: threading.Thread | None = None
 
     def __enter__(self) -> FakeLLM:
-        self._httpd = _Server(self)
+        self._httpd = LocalHTTPServer(self, _Handler)
         self.thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="fakellm", daemon=True
         )
