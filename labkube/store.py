@@ -97,7 +97,10 @@ class CampaignDir:
                 raise StoreError(f"{self.root} exists and is not a campaign directory: choose another --out")
             return
         existing = self.load_spec()
-        if existing.model_dump(exclude={"concurrency"}) != spec.model_dump(exclude={"concurrency"}):
+        free = {"concurrency"}
+        if existing.overlay and not existing.task_overlays and existing.overlay == spec.overlay:
+            free.add("task_overlays")  # written before campaigns carried their overlays' content: the same overlay
+        if existing.model_dump(exclude=free) != spec.model_dump(exclude=free):
             raise StoreError(
                 f"{self.root} holds a different campaign ({existing.name!r}): "
                 "use a new --out, or the same tasks, models, seeds and budgets to resume it"

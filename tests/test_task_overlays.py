@@ -358,3 +358,26 @@ def test_documented_task_overlays_campaign_and_its_error(tmp_path: Path) -> None
     with pytest.raises(OverlayError) as caught:
         plan_campaign(typo, tmp_path / "camp")
     assert str(caught.value) == error.group(1)
+
+
+def test_a_campaign_directory_from_before_overlay_contents_resumes_with_the_same_overlay(tmp_path: Path) -> None:
+    """campaign.json written when a campaign carried only its overlay's path (no task_overlays) is the same
+    campaign when run again with that overlay; with another overlay it is still a different one."""
+    from labkube.store import CampaignDir, StoreError
+
+    task = make_tiny_task(tmp_path / "tasks", [])
+    overlays = write(tmp_path / "overlays" / "tiny-task.yaml", {"subtasks": [{"id": "score", "sota": 4.0}]}).parent
+    content = {"tiny-task": {"subtasks": [{"id": "score", "sota": 4.0}]}}
+    now = CampaignSpec(tasks=[str(task)], models=["noop"], overlay=str(overlays), task_overlays=content)
+    old = now.model_dump(mode="json", exclude={"task_overlays"})
+    cdir = CampaignDir(tmp_path / "camp")
+    write(cdir.campaign_json, json.dumps({"spec": old, "runs": [], "updated_at": "2026-01-01T00:00:00Z"}))
+    cdir.check_compatible(now)
+    elsewhere = now.model_copy(update={"overlay": str(tmp_path / "other")})
+    with pytest.raises(StoreError, match="holds a different campaign"):
+        cdir.check_compatible(elsewhere)
+    new = CampaignDir(tmp_path / "new")
+    new.write_campaign(now, [])
+    changed = {"tiny-task": {"subtasks": [{"id": "score", "sota": 5.0}]}}
+    with pytest.raises(StoreError, match="holds a different campaign"):  # the new form compares the content
+        new.check_compatible(now.model_copy(update={"task_overlays": changed}))
