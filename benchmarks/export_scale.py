@@ -23,11 +23,9 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from analyze_synth import BUDGET, MODELS, TASK, TASK_PATH, Planted, paper_result, transcript_lines, write_run
+from analyze_synth import MODELS, Planted, paper_result, plant_campaign, transcript_lines, write_run
 
-from labkube.campaign import CampaignSpec
 from labkube.export import ExportFilter, export_campaigns
-from labkube.run_spec import RunSpec
 from labkube.store import CampaignDir
 
 PAD = "x" * 2000
@@ -61,19 +59,7 @@ def conversation_of(events: list[dict]) -> list[dict]:
 def write_campaign(root: Path, runs: int, steps: int) -> int:
     cdir = CampaignDir(root)
     planted = [Planted(f"bench--s{i}", MODELS[i % 2], i, steps, 3600.0, score=0.5) for i in range(runs)]
-    specs = [
-        RunSpec(
-            run_id=p.run_id,
-            campaign="bench",
-            task=TASK,
-            task_path=TASK_PATH,
-            model=p.model,
-            seed=p.seed,
-            budgets=BUDGET,
-        )
-        for p in planted
-    ]
-    cdir.write_campaign(CampaignSpec(name="bench", tasks=[TASK], models=MODELS, seeds=runs, budgets=BUDGET), specs)
+    specs = plant_campaign(cdir, "bench", planted, seeds=runs)
     total = 0
     for p, s in zip(planted, specs, strict=True):
         events = transcript_lines(p)

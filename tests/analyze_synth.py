@@ -247,14 +247,12 @@ def paper_result(r: Planted) -> RunResult:
     )
 
 
-def write_paper_campaign(root: Path) -> list[Planted]:
-    runs = plan()
-    spec = CampaignSpec(name="synth", tasks=[TASK], models=MODELS, seeds=6, budgets=BUDGET)
-    cdir = CampaignDir(root)
+def plant_campaign(cdir: CampaignDir, name: str, runs: list[Planted], seeds: int) -> list[RunSpec]:
+    """campaign.json and a run.json per planted run, as `labkube run` writes them before the runs start."""
     specs = [
         RunSpec(
             run_id=r.run_id,
-            campaign="synth",
+            campaign=name,
             task=TASK,
             task_path=TASK_PATH,
             model=r.model,
@@ -263,7 +261,14 @@ def write_paper_campaign(root: Path) -> list[Planted]:
         )
         for r in runs
     ]
-    cdir.write_campaign(spec, specs)
+    cdir.write_campaign(CampaignSpec(name=name, tasks=[TASK], models=MODELS, seeds=seeds, budgets=BUDGET), specs)
+    return specs
+
+
+def write_paper_campaign(root: Path) -> list[Planted]:
+    runs = plan()
+    cdir = CampaignDir(root)
+    specs = plant_campaign(cdir, "synth", runs, seeds=6)
     for r, s in zip(runs, specs, strict=True):
         write_run(cdir, s, paper_result(r), transcript_lines(r))
         if r.verdict != "PASS":
