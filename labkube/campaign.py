@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from itertools import product
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -197,9 +196,7 @@ def expand_runs(spec: CampaignSpec, cards: dict[str, list[TaskCard]]) -> list[Ru
                     model_timeout_s=spec.model_timeout_s,
                     judge_budget_usd=spec.judge_budget_usd,
                     gpus=card.resources.gpus,
-                    task_overlay=spec.task_overlays.get(Path(card.path).name)
-                    if card.family is TaskFamily.researchgym
-                    else None,
+                    task_overlay=spec.task_overlays.get(card.folder) if card.family is TaskFamily.researchgym else None,
                 )
             )
     ids = [r.run_id for r in runs]

@@ -7,6 +7,7 @@ what the markdown does not say. Both end up in one `TaskCard`.
 from __future__ import annotations
 
 from enum import StrEnum
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
@@ -196,6 +197,12 @@ class TaskCard(BaseModel):
         default=None, description="The overlay merged over the task's labkube.yaml (`--overlay`), if any."
     )
     warnings: list[str] = Field(default_factory=list, description="What could not be inferred.")
+
+    @property
+    def folder(self) -> str:
+        """The name of the task's folder (`path` is resolved): what keys the campaign's overlay for it and names
+        its environment."""
+        return Path(self.path).name
 
     @property
     def primary(self) -> Subtask | None:

@@ -108,12 +108,6 @@ def launch(
         if on_tick is not None:
             on_tick()
 
-    def result(r: RunResult) -> None:
-        if metrics is not None:  # the run's end in the series at once, not at the next tick
-            metrics.tick()
-        if on_result is not None:
-            on_result(r)
-
     ctx = ray_ctx or connect(ray_address, spec.concurrency, num_gpus=_local_gpus())
     try:
         asyncio.run(
@@ -122,7 +116,7 @@ def launch(
                 cdir.root,
                 ctx,
                 spec.concurrency,
-                result,
+                on_result,
                 tick,
                 env=run_env(metrics.env if metrics else None),
                 on_waiting=metrics.telemetry.waiting_for_gpus if metrics else None,

@@ -723,15 +723,17 @@ class PodRun:
     async def publish(self, pod_name: str | None = None) -> None:
         """Patch the Run's status if it changed. With `pod_name`, the status is refreshed from that pod as the cache
         has it when the patch's turn comes (during a campaign's start, patches queue behind each other's)."""
-        if pod_name is not None and (pod := self.watcher.get(pod_name)) is not None:
-            self.refresh(pod)
+        self._refresh_from(pod_name)
         if self._status_body() == self.published:
             return  # nothing new: no turn taken, so the Runs that have something to say go first
         async with self.session.turns.take(STATUS_FIRST):
-            pod = self.watcher.get(pod_name) if pod_name is not None else None
-            if pod is not None:  # a pod gone from the cache is the caller's to handle: keep what is known
-                self.refresh(pod)
+            self._refresh_from(pod_name)  # where the pod is now, after the wait for a turn
             await self._patch_status()
+
+    def _refresh_from(self, pod_name: str | None) -> None:
+        """The status from pod `pod_name` as cached; a pod gone from the cache is the caller's to handle."""
+        if pod_name is not None and (pod := self.watcher.get(pod_name)) is not None:
+            self.refresh(pod)
 
     def _status_body(self) -> dict[str, Any]:
         body = self.status.to_status()

@@ -688,7 +688,8 @@ def build_registry(
         for run in runs:
             if not (run.get("metadata") or {}).get("deletionTimestamp"):
                 await api.delete_run(namespace, run["metadata"]["name"])
-            await api.delete_run_objects(namespace, run["metadata"]["name"])  # now, not when the collector gets to it
+                # its pods and claim now, not when the garbage collector gets to them
+                await api.delete_run_objects(namespace, run["metadata"]["name"])
         if runs:
             raise kopf.TemporaryError(f"waiting for {len(runs)} Run(s) of campaign {name} to be deleted", delay=1)
         if metrics is not None:

@@ -98,7 +98,7 @@ def resolve_campaign_tasks(
     """The cards of a campaign's tasks, by reference, with the campaign's overlays (`task_overlays`) applied.
     Raises `OverlayError` for an overlay that does not apply, or names a task folder the campaign does not run."""
     cards = {ref: resolve_tasks(ref, overlays) for ref in refs}
-    folders = {Path(c.path).name: c for cs in cards.values() for c in cs}
+    folders = {c.folder: c for cs in cards.values() for c in cs}
     for name in overlays or {}:
         card = folders.get(name)
         if card is None:

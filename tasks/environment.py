@@ -138,7 +138,7 @@ def env_key(task_dir: Path) -> str | None:
 def env_dir(card: TaskCard, key: str, root: Path | None = None) -> Path:
     """Named by the task's folder, not its `name:`: an overlay may rename a task, and the pod's `task-env` init
     container (which builds the environment) and the agent (which finds it) must agree without it."""
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(card.path).name).strip("-") or "task"
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", card.folder).strip("-") or "task"
     return (root or cache_root()) / f"{slug}-{key}"
 
 

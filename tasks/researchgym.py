@@ -205,11 +205,6 @@ def read_task_overlays(overlay: Path, tasks: list[str]) -> dict[str, dict[str, A
     return found
 
 
-def overlay_label(task: str) -> str:
-    """How a card, and an error, name an overlay a campaign carries as content."""
-    return f"campaign overlay for {task}"
-
-
 # -- subtasks from the tables ---------------------------------------------------------------------------------
 
 
@@ -587,11 +582,11 @@ def load_researchgym(
     overlay: Path | None = None,
     *,
     overlay_content: dict[str, Any] | None = None,
-    overlay_name: str | None = None,
 ) -> TaskCard:
     """The card of a ResearchGym task folder, with its labkube.yaml and an overlay merged over it: the file
-    `overlay` finds for the folder, or `overlay_content` (a labkube.yaml mapping a campaign carries), named
-    `overlay_name` in errors and in `card.overlay` (default: "campaign overlay for <task>")."""
+    `overlay` finds for the folder, or `overlay_content` (a labkube.yaml mapping a campaign carries, named
+    "campaign overlay for <task>" in errors and in `card.overlay`). An error the overlay causes is an
+    `OverlayError`."""
     if overlay is not None and overlay_content is not None:
         raise ValueError("pass an overlay path or overlay content, not both")
     task_dir = task_dir.resolve()
@@ -622,22 +617,21 @@ def load_researchgym(
             what, shown = f"overlay {overlay_file}", str(overlay_file)
             over = read_yaml_mapping(overlay_file, task, what)
     elif overlay_content is not None:
-        what = shown = overlay_name or overlay_label(task)
+        what = shown = f"campaign overlay for {task}"
         if not isinstance(overlay_content, dict):
             raise OverlayError(f"task {task}: {what} must be a mapping of keys to values (name:, subtasks:, ...)")
         over = copy.deepcopy(overlay_content)  # the campaign's copy stays as it was
-    try:
+    tables, problems = parse_tables(description)
+    warnings.extend(problems)
+    inference = infer_tables(tables, description)
+    warnings.extend(inference.problems)
+    try:  # an error here, with an overlay, is reported as the overlay's (the folder's labkube.yaml alone was checked)
         if over is not None:
             validate_labkube_yaml(over, task, what)
             source = {e["id"]: what for e in over.get("subtasks") or [] if isinstance(e, dict) and "id" in e}
             data = merge_labkube_yaml(data, over)
         merged = "labkube.yaml" if over is None else f"labkube.yaml with {what}"
         extra = validate_labkube_yaml(data, task, merged) if data else None
-
-        tables, problems = parse_tables(description)
-        warnings.extend(problems)
-        inference = infer_tables(tables, description)
-        warnings.extend(inference.problems)
         subtasks, primary_given = apply_listed_subtasks(inference.subtasks, extra, task, source)
     except TaskError as exc:
         if over is None or isinstance(exc, OverlayError):

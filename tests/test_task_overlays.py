@@ -381,3 +381,20 @@ def test_a_campaign_directory_from_before_overlay_contents_resumes_with_the_same
     changed = {"tiny-task": {"subtasks": [{"id": "score", "sota": 5.0}]}}
     with pytest.raises(StoreError, match="holds a different campaign"):  # the new form compares the content
         new.check_compatible(now.model_copy(update={"task_overlays": changed}))
+
+
+def test_a_task_given_as_dot_or_through_a_symlink_is_keyed_by_its_real_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`labkube run . --overlay DIR` from inside the task folder, or a task reached through a symlink: the overlay
+    read for the folder's real name is the one the planner checks and the run carries."""
+    task = make_tiny_task(tmp_path / "tasks", [])
+    (tmp_path / "link").symlink_to(task)
+    overlay = {"subtasks": [{"id": "score", "sota": 4.0}]}
+    monkeypatch.chdir(task)
+    for ref in (".", str(tmp_path / "link")):
+        overlays = read_task_overlays(write(tmp_path / "overlays" / "tiny-task.yaml", overlay).parent, [ref])
+        assert overlays == {"tiny-task": overlay}
+        spec = CampaignSpec(tasks=[ref], models=["noop"], task_overlays=overlays)
+        _, (run,), cards = plan_campaign(spec, tmp_path / "camp" / str(len(ref)))
+        assert run.task_overlay == overlay and subtask(cards[ref][0], "score").sota == 4.0
