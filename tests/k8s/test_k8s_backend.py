@@ -178,3 +178,28 @@ async def test_a_pod_change_while_its_supervisor_is_busy_wakes_its_next_wait_at_
         finally:
             watcher.close()
             session.executor.shutdown(wait=False, cancel_futures=True)
+
+
+async def test_calls_whose_answer_nobody_reads_reuse_one_connection() -> None:
+    """Status patches and deletes are sent with `_preload_content=False` and their answer is not read. urllib3 keeps
+    such a response's connection until its body is read, so without `kube.answered` every call opened a new one (on
+    a real cluster, a TLS handshake per status patch). Ten calls one after another use one connection."""
+    import asyncio
+
+    import kmock
+    from fakekube import FakeKube
+
+    from labkube.operator.k8s_backend import KubeSession
+
+    async with FakeKube() as api, kmock.Server(api) as server:
+        session = KubeSession(KubeTarget(server=str(server.url).rstrip("/")), asyncio.get_running_loop())
+        try:
+            for i in range(10):
+                body = {"metadata": {"name": f"pod-{i}"}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+                await session.call(session.core.create_namespaced_pod, "default", body, _preload_content=False)
+            pools = session.client.rest_client.pool_manager.pools
+            (key,) = pools.keys()
+            pool = pools[key]
+            assert pool.num_connections == 1, f"{pool.num_connections} connections for 10 calls"
+        finally:
+            session.executor.shutdown(wait=False, cancel_futures=True)
