@@ -39,7 +39,7 @@ from labkube.agent.world_errors import WorldFailure
 from labkube.agent.world_session import WorldSession, open_world, world_tools
 from labkube.budgets import StopReason
 from labkube.model_ref import parse_model
-from labkube.result import Grade, RunResult, SubtaskScore, completion_of
+from labkube.result import Grade, Outcome, RunResult, SubtaskScore, completion_of, outcome_for
 from labkube.run_spec import CLI_AGENTS, RunPhase, RunSpec, RunStatus
 from labkube.store import RunDir, read_model, utcnow, write_model
 from labkube.task_card import TaskCard
@@ -53,7 +53,10 @@ class AgentError(RuntimeError):
 
 
 def write_status(rd: RunDir, spec: RunSpec, ckpt: Checkpoint, phase: RunPhase, message: str = "") -> None:
-    score = ckpt.score_curve[-1].score if ckpt.score_curve else None
+    last = ckpt.score_curve[-1] if ckpt.score_curve else None
+    score = last.score if last else None
+    if not message and last is not None and last.error and not phase.final:
+        message = f"last grading failed (the run goes on): {last.error}"
     write_model(
         rd.status_json,
         RunStatus(
@@ -86,14 +89,17 @@ def take_grade(rd: RunDir, card: TaskCard, ckpt: Checkpoint) -> Grade:
         subtasks=outcome.subtasks,
         score=outcome.score,
         error=outcome.error,
+        note=outcome.note,
     )
 
 
 def gaia2_grade(ckpt: Checkpoint) -> Grade:
-    """ARE's judge decides: 1 when it passed the run, 0 when it failed it, no number without a verdict."""
+    """ARE's judge decides: 1 when it passed the run, 0 when it failed it, no number without a verdict or when
+    the judge itself raised (an unreachable judge model is not an agent that failed)."""
     verdict = ckpt.world_verdict
+    judge_error = judge_failure(verdict)
     passed = bool(verdict and verdict.get("success"))
-    raw = None if verdict is None else (1.0 if passed else 0.0)
+    raw = None if verdict is None or judge_error else (1.0 if passed else 0.0)
     score = SubtaskScore(
         id="passed", raw=raw, fraction_of_sota=raw, gap_closed=raw, beat_baseline=None if raw is None else passed
     )
@@ -104,7 +110,14 @@ def gaia2_grade(ckpt: Checkpoint) -> Grade:
         usd=ckpt.spend.usd,
         subtasks=[score],
         score=raw,
+        error=judge_error,
     )
+
+
+def judge_failure(verdict: dict[str, Any] | None) -> str | None:
+    """ARE's judge raised instead of judging (its verdict carries the exception): what it said."""
+    exception = (verdict or {}).get("exception")
+    return f"ARE's judge failed: {exception}" if exception else None
 
 
 async def start_gaia2(
@@ -438,25 +451,42 @@ def finalize(
     primary = card.primary
     p = next((s for s in final.subtasks if primary and s.id == primary.id), None)
     reason = ckpt.stop_reason or StopReason.killed
-    failed = reason in (StopReason.error, StopReason.auth, StopReason.model_error, StopReason.world_error)
-    if error is None and failed:
+    stopped_by_failure = reason in (StopReason.error, StopReason.auth, StopReason.model_error, StopReason.world_error)
+    if error is None and stopped_by_failure:
         events = read_jsonl(rd.transcript)
         error = next(
             (e.get("error") for e in reversed(events) if e.get("type") in ("model_error", "harness_error")),
             None,
         )
+    judge_error = judge_failure(ckpt.world_verdict) if card.gaia2 is not None else None
+    grader_error = final.error if card.gaia2 is None else None
+    outcome = outcome_for(
+        reason,
+        RunPhase.finished,
+        grader_failed=grader_error is not None,
+        score=final.score,
+        judge_failed=judge_error is not None,
+    )
+    if outcome is Outcome.grader_error:
+        error = grader_error if error is None else f"{error}; {grader_error}"
+    elif outcome is Outcome.judge_error:
+        error = judge_error
+    elif outcome.is_error and error is None:
+        error = f"the run stopped on {reason.value}"
     result = RunResult(
         run_id=spec.run_id,
         task=spec.task,
         model=spec.model,
         agent=spec.agent,
         seed=spec.seed,
-        status=RunPhase.failed if failed else RunPhase.finished,
+        status=RunPhase.failed if outcome.is_error else RunPhase.finished,
         stop_reason=reason,
+        outcome=outcome,
         error=error,
+        message=final.note if outcome is Outcome.no_value else None,
         score=final.score,
-        beat_baseline=bool(p and p.beat_baseline),
-        completion=completion_of(final.subtasks),
+        beat_baseline=None if p is None or p.raw is None else p.beat_baseline,
+        completion=None if final.error else completion_of(final.subtasks),
         subtasks=final.subtasks,
         spend=ckpt.spend,
         score_curve=ckpt.score_curve,
@@ -470,7 +500,7 @@ def finalize(
     save_checkpoint(rd, ckpt)
     write_model(rd.result_json, result)
     result = audit(rd, spec, result, telemetry)
-    write_status(rd, spec, ckpt, result.status, error or "")
+    write_status(rd, spec, ckpt, result.status, result.error or result.message or "")
     if telemetry is not None:
         telemetry.grade(final.score, result.completion)
         if card.gaia2 is not None and ckpt.world_verdict is not None:
@@ -499,7 +529,8 @@ def audit(rd: RunDir, spec: RunSpec, result: RunResult, telemetry: RunTelemetry 
     except Exception as exc:
         (rd.logs / "audit-error.txt").write_text(traceback.format_exc())
         result.integrity_verdict = "NEEDS_REVIEW"
-        result.error = result.error or f"integrity audit failed: {type(exc).__name__}: {exc}"
+        failed = f"integrity audit failed: {type(exc).__name__}: {exc}"
+        result.message = f"{result.message}; {failed}" if result.message else failed
         write_model(rd.result_json, result)
         return result
     result.integrity_verdict = report.verdict.value
@@ -641,6 +672,7 @@ def use_task_environment(rd: RunDir, card: TaskCard) -> None:
             seed=spec.seed,
             status=RunPhase.failed,
             stop_reason=StopReason.setup_error,
+            outcome=Outcome.setup_error,
             error=str(exc),
             details={"setup_log_tail": exc.log_tail} if exc.log_tail else {},
             finished_at=utcnow(),

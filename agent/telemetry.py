@@ -109,8 +109,8 @@ class RunTelemetry:
             if ratio is not None:
                 self._l("labkube_run_budget_used_ratio", budget=kind).set(ratio)
 
-    def grade(self, score: float | None, completion: float) -> None:
-        self._l("labkube_run_subtask_completion_ratio").set(completion)
+    def grade(self, score: float | None, completion: float | None) -> None:
+        self._l("labkube_run_subtask_completion_ratio").set(math.nan if completion is None else completion)
         if score is None:
             return
         self._l("labkube_run_score").set(score)

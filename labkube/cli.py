@@ -1,7 +1,8 @@
 """The `labkube` command line: a thin click layer over the same functions the tests call.
 
-Exit codes: 0 when every run reached a final state (a low score is not a failure),
-1 when a run failed through a harness error, 2 for bad usage or bad input.
+Exit codes: 0 when every run ended with a measurement (a score, or a grading that gave no value; a low score
+is not a failure), 1 when a run ended in an error outcome (grader_error, judge_error, world_error, setup_error,
+model_error, harness_error), 2 for bad usage or bad input.
 """
 
 from __future__ import annotations
@@ -120,7 +121,9 @@ def run_campaign(spec: CampaignSpec, out: Path, ray_address: str | None, metrics
     held = [r for r in report_rows(cdir) if r.status == "Pending" and r.message.startswith(HELD)]
     console.print(f"campaign directory: {cdir.root}")
     for r in failed:
-        err_console.print(f"[red]run {r.run_id} failed:[/] {escape(str(r.error or r.stop_reason))}", highlight=False)
+        what = r.outcome.value if r.outcome else "failed"
+        why = escape(one_line(r.error or str(r.stop_reason)))
+        err_console.print(f"[red]run {r.run_id} {what}:[/] {why}", highlight=False)
     if held:
         err_console.print(
             f"[yellow]{len(held)} run(s) not started:[/] {escape(held[0].message.removeprefix(HELD))}; "
@@ -129,6 +132,12 @@ def run_campaign(spec: CampaignSpec, out: Path, ray_address: str | None, metrics
         )
     if failed or held:
         sys.exit(1)
+
+
+def one_line(text: str, limit: int = 400) -> str:
+    """A multi-line error (a grader's last lines) as one line of a terminal summary: its lines joined, the end kept."""
+    joined = " | ".join(line.strip() for line in text.strip().splitlines() if line.strip())
+    return joined if len(joined) <= limit else f"…{joined[-limit:]}"
 
 
 def budgets_from(hours: float | None, usd: float | None, tokens: int | None, steps: int | None) -> Budgets:
@@ -536,7 +545,8 @@ def report(directory: Path, fmt: str, out_file: Path | None, exclude_suspicious:
         from labkube.html_report import render_report_html
 
         target = out_file or cdir.root / "report.html"
-        html = render_report_html(cdir.root, exclude_suspicious=exclude_suspicious, gaia2=gaia2_scores(cdir))
+        gaia2 = gaia2_scores(cdir, exclude_suspicious)
+        html = render_report_html(cdir.root, exclude_suspicious=exclude_suspicious, gaia2=gaia2)
         target.write_text(html, encoding="utf-8")
         console.print(f"report written: {target}")
         return
@@ -557,7 +567,7 @@ def report(directory: Path, fmt: str, out_file: Path | None, exclude_suspicious:
     else:
         console.print(report_table(rows, f"campaign {cdir.load_spec().name} ({cdir.root})"))
         console.print(aggregate_table(aggregate(rows)))
-        capability_table = gaia2_table(cdir)
+        capability_table = gaia2_table(cdir, exclude_suspicious)
         if capability_table is not None:
             console.print(capability_table)
 
@@ -584,18 +594,23 @@ def view(run_dir: Path, out_file: Path | None) -> None:
     console.print(f"trajectory viewer written: {target}")
 
 
-def gaia2_scores(cdir: CampaignDir) -> list:
-    """Per-capability pass@1 / pass@k / pass^k of the campaign's finished Gaia2 runs (empty when it has none)."""
+def gaia2_scores(cdir: CampaignDir, exclude_suspicious: bool = False) -> list:
+    """Per-capability pass@1 / pass@k / pass^k of the campaign's final Gaia2 runs (empty when it has none)."""
     from labkube.html_report import CapabilityScore
 
-    return [CapabilityScore(**s.model_dump(exclude={"stderr"})) for s in capability_scores(gaia2_attempts(cdir))]
+    scores = capability_scores(gaia2_attempts(cdir, exclude_suspicious))
+    return [CapabilityScore(**s.model_dump(exclude={"stderr"})) for s in scores]
 
 
-def gaia2_attempts(cdir: CampaignDir) -> list[Attempt]:
+def gaia2_attempts(cdir: CampaignDir, exclude_suspicious: bool = False) -> list[Attempt]:
+    """One attempt per final Gaia2 run; one that ended in an error outcome or with no verdict is not counted
+    (neither a pass nor a fail) but still listed, so the tables can say how many were left out."""
     attempts = []
     for run_id in cdir.run_ids():
         result = cdir.result(run_id)
-        if result is None or not result.capabilities or result.status.value != "Finished":
+        if result is None or not result.capabilities or not result.final:
+            continue
+        if exclude_suspicious and result.integrity_verdict == "SUSPICIOUS":
             continue
         attempts.append(
             Attempt(
@@ -604,28 +619,34 @@ def gaia2_attempts(cdir: CampaignDir) -> list[Attempt]:
                 seed=result.seed,
                 passed=result.score == 1.0,
                 capabilities=result.capabilities,
+                counted=not result.is_error and result.score is not None,
             )
         )
     return attempts
 
 
-def gaia2_table(cdir: CampaignDir) -> Table | None:
-    scores = capability_scores(gaia2_attempts(cdir))
+def fmt_rate(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:.3f}"
+
+
+def gaia2_table(cdir: CampaignDir, exclude_suspicious: bool = False) -> Table | None:
+    scores = capability_scores(gaia2_attempts(cdir, exclude_suspicious))
     if not scores:
         return None
     table = Table(title="Gaia2 by capability (ARE's judge; over seeds)", title_justify="left")
-    for col in ("capability", "model", "scenarios", "pass@1", "± s.e.", "pass@k", "pass^k", "k"):
+    for col in ("capability", "model", "scenarios", "pass@1", "± s.e.", "pass@k", "pass^k", "k", "excluded"):
         table.add_column(col, justify="left" if col in ("capability", "model") else "right")
     for s in scores:
         table.add_row(
             s.capability,
             s.model,
             str(s.scenarios),
-            f"{s.pass_at_1:.3f}",
+            fmt_rate(s.pass_at_1),
             "—" if s.stderr is None else f"{s.stderr:.3f}",
-            f"{s.pass_at_k:.3f}",
-            f"{s.pass_hat_k:.3f}",
+            fmt_rate(s.pass_at_k),
+            fmt_rate(s.pass_hat_k),
             str(s.k),
+            f"[bold red]{s.excluded}[/]" if s.excluded else "0",
         )
     for model, avg in macro_average(scores).items():
         table.add_row(
@@ -636,6 +657,7 @@ def gaia2_table(cdir: CampaignDir) -> Table | None:
             "",
             f"{avg['pass_at_k']:.3f}",
             f"{avg['pass_hat_k']:.3f}",
+            "",
             "",
         )
     return table

@@ -70,6 +70,7 @@ def template_env() -> jinja2.Environment:
     env.filters["seconds"] = fmt_seconds
     env.filters["thousands"] = lambda n: f"{int(n):,}"
     env.filters["pct"] = lambda x: "—" if x is None else f"{x:.0%}"
+    env.filters["known_pct"] = lambda x: "unknown" if x is None else f"{x:.0%}"
     return env
 
 
@@ -213,11 +214,12 @@ class CapabilityScore(BaseModel):
 
     capability: str
     model: str
-    pass_at_1: float = Field(ge=0, le=1)
-    pass_at_k: float = Field(ge=0, le=1)
-    pass_hat_k: float = Field(ge=0, le=1, description="pass^k: every one of k tries passed.")
-    k: int = Field(ge=1)
+    pass_at_1: float | None = Field(ge=0, le=1, description="None when every attempt ended in an error outcome.")
+    pass_at_k: float | None = Field(ge=0, le=1)
+    pass_hat_k: float | None = Field(ge=0, le=1, description="pass^k: every one of k tries passed.")
+    k: int = Field(ge=0)
     scenarios: int = Field(default=0, ge=0)
+    excluded: int = Field(default=0, ge=0, description="Attempts left out: error outcomes (judge, world, ...).")
 
 
 def render_gaia2_section(scores: Sequence[CapabilityScore]) -> Markup:
@@ -227,7 +229,7 @@ def render_gaia2_section(scores: Sequence[CapabilityScore]) -> Markup:
     capabilities = list(dict.fromkeys(s.capability for s in scores))
     models = list(dict.fromkeys(s.model for s in scores))
     by_key = {(s.capability, s.model): s for s in scores}
-    ks = sorted({s.k for s in scores})
+    ks = sorted({s.k for s in scores if s.k})
     k_label = str(ks[0]) if len(ks) == 1 else "k"
     metrics = [("pass_at_1", "pass@1"), ("pass_at_k", f"pass@{k_label}"), ("pass_hat_k", f"pass^{k_label}")]
     with plot_style():
@@ -239,7 +241,7 @@ def render_gaia2_section(scores: Sequence[CapabilityScore]) -> Markup:
                 xs, ys = [], []
                 for c, cap in enumerate(capabilities):
                     score = by_key.get((cap, model))
-                    if score is not None:
+                    if score is not None and getattr(score, attr) is not None:
                         xs.append(c + (m - (len(models) - 1) / 2) * width)
                         ys.append(getattr(score, attr))
                 bars = ax.bar(xs, ys, width * 0.92, color=MODEL_COLORS[m % len(MODEL_COLORS)], label=model)

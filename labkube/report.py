@@ -12,6 +12,7 @@ from typing import get_args
 from pydantic import BaseModel, Field
 
 from labkube.integrity_report import Verdict
+from labkube.result import Outcome
 from labkube.run_spec import DEFAULT_AGENT, AgentName, RunPhase, scaffold_label
 from labkube.store import CampaignDir
 
@@ -32,9 +33,10 @@ class ReportRow(BaseModel):
     seed: int
     status: str
     stop_reason: str | None = None
+    outcome: str | None = Field(default=None, description="scored, no_value or an error outcome; None until final.")
     score: float | None = None
-    beat_baseline: bool = False
-    completion: float = 0.0
+    beat_baseline: bool | None = Field(default=None, description="None (unknown) when the run has no value.")
+    completion: float | None = Field(default=None, description="None (unknown) when no grading completed.")
     cost_usd: float = 0.0
     tokens_total: int = 0
     wall_seconds: float = 0.0
@@ -50,6 +52,17 @@ class ReportRow(BaseModel):
         """The model, and the scaffold when it is not rg-agent: one system in plots and legends."""
         return scaffold_label(self.agent, self.model)
 
+    @property
+    def is_error(self) -> bool:
+        """An error outcome: the run's numbers measure a failure of labkube's side (grader, judge, world, setup,
+        model API, harness), not the agent, so statistics over seeds leave it out."""
+        return self.outcome is not None and Outcome(self.outcome).is_error
+
+    @property
+    def counted(self) -> bool:
+        """A final run whose numbers are a measurement: what means, bests and counts over seeds are taken over."""
+        return self.status in (RunPhase.finished.value, RunPhase.failed.value) and not self.is_error
+
 
 class Aggregate(BaseModel):
     """One system (a model under a scaffold) on one task, over its seeds."""
@@ -58,12 +71,13 @@ class Aggregate(BaseModel):
     model: str
     agent: str = DEFAULT_AGENT
     runs: int
-    finished: int
-    mean_score: float | None
+    finished: int = Field(description="Final runs with a measurement (scored or no value): what the means are over.")
+    errors: int = Field(default=0, description="Runs that ended in an error outcome, left out of every statistic.")
+    mean_score: float | None = Field(description="Mean over the finished runs that have a value.")
     best_score: float | None
     std_score: float | None
-    beat_baseline: int
-    mean_completion: float
+    beat_baseline: int = Field(description="Finished runs that beat the baseline (a run with no value does not).")
+    mean_completion: float | None
     tokens_total: int = 0
     cost_usd: float
     gpu_hours: float = 0.0
@@ -94,6 +108,7 @@ def report_rows(cdir: CampaignDir) -> list[ReportRow]:
                     seed=result.seed,
                     status=result.status.value,
                     stop_reason=result.stop_reason.value if result.stop_reason else None,
+                    outcome=result.outcome.value if result.outcome else None,
                     score=result.score,
                     beat_baseline=result.beat_baseline,
                     completion=result.completion,
@@ -105,7 +120,7 @@ def report_rows(cdir: CampaignDir) -> list[ReportRow]:
                     resumes=result.resumes,
                     integrity_verdict=result.integrity_verdict,
                     error=result.error,
-                    message=result.error or "",
+                    message=result.error or result.message or "",
                 )
             )
             continue
@@ -146,8 +161,9 @@ def aggregate(rows: list[ReportRow]) -> list[Aggregate]:
         groups.setdefault((row.group or row.task, row.model, row.agent), []).append(row)
     out = []
     for (task, model, agent), group in groups.items():
-        finished = [r for r in group if r.status == RunPhase.finished.value]
+        finished = [r for r in group if r.counted]
         scores = [r.score for r in finished if r.score is not None]
+        completions = [r.completion for r in finished if r.completion is not None]
         out.append(
             Aggregate(
                 task=task,
@@ -155,11 +171,12 @@ def aggregate(rows: list[ReportRow]) -> list[Aggregate]:
                 agent=agent,
                 runs=len(group),
                 finished=len(finished),
+                errors=sum(r.is_error for r in group),
                 mean_score=statistics.fmean(scores) if scores else None,
                 best_score=max(scores) if scores else None,
                 std_score=statistics.stdev(scores) if len(scores) > 1 else (0.0 if scores else None),
-                beat_baseline=sum(r.beat_baseline for r in finished),
-                mean_completion=statistics.fmean([r.completion for r in finished]) if finished else 0.0,
+                beat_baseline=sum(r.beat_baseline is True for r in finished),
+                mean_completion=statistics.fmean(completions) if completions else None,
                 tokens_total=sum(r.tokens_total for r in group),
                 cost_usd=round(sum(r.cost_usd for r in group), 6),
                 gpu_hours=round(sum(r.gpu_hours for r in group), 6),

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from labkube.budgets import Spend, StopReason
 from labkube.run_spec import DEFAULT_AGENT, AgentName, RunPhase
@@ -23,9 +24,37 @@ class SubtaskScore(BaseModel):
         return self.raw is not None
 
 
-def completion_of(subtasks: list[SubtaskScore]) -> float:
-    """The fraction of subtasks the grader produced a valid number for."""
-    return sum(s.completed for s in subtasks) / len(subtasks) if subtasks else 0.0
+def completion_of(subtasks: list[SubtaskScore]) -> float | None:
+    """The fraction of subtasks the grader produced a valid number for; None when there are no subtasks to
+    count (a grading that never ran)."""
+    return sum(s.completed for s in subtasks) / len(subtasks) if subtasks else None
+
+
+class Outcome(StrEnum):
+    """How a run ended, for whoever reads its numbers. Exactly one per run.
+
+    - `scored`: a grading succeeded and gave the headline subtask a value;
+    - `no_value`: the grading ran cleanly but gave the headline subtask no value (the message says which
+      subtask and what the grader printed);
+    - an error outcome: the run's numbers are not a measurement of the agent, and every statistic over
+      seeds leaves the run out (and says how many it left out).
+    """
+
+    scored = "scored"
+    no_value = "no_value"
+    grader_error = "grader_error"  # the task's grader exited non-zero or timed out
+    judge_error = "judge_error"  # ARE's judge raised (an unreachable judge model, ...)
+    world_error = "world_error"  # the Gaia2 world broke
+    setup_error = "setup_error"  # the task environment could not be built
+    model_error = "model_error"  # the model API refused the run (credentials, unknown model, ...)
+    harness_error = "harness_error"  # labkube itself failed
+
+    @property
+    def is_error(self) -> bool:
+        return self not in (Outcome.scored, Outcome.no_value)
+
+
+ERROR_OUTCOMES = tuple(o for o in Outcome if o.is_error)
 
 
 class Grade(BaseModel):
@@ -37,7 +66,8 @@ class Grade(BaseModel):
     usd: float = 0.0
     subtasks: list[SubtaskScore] = Field(default_factory=list)
     score: float | None = Field(default=None, description="Headline number (primary subtask).")
-    error: str | None = None
+    error: str | None = Field(default=None, description="Why this grading failed: the grader's exit and last lines.")
+    note: str | None = Field(default=None, description="Why a clean grading left the headline subtask without a value.")
 
 
 class RunResult(BaseModel):
@@ -50,10 +80,20 @@ class RunResult(BaseModel):
     seed: int
     status: RunPhase
     stop_reason: StopReason | None = None
-    error: str | None = None
+    outcome: Outcome | None = Field(
+        default=None, description="scored, no_value or an error outcome; derived for results written before it."
+    )
+    error: str | None = Field(default=None, description="For an error outcome: what failed, with its last lines.")
+    message: str | None = Field(
+        default=None,
+        description="A note beside the numbers: for no_value, which subtask has no value and what the grader "
+        "printed; an integrity audit that could not run.",
+    )
     score: float | None = None
-    beat_baseline: bool = False
-    completion: float = Field(default=0.0, description="Fraction of subtasks with a valid number.")
+    beat_baseline: bool | None = Field(default=None, description="None when the headline subtask has no value.")
+    completion: float | None = Field(
+        default=None, description="Fraction of subtasks with a valid number; None when no grading completed."
+    )
     subtasks: list[SubtaskScore] = Field(default_factory=list)
     spend: Spend = Field(default_factory=Spend)
     score_curve: list[Grade] = Field(default_factory=list)
@@ -72,6 +112,49 @@ class RunResult(BaseModel):
     def final(self) -> bool:
         return self.status.final
 
+    @property
+    def is_error(self) -> bool:
+        return self.outcome is not None and self.outcome.is_error
+
+    @model_validator(mode="after")
+    def _derive_outcome(self) -> RunResult:
+        """Results written before outcomes existed: derived from how the run stopped and what it scored."""
+        if self.outcome is None:
+            last = self.score_curve[-1] if self.score_curve else None
+            failed = last is not None and last.error is not None
+            self.outcome = outcome_for(self.stop_reason, self.status, grader_failed=failed, score=self.score)
+        return self
+
+
+_STOP_OUTCOMES = {
+    StopReason.setup_error: Outcome.setup_error,
+    StopReason.world_error: Outcome.world_error,
+    StopReason.model_error: Outcome.model_error,
+    StopReason.auth: Outcome.model_error,
+    StopReason.error: Outcome.harness_error,
+}
+
+
+def outcome_for(
+    stop_reason: StopReason | None,
+    status: RunPhase,
+    *,
+    grader_failed: bool,
+    score: float | None,
+    judge_failed: bool = False,
+) -> Outcome:
+    """The one outcome of a run: the failure that makes its numbers meaningless first, then whether the grading
+    gave a value."""
+    if stop_reason in _STOP_OUTCOMES:
+        return _STOP_OUTCOMES[stop_reason]
+    if grader_failed:
+        return Outcome.grader_error
+    if judge_failed:
+        return Outcome.judge_error
+    if status is RunPhase.failed:
+        return Outcome.harness_error
+    return Outcome.scored if score is not None else Outcome.no_value
+
 
 # -- a result as a pod's termination message ------------------------------------------------------
 
@@ -87,11 +170,13 @@ def termination_report(result: RunResult) -> str:
     cut, in that order, until the report fits Kubernetes' 4096-byte limit.
     """
     slim = result.model_copy(update={"score_curve": [], "details": {}})
-    for update in ({}, {"subtasks": []}, {"subtasks": [], "error": (result.error or "")[:300] or None}):
+    error, message = (result.error or "")[-300:] or None, (result.message or "")[:300] or None
+    cut = {"subtasks": [], "error": error, "message": message}
+    for update in ({}, {"subtasks": []}, cut):
         text = _report_text(slim.model_copy(update=update))
         if len(text.encode()) <= TERMINATION_MESSAGE_LIMIT:
             return text
-    return _report_text(slim.model_copy(update={"subtasks": [], "error": None, "capabilities": []}))
+    return _report_text(slim.model_copy(update={"subtasks": [], "error": None, "message": None, "capabilities": []}))
 
 
 def _report_text(result: RunResult) -> str:

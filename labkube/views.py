@@ -21,6 +21,34 @@ def fmt_score(score: float | None) -> str:
     return "—" if score is None else f"{score:.3f}"
 
 
+UNKNOWN = Text("unknown", style="dim italic")
+
+
+def fmt_beat(beat: bool | None) -> Text:
+    if beat is None:
+        return UNKNOWN
+    return Text("yes", style="green") if beat else Text("no", style="dim")
+
+
+def fmt_fraction(value: float | None) -> Text | str:
+    return UNKNOWN if value is None else f"{value:.0%}"
+
+
+def run_score_cell(r: ReportRow) -> Text | str:
+    """A final run's score, or what stands in its place: the error outcome, or "no value"; never a number the
+    run does not have."""
+    if r.is_error:
+        return Text(r.outcome or "error", style="bold red")
+    if r.outcome == "no_value":
+        return Text("no value", style="yellow")
+    return fmt_score(r.score)
+
+
+def run_phase(r: ReportRow) -> Text:
+    why = r.outcome if r.is_error else r.stop_reason
+    return Text(r.status + (f" ({why})" if why else ""), style=PHASE_STYLE.get(r.status, ""))
+
+
 def fmt_seconds(seconds: float) -> str:
     seconds = int(seconds)
     h, rem = divmod(seconds, 3600)
@@ -43,19 +71,24 @@ def status_table(rows: list[ReportRow], title: str) -> Table:
     ]:
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for r in rows:
-        phase = r.status + (f" ({r.stop_reason})" if r.stop_reason else "")
         table.add_row(
             r.run_id,
-            Text(phase, style=PHASE_STYLE.get(r.status, "")),
+            run_phase(r),
             str(r.steps),
-            fmt_score(r.score),
+            run_score_cell(r) if r.outcome else fmt_score(r.score),
             f"{r.tokens_total:,}",
             f"{r.cost_usd:.2f}",
             fmt_seconds(r.wall_seconds),
             r.integrity_verdict or "—",
-            Text(r.message[:120], style="yellow" if r.status not in ("Finished", "Failed") else "red"),
+            Text(message_cell(r.message), style="yellow" if r.status not in ("Finished", "Failed") else "red"),
         )
     return table
+
+
+def message_cell(message: str, limit: int = 240) -> str:
+    """An error's end is where its cause is: a long message keeps its start and its last lines."""
+    message = message.strip()
+    return message if len(message) <= limit else f"{message[: limit // 3]} … {message[-(2 * limit) // 3 :]}"
 
 
 def report_table(rows: list[ReportRow], title: str) -> Table:
@@ -73,25 +106,24 @@ def report_table(rows: list[ReportRow], title: str) -> Table:
         ("$", "right"),
         ("wall", "right"),
         ("integrity", "left"),
+        ("message", "left"),
     ]:
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+        table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
     for r in rows:
         table.add_row(
             r.task,
             r.model,
             r.agent,
             str(r.seed),
-            Text(
-                r.status + (f" ({r.stop_reason})" if r.stop_reason else ""),
-                style=PHASE_STYLE.get(r.status, ""),
-            ),
-            fmt_score(r.score),
-            Text("yes", style="green") if r.beat_baseline else Text("no", style="dim"),
-            f"{r.completion:.0%}",
+            run_phase(r),
+            run_score_cell(r),
+            fmt_beat(r.beat_baseline),
+            fmt_fraction(r.completion),
             f"{r.tokens_total:,}",
             f"{r.cost_usd:.2f}",
             fmt_seconds(r.wall_seconds),
             r.integrity_verdict or "—",
+            Text(message_cell(r.message), style="red" if r.is_error else ""),
         )
     return table
 
@@ -101,6 +133,7 @@ AGGREGATE_COLUMNS = [
     "model",
     "scaffold",
     "runs",
+    "errors",
     "mean",
     "best",
     "std",
@@ -130,11 +163,12 @@ def aggregate_table(aggs: list[Aggregate]) -> Table:
             a.model,
             a.agent,
             f"{a.finished}/{a.runs}",
+            Text(str(a.errors), style="bold red") if a.errors else "0",
             fmt_score(a.mean_score),
             fmt_score(a.best_score),
             fmt_score(a.std_score),
             f"{a.beat_baseline}/{a.finished}",
-            f"{a.mean_completion:.0%}",
+            fmt_fraction(a.mean_completion),
             f"{a.tokens_total:,}",
             f"{a.cost_usd:.2f}",
             f"{a.gpu_hours:.2f}",

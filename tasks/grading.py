@@ -26,10 +26,33 @@ from labkube.tasks.workspace import matches
 
 
 class GradeOutcome:
-    def __init__(self, subtasks: list[SubtaskScore], score: float | None, error: str | None) -> None:
+    """One grading: the subtasks' scores and the headline; `error` when the grader itself failed (exit status,
+    time-out: its last lines); `note` when it ran cleanly but left the headline subtask without a value."""
+
+    def __init__(
+        self, subtasks: list[SubtaskScore], score: float | None, error: str | None, note: str | None = None
+    ) -> None:
         self.subtasks = subtasks
         self.score = score
         self.error = error
+        self.note = note
+
+
+def last_lines(text: str, lines: int = 8, max_chars: int = 1200) -> str:
+    """The end of a program's output, as a reader of an error wants it: its last non-blank lines."""
+    kept = [line.rstrip() for line in text.strip().splitlines() if line.strip()][-lines:]
+    return "\n".join(kept)[-max_chars:]
+
+
+def no_value_note(card: TaskCard, scores: list[SubtaskScore], printed: str) -> str | None:
+    """Why a clean grading has no headline value: the subtasks left empty and what the grader printed."""
+    primary = card.primary
+    if primary is None or next((s.raw for s in scores if s.id == primary.id), None) is not None:
+        return None
+    missing = [s.id for s in scores if s.raw is None]
+    others = f" (and {len(missing) - 1} other subtask(s) without one)" if len(missing) > 1 else ""
+    said = last_lines(printed, lines=5, max_chars=600) or "(nothing)"
+    return f"the grader gave no value for subtask {primary.id}{others}; it printed: {said}"
 
 
 def build_grading_view(card: TaskCard, workspace: Path, view: Path) -> None:
@@ -133,6 +156,7 @@ def grade_workspace(card: TaskCard, workspace: Path, scratch: Path, log_file: Pa
         if key.endswith("_API_KEY"):
             del env[key]
     error = None
+    printed = ""
     try:
         proc = subprocess.run(
             ["bash", "-c", card.grading.command],
@@ -145,11 +169,14 @@ def grade_workspace(card: TaskCard, workspace: Path, scratch: Path, log_file: Pa
             check=False,
         )
         output = f"$ {card.grading.command}\n[exit {proc.returncode}]\n{proc.stdout}\n{proc.stderr}\n"
+        printed = f"{proc.stdout}\n{proc.stderr}"
         if proc.returncode != 0:
-            error = f"grader exited {proc.returncode}: {proc.stderr.strip()[-300:]}"
-    except subprocess.TimeoutExpired:
+            said = last_lines(proc.stderr) or last_lines(proc.stdout) or "(no output)"
+            error = f"grader exited {proc.returncode}: {said}"
+    except subprocess.TimeoutExpired as exc:
         output = f"$ {card.grading.command}\n[timed out after {card.grading.timeout_s}s]\n"
-        error = f"grader timed out after {card.grading.timeout_s:.0f}s"
+        said = last_lines(_text(exc.stderr)) or last_lines(_text(exc.stdout)) or "(no output)"
+        error = f"grader timed out after {card.grading.timeout_s:.0f}s: {said}"
     if log_file is not None:
         log_file.parent.mkdir(parents=True, exist_ok=True)
         with log_file.open("a") as fh:
@@ -161,4 +188,8 @@ def grade_workspace(card: TaskCard, workspace: Path, scratch: Path, log_file: Pa
     if primary is not None:
         p = next(x for x in scores if x.id == primary.id)
         score = p.fraction_of_sota if p.fraction_of_sota is not None else p.raw
-    return GradeOutcome(scores, score, error)
+    return GradeOutcome(scores, score, error, None if error else no_value_note(card, scores, printed))
+
+
+def _text(data: bytes | str | None) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
