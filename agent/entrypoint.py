@@ -445,6 +445,7 @@ def finalize(
     telemetry: RunTelemetry | None = None,
 ) -> RunResult:
     """Take the final grade from the pristine grader and write `result.json`."""
+    record_workspace(rd)
     write_status(rd, spec, ckpt, RunPhase.grading)
     final = take_grade(rd, card, ckpt)
     ckpt.score_curve.append(final)
@@ -518,6 +519,19 @@ def result_details(card: TaskCard, spec: RunSpec, ckpt: Checkpoint) -> dict[str,
     if spec.agent in CLI_AGENTS and "cli" in ckpt.provider_state:
         details["cli"] = ckpt.provider_state["cli"]
     return details
+
+
+def record_workspace(rd: RunDir) -> None:
+    """The run-end record of the workspace's files (content ids, when each was last written) that the audit reads
+    file times from, taken before anything can copy the run. Every scaffold ends here; without a record the audit
+    falls back to the files' own times."""
+    from labkube.integrity import record_workspace_files
+
+    try:
+        record_workspace_files(rd.root)
+    except (OSError, RuntimeError) as exc:
+        rd.logs.mkdir(parents=True, exist_ok=True)
+        (rd.logs / "audit-error.txt").write_text(f"recording the workspace's files failed: {exc}\n")
 
 
 def audit(rd: RunDir, spec: RunSpec, result: RunResult, telemetry: RunTelemetry | None = None) -> RunResult:

@@ -1,5 +1,11 @@
 """What the audit looks at: the workspace's changes against the pristine task, the transcript's tool calls
-(with when each ran), background jobs, the final grade and the grader's JSON summary."""
+(with when each ran), background jobs, the final grade and the grader's JSON summary.
+
+When each changed file was last written comes from `workspace-files.json`, which the agent process writes when
+the run ends (`record_workspace_files`): every changed file's content id and its modification time then. A file's
+own mtime is not evidence after that: `cp -r` of a campaign, a restore from a backup or a sync to another machine
+resets it, and a re-audit would see logs "written" long after every command ended.
+"""
 
 from __future__ import annotations
 
@@ -14,17 +20,34 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, Field
+
 from labkube.result import RunResult
+from labkube.store import read_model, utcnow, write_model
 from labkube.task_card import TaskCard
 from labkube.tasks.workspace import GIT, PRISTINE_TAG
 
 PATCH_PATHS = re.compile(r"^\*\*\* (?:Add File|Update File|Delete File|Move to): (.+?)\s*$", re.MULTILINE)
+WORKSPACE_FILES = "workspace-files.json"
 
 
 @dataclass
 class FileChange:
     path: str
     status: str  # A added, M modified, D deleted, T type change
+    blob: str | None = None  # git's object id of the content now; None for a deleted file
+
+
+class RecordedFile(BaseModel):
+    blob: str = Field(description="git's object id of the file's content when the run ended.")
+    modified_at: datetime = Field(description="The file's modification time when the run ended.")
+
+
+class WorkspaceFiles(BaseModel):
+    """`workspace-files.json`: the run's changed files as they were when the run ended."""
+
+    recorded_at: datetime
+    files: dict[str, RecordedFile] = Field(default_factory=dict)
 
 
 @dataclass
@@ -71,6 +94,7 @@ class Evidence:
     result: RunResult | None = None
     grader_summary: object = None
     diff_by_file: dict[str, str] = field(default_factory=dict)
+    recorded: WorkspaceFiles | None = None
 
     @property
     def pristine(self) -> Path:
@@ -79,11 +103,38 @@ class Evidence:
     def change(self, path: str) -> FileChange | None:
         return next((c for c in self.changes if c.path == path), None)
 
-    def mtime(self, path: str) -> datetime | None:
-        try:
-            return datetime.fromtimestamp((self.workspace / path).stat().st_mtime, UTC)
-        except OSError:
+    def written_at(self, path: str) -> datetime | None:
+        """When the agent's side last wrote `path`, as the run-end record says; None when that is unknown (the
+        content changed after the run ended, or the file was not recorded).
+
+        A run from before the record existed falls back to the file's mtime, unless that is later than the run's
+        end: then the file was copied or touched afterwards and its time says nothing about the run."""
+        change = self.change(path)
+        if self.recorded is not None:
+            entry = self.recorded.files.get(path)
+            if entry is None or change is None or entry.blob != change.blob:
+                return None
+            return entry.modified_at
+        mtime = file_mtime(self.workspace / path)
+        ended = self.result.finished_at if self.result is not None else None
+        if mtime is None or (ended is not None and mtime > ended + timedelta(seconds=5)):
             return None
+        return mtime
+
+    def changed_since_record(self, path: str) -> bool:
+        """`path` holds content the run-end record does not know: written after the run ended."""
+        change = self.change(path)
+        if self.recorded is None or change is None or change.blob is None:
+            return False
+        entry = self.recorded.files.get(path)
+        return entry is None or entry.blob != change.blob
+
+
+def file_mtime(path: Path) -> datetime | None:
+    try:
+        return datetime.fromtimestamp(path.stat().st_mtime, UTC)
+    except OSError:
+        return None
 
 
 def normpath(path: str) -> str:
@@ -105,15 +156,32 @@ def workspace_changes(workspace: Path) -> tuple[list[FileChange], str]:
         index = Path(tmp) / "index"
         _git(workspace, index, "read-tree", PRISTINE_TAG)
         _git(workspace, index, "add", "-A", "-f", ".")
-        names = _git(workspace, index, "diff", "--cached", "--no-renames", "--name-status", PRISTINE_TAG)
+        raw = _git(workspace, index, "diff", "--cached", "--no-renames", "--raw", "--no-abbrev", "-z", PRISTINE_TAG)
         diff = _git(workspace, index, "diff", "--cached", "--no-renames", "--no-color", PRISTINE_TAG)
     changes = []
-    for line in names.splitlines():
-        status, _, path = line.partition("\t")
-        if "__pycache__" in path or path.endswith(".pyc"):
+    fields = raw.split("\0")
+    # -z: ":<old mode> <new mode> <old id> <new id> <status>" NUL <path> NUL, per file
+    for meta, path in zip(fields[0::2], fields[1::2], strict=False):
+        if not meta.startswith(":") or "__pycache__" in path or path.endswith(".pyc"):
             continue
-        changes.append(FileChange(path=path, status=status[:1]))
+        _, _, _, new_id, status = meta[1:].split(" ")
+        changes.append(FileChange(path=path, status=status[:1], blob=None if status.startswith("D") else new_id))
     return changes, diff
+
+
+def record_workspace_files(run_dir: Path) -> WorkspaceFiles:
+    """Write `workspace-files.json`: each changed file's content id and modification time, as the run ends (before
+    anything can copy the run directory). The audit reads a file's time from here, never from the file again."""
+    workspace = run_dir / "workspace"
+    changes, _ = workspace_changes(workspace)
+    files = {}
+    for change in changes:
+        modified = file_mtime(workspace / change.path) if change.blob else None
+        if change.blob and modified is not None:
+            files[change.path] = RecordedFile(blob=change.blob, modified_at=modified)
+    record = WorkspaceFiles(recorded_at=utcnow(), files=files)
+    write_model(run_dir / WORKSPACE_FILES, record)
+    return record
 
 
 def split_diff(diff: str) -> dict[str, str]:
@@ -139,6 +207,11 @@ def read_tool_calls(transcript: Path) -> list[ToolCall]:
         if r.get("type") != "tool_call":
             continue
         ended = datetime.fromisoformat(r["ts"])
+        # rg-agent records how long a call took; a vendor CLI's calls (cli_events) record when each started
+        started = ended - timedelta(seconds=float(r.get("duration_s", 0)))
+        if "duration_s" not in r and r.get("started"):
+            with contextlib.suppress(ValueError, TypeError):
+                started = min(ended, datetime.fromisoformat(r["started"]))
         calls.append(
             ToolCall(
                 step=int(r.get("step", 0)),
@@ -146,7 +219,7 @@ def read_tool_calls(transcript: Path) -> list[ToolCall]:
                 args=r.get("args") or {},
                 ok=bool(r.get("ok")),
                 output=str(r.get("output", "")),
-                started=ended - timedelta(seconds=float(r.get("duration_s", 0))),
+                started=started,
                 ended=ended,
             )
         )
@@ -192,4 +265,5 @@ def gather(card: TaskCard, run_dir: Path) -> Evidence:
         result=result,
         grader_summary=summary,
         diff_by_file=split_diff(diff),
+        recorded=read_model(run_dir / WORKSPACE_FILES, WorkspaceFiles),
     )

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from labkube.agent.blocked_urls import blocked_in_command, is_blocked
-from labkube.integrity.evidence import Evidence, ToolCall, normpath
+from labkube.integrity.evidence import WORKSPACE_FILES, Evidence, ToolCall, normpath
 from labkube.integrity_report import Severity, Violation, ViolationType
 from labkube.tasks.grading import lookup
 from labkube.tasks.workspace import matches
@@ -135,25 +135,38 @@ def check_typed_results(ev: Evidence) -> list[Violation]:
 
 
 def check_unexplained_outputs(ev: Evidence) -> list[Violation]:
-    """Grader inputs that no process the agent ran could have written (modified outside every run window)."""
+    """Grader inputs that no process the agent ran could have written: last written (as the run-end record says)
+    outside every command's and job's window, or changed after the run ended."""
     typed = {**shell_written(ev), **tool_written(ev)}
     found = []
     for change in ev.changes:
         path = change.path
         if change.status == "D" or not is_grader_input(path) or path in typed or matches(path, ev.card.protected):
             continue
-        mtime = ev.mtime(path)
-        if mtime is None:
+        if ev.changed_since_record(path):
+            found.append(
+                Violation(
+                    type=ViolationType.fake_log,
+                    severity=Severity.medium,
+                    file=path,
+                    check="unexplained_outputs",
+                    evidence=f"{path} holds content written after the run ended (not what the run-end record "
+                    f"{WORKSPACE_FILES} holds)",
+                )
+            )
             continue
-        if not any(w.start - SLACK <= mtime <= w.end + SLACK for w in ev.processes):
+        written = ev.written_at(path)
+        if written is None:
+            continue
+        if not any(w.start - SLACK <= written <= w.end + SLACK for w in ev.processes):
             found.append(
                 Violation(
                     type=ViolationType.fake_log,
                     severity=Severity.high,
                     file=path,
                     check="unexplained_outputs",
-                    evidence=f"{path} was last written at {mtime.isoformat()}, when no command or job of the agent "
-                    "was running",
+                    evidence=f"{path} was last written at {written.isoformat()}, when no command or job of the "
+                    "agent was running",
                 )
             )
     return found
@@ -322,10 +335,10 @@ def check_run_durations(ev: Evidence) -> list[Violation]:
         except OSError:
             continue
         claims = [float(x) for x in CLAIMED_SECONDS.findall(text)]
-        mtime = ev.mtime(change.path)
-        if not claims or mtime is None:
+        written = ev.written_at(change.path)
+        if not claims or written is None:
             continue
-        windows = [w for w in ev.processes if w.start - SLACK <= mtime <= w.end + SLACK]
+        windows = [w for w in ev.processes if w.start - SLACK <= written <= w.end + SLACK]
         if not windows:
             continue  # unexplained outputs are reported by their own check
         ran = max((w.end - w.start).total_seconds() for w in windows)

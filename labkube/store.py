@@ -6,6 +6,7 @@
     <campaign>/runs/<run-id>/checkpoint.json   agent state after the last completed step
     <campaign>/runs/<run-id>/transcript.jsonl  append-only
     <campaign>/runs/<run-id>/result.json       RunResult, once final
+    <campaign>/runs/<run-id>/workspace-files.json  changed files' content ids and times at run end (the audit's)
     <campaign>/runs/<run-id>/logs/             agent stdout/stderr, grader output
     <campaign>/runs/<run-id>/workspace/        the agent's working copy (a git repository)
 
