@@ -33,7 +33,7 @@ from labkube.passk import Attempt, capability_scores, macro_average
 from labkube.report import aggregate, comparison_order, report_rows
 from labkube.result import RunResult
 from labkube.run_spec import RunSpec, RunStatus, scaffold_label, slug
-from labkube.store import CampaignDir, StoreError
+from labkube.store import CampaignDir, CampaignLocked, StoreError
 from labkube.task_card import LabkubeYaml, TaskCard
 from labkube.views import aggregate_table, report_table, status_table
 
@@ -111,10 +111,12 @@ def run_campaign(spec: CampaignSpec, out: Path, ray_address: str | None, metrics
             console.print(f"{skipped} of {len(runs)} runs already finished in {cdir.root}: skipped")
 
     try:
-        with live:
+        with cdir.lock(), live:
             results = launch(spec, out, ray_address, on_start=on_start, on_tick=render, metrics_port=metrics_port)
             render()
         console.print()
+    except CampaignLocked as exc:
+        raise UsageFailure(str(exc)) from None
     except DriverError as exc:
         raise UsageFailure(f"{exc} (results so far are kept in {out})") from None
     failed = [r for r in results if r.status.value == "Failed"]

@@ -89,6 +89,7 @@ def expected(task: str, model: str, agent: str) -> dict[str, float | int]:
     return {
         "runs": len(runs),
         "finished": len(runs),
+        "errors": 0,
         "mean_score": statistics.fmean(p.score for p in runs),
         "best_score": max(p.score for p in runs),
         "beat_baseline": sum(p.score > BEAT for p in runs),
@@ -236,8 +237,9 @@ def test_table_lists_each_system_once_with_its_mean(campaign: Path) -> None:
     assert [(c[0], c[1], c[2]) for c in cells] == SYSTEMS
     for c in cells:
         want = expected(c[0], c[1], c[2])
-        assert c[4] == f"{want['mean_score']:.3f}" and c[5] == f"{want['best_score']:.3f}"
-        assert c[11] == f"{want['gpu_hours']:.2f}" and c[12] == f"{want['suspicious']}/{want['audited']}"
+        assert c[4] == str(want["errors"])
+        assert c[5] == f"{want['mean_score']:.3f}" and c[6] == f"{want['best_score']:.3f}"
+        assert c[12] == f"{want['gpu_hours']:.2f}" and c[13] == f"{want['suspicious']}/{want['audited']}"
 
 
 # -- the HTML report --------------------------------------------------------------------------------------------

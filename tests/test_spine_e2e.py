@@ -116,9 +116,11 @@ def test_do_nothing_run_does_not_beat_the_baseline(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     (row,) = report_json(out)
     assert row["status"] == "Finished"
-    assert row["beat_baseline"] is False
+    assert row["outcome"] == "no_value"
+    assert row["beat_baseline"] is None  # unknown: there is no value to compare with the baseline
     assert row["score"] is None
-    assert row["completion"] == 0.0
+    assert row["completion"] == 0.0  # the grader ran cleanly and filled none of the subtasks: a measurement
+    assert row["message"].startswith("the grader gave no value for subtask avg_acc")
 
 
 @pytest.mark.parametrize(
