@@ -10,7 +10,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from labkube.budgets import Budgets
 
@@ -85,9 +85,20 @@ class Grading(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     command: str = "bash grading/grade.sh"
-    summary: str | None = Field(default=None, description="JSON summary the grader writes, relative to the task root.")
+    summary: str | None = Field(
+        default=None,
+        description="JSON summary the grader writes, relative to the task root; a glob "
+        "(`grading/runs/*/grading_summary.json`) reads the newest file it matches.",
+    )
     timeout_s: float = Field(default=600, gt=0)
     interval_s: float | None = Field(default=None, gt=0, description="Grade periodically during the run.")
+
+    @field_validator("summary")
+    @classmethod
+    def _summary_inside_task(cls, value: str | None) -> str | None:
+        if value is not None and (Path(value).is_absolute() or ".." in Path(value).parts):
+            raise ValueError(f"{value!r} must be a path (or glob) inside the task folder, like grading/summary.json")
+        return value
 
 
 class LabkubeYaml(BaseModel):

@@ -79,37 +79,57 @@ def split_row(line: str) -> list[str]:
     return [cell.strip() for cell in body.split("|")]
 
 
+def starts_table(lines: list[str], i: int) -> bool:
+    """Whether a pipe table's header starts at line `i` (the next line is its separator row)."""
+    if i + 1 >= len(lines) or not (lines[i].strip().startswith("|") and lines[i + 1].strip().startswith("|")):
+        return False
+    sep = split_row(lines[i + 1])
+    return bool(sep) and all(_SEPARATOR_CELL.match(c.replace(" ", "")) for c in sep)
+
+
 def parse_tables(markdown: str) -> tuple[list[Table], list[str]]:
-    """All pipe tables in `markdown`, and the problems met (malformed rows)."""
+    """All pipe tables in `markdown`, and the problems met (malformed rows).
+
+    A `Your Method` row below a table but outside it (after blank lines or text, before the next table) belongs
+    to that table. ResearchGym's materials-tokenization writer (`grading/aggregate_results.py`, `upsert_row`)
+    leaves its tables so: it replaces `| Your Method | Micro-F1 | ...` with a line that brings its own newline,
+    so a blank line ends the table there and the `|  | Macro-F1 | -- |` placeholder below is left outside it;
+    finding no `| Your Method | Macro-F1 |` line in the table's section (from `Table N` to the next `Table`), it
+    appends one at the end of the section, after the placeholder or after the blank lines before the next
+    table's caption. Text between the table and such a row does not matter: the writer's section ignores it."""
     tables: list[Table] = []
     problems: list[str] = []
     lines = markdown.splitlines()
     i = 0
     while i < len(lines):
-        line = lines[i]
-        nxt = lines[i + 1] if i + 1 < len(lines) else ""
-        if line.strip().startswith("|") and nxt.strip().startswith("|"):
-            sep = split_row(nxt)
-            if sep and all(_SEPARATOR_CELL.match(c.replace(" ", "")) for c in sep):
-                table = Table(index=len(tables), header=split_row(line), line=i + 1)
-                j = i + 2
-                while j < len(lines) and lines[j].strip().startswith("|"):
-                    row = split_row(lines[j])
-                    if len(row) != len(table.header):
-                        problems.append(
-                            f"table {table.index} (line {table.line}): row at line {j + 1} has "
-                            f"{len(row)} cells, header has {len(table.header)}"
-                        )
-                    else:
-                        table.rows.append(row)
-                    j += 1
-                merge_subheader(table)
-                fill_continuation_rows(table)
-                label_table(table, lines)
-                tables.append(table)
-                i = j
-                continue
-        i += 1
+        if not starts_table(lines, i):
+            i += 1
+            continue
+        table = Table(index=len(tables), header=split_row(lines[i]), line=i + 1)
+        j = i + 2
+        while j < len(lines) and lines[j].strip().startswith("|"):
+            j += 1
+        body = list(range(i + 2, j))
+        k = j
+        while k < len(lines) and not starts_table(lines, k):
+            if lines[k].strip().startswith("|") and method_of(split_row(lines[k])) == YOUR_METHOD:
+                body.append(k)
+            k += 1
+        for n in body:
+            row = split_row(lines[n])
+            if len(row) != len(table.header):
+                problems.append(
+                    f"table {table.index} (line {table.line}): row at line {n + 1} has "
+                    f"{len(row)} cells, header has {len(table.header)}"
+                )
+            else:
+                table.rows.append(row)
+        merge_subheader(table)
+        continued = fill_continuation_rows(table)
+        restate_rows(table, continued)
+        label_table(table, lines)
+        tables.append(table)
+        i = j
     return tables, problems
 
 
@@ -132,11 +152,42 @@ def merge_subheader(table: Table) -> None:
     table.rows = table.rows[1:]
 
 
-def fill_continuation_rows(table: Table) -> None:
-    """A row with an empty first cell continues the method above it (one row per metric)."""
-    for prev, row in zip(table.rows, table.rows[1:], strict=False):
+def fill_continuation_rows(table: Table) -> set[int]:
+    """A row with an empty first cell continues the method above it (one row per metric). Returns the
+    indices of the rows so filled."""
+    filled: set[int] = set()
+    for n, (prev, row) in enumerate(zip(table.rows, table.rows[1:], strict=False), start=1):
         if not row[0].strip() and prev[0].strip():
             row[0] = prev[0]
+            filled.add(n)
+    return filled
+
+
+def restate_rows(table: Table, continued: set[int]) -> None:
+    """A `Your Method` row written out in full at the end of a table takes the place of the continuation row of
+    its metric (`|  | Macro-F1 | -- |` under `| Your Method | Micro-F1 | ...`).
+
+    `upsert_row` (see `parse_tables`) appends the rows it does not find to the end of the section; where no
+    blank line splits the table first (a `Micro-F1` row it appended too, or another writer with the same
+    contract), the placeholder stays in the table and the written row lands below it, and would count as one
+    more `Your Method` row. It moves into the first placeholder of its metric, the row the unfilled table had,
+    which `Subtask.row` counts on (the writer fills only the first such line of a section)."""
+    metric_col = table.metric_column()
+    if metric_col is None or not continued:
+        return
+    others = [n for n, row in enumerate(table.rows) if method_of(row) != YOUR_METHOD]
+    trailing = range(others[-1] + 1 if others else 0, len(table.rows))
+    placeholders: dict[str, int] = {}
+    for n in sorted(continued):
+        if method_of(table.rows[n]) == YOUR_METHOD:
+            placeholders.setdefault(normalize_header(table.rows[n][metric_col]), n)
+    moves = []  # (placeholder, written row): the first written row of a metric is the one the writer updates
+    for n in trailing:
+        target = None if n in continued else placeholders.pop(normalize_header(table.rows[n][metric_col]), None)
+        if target is not None and target < n:
+            moves.append((target, n))
+    for target, n in reversed(moves):
+        table.rows[target] = table.rows.pop(n)
 
 
 def label_table(table: Table, lines: list[str]) -> None:

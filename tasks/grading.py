@@ -10,6 +10,7 @@ Edits the agent made to grading files never change a score.
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
@@ -105,13 +106,23 @@ def as_number(value: object) -> float | None:
     return None
 
 
+def summary_file(view: Path, pattern: str) -> Path | None:
+    """The grader's JSON summary: `pattern` relative to the task root, or the newest file it matches when it is
+    a glob (`grading/runs/*/grading_summary.json`: a grader that writes one per timestamped run)."""
+    if not glob.has_magic(pattern):
+        return view / pattern
+    found = [p for p in view.glob(pattern) if p.is_file()]
+    return max(found, key=lambda p: (p.stat().st_mtime, p.as_posix()), default=None)
+
+
 def read_values(card: TaskCard, view: Path) -> dict[str, float | None]:
     """Each subtask's raw value, from the JSON summary first, then the filled `Your Method` rows."""
     summary: object = None
-    if card.grading.summary:
+    path = summary_file(view, card.grading.summary) if card.grading.summary else None
+    if path is not None:
         try:
-            summary = json.loads((view / card.grading.summary).read_text())
-        except (FileNotFoundError, ValueError):
+            summary = json.loads(path.read_text())
+        except (OSError, ValueError):
             summary = None
     md = view / "task_description.md"
     tables = parse_tables(md.read_text(errors="replace"))[0] if md.exists() else []
