@@ -352,6 +352,7 @@ def run_crd() -> dict[str, Any]:
         _column("Seed", "integer", ".spec.seed"),
         _column("Phase", "string", ".status.phase"),
         _column("Score", "number", ".status.score"),
+        _column("Outcome", "string", ".status.outcome"),
         _column("Cost", "number", ".status.costUsd", description="US dollars"),
         _column("Attempts", "integer", ".status.attempts", priority=1),
         _column("Pod", "string", ".status.podName", priority=1),

@@ -871,6 +871,10 @@ class PodRun:
         self.status.cost_usd = round(result.spend.usd, 6)
         self.track(None)
         self.status.stop_reason = result.stop_reason
+        self.status.outcome = result.outcome
+        if result.is_error and result.outcome is not None:  # what `kubectl describe` and `labkube run` show
+            last = (result.error or "").strip().splitlines()[-1:] or [result.outcome.value]
+            self.condition("Measured", False, result.outcome.value, last[0][-300:])
         await self.publish()
         return result
 

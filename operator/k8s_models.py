@@ -28,6 +28,7 @@ from pydantic.alias_generators import to_camel
 from labkube.budgets import StopReason
 from labkube.campaign import CampaignSpec
 from labkube.operator.leader import LeaderElection
+from labkube.result import Outcome
 from labkube.run_spec import RunPhase, RunSpec
 from labkube.task_card import Resources, TaskFamily
 
@@ -222,6 +223,9 @@ class RunStatus(_Status):
     cost_usd: float = Field(default=0.0, ge=0, description="Model spend in US dollars.")
     gpu_hours: float = Field(default=0.0, ge=0, description="GPU-hours charged to the campaign's cap.")
     stop_reason: StopReason | None = None
+    outcome: Outcome | None = Field(
+        default=None, description="scored, no_value, or an error outcome (grader_error, judge_error, ...)."
+    )
     observed_generation: int | None = Field(default=None, ge=0)
     conditions: list[Condition] = Field(default_factory=list)
 

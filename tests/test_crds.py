@@ -163,7 +163,11 @@ def test_committed_crd_files_load_as_the_generated_objects() -> None:
 def test_crd_names_columns_and_status_subresource() -> None:
     for crd, short, columns in [
         (campaign_crd(), "lkc", ["Tasks", "Models", "Seeds", "Phase", "Progress", "GPU-h", "Age"]),
-        (run_crd(), "lkr", ["Task", "Model", "Seed", "Phase", "Score", "Cost", "Attempts", "Pod", "Stop", "Age"]),
+        (
+            run_crd(),
+            "lkr",
+            ["Task", "Model", "Seed", "Phase", "Score", "Outcome", "Cost", "Attempts", "Pod", "Stop", "Age"],
+        ),
     ]:
         assert crd["spec"]["scope"] == "Namespaced"
         assert crd["spec"]["names"]["shortNames"] == [short]

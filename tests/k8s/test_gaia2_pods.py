@@ -176,6 +176,9 @@ async def test_a_world_that_never_listens_fails_the_pod_within_its_startup_time(
     final_pod = cluster.created_pod(final)
     assert [c["name"] for c in final_pod["spec"].get("initContainers", [])] == ["prepare"]
     assert run["status"]["stopReason"] == "world_error", run["status"]
+    assert run["status"]["outcome"] == "world_error"  # an error outcome, as `kubectl get lkr` shows it
+    measured = next(c for c in run["status"]["conditions"] if c["type"] == "Measured")
+    assert measured["status"] == "False" and measured["reason"] == "world_error" and measured["message"]
     resumed = next(c for c in run["status"]["conditions"] if c["type"] == "Resumed")
     assert "container world: did not start: its startup probe failed 3 times" in resumed["message"], resumed
     assert all(gone(pgid) for _, _, pgid in cluster.kubelet.sidecars_started)
