@@ -17,28 +17,42 @@ What it computes, from what the store keeps per run (run.json, result.json, tran
 4. failure-mode flags (heuristics, each with its rule and the evidence line that fired it);
 5. Gaia2: pass@1 per capability, success against cost and simulated time.
 
-Scores are fractions of SOTA (the result's headline number); a finished run without a number counts as 0.
+Scores are fractions of SOTA (the result's headline number). Which runs count, as in `labkube report`: a run that
+ended in an error outcome (grader, judge, world, setup, model or harness error: its numbers measure a failure of
+labkube's side, not the agent) is left out of every analysis and listed with its outcome; each group and Gaia2
+capability says how many it left out. A run whose grading gave no value (`no_value`) is measured but has no score:
+best / mean / median / worst and their interval are over the runs with a value, it does not beat the baseline
+(pass@k), and only the column labelled "no value = 0" (ResearchGym's averaging) counts it as 0.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, Field
 
-from labkube.analysis_transcript import FLAT_LOSS_MIN, PHASES, Job, TranscriptStats, clip, phase_of, read_transcript
+from labkube.analysis_stats import Correlation, Interval, bootstrap, correlation
+from labkube.analysis_transcript import (
+    FLAT_LOSS_MIN,
+    PHASES,
+    PROGRESS_WORDS,
+    Job,
+    TranscriptStats,
+    clip,
+    phase_of,
+    read_transcript,
+)
 from labkube.passk import Attempt, capability_scores, pass_at_k, pass_hat_k
-from labkube.result import RunResult
-from labkube.run_spec import RunPhase, RunSpec, scaffold_label
+from labkube.result import Outcome, RunResult
+from labkube.run_spec import RunSpec, scaffold_label
 from labkube.store import CampaignDir, StoreError
 
 __all__ = ["Analysis", "AnalysisError", "analyze_campaigns", "phase_of", "read_transcript"]
@@ -57,7 +71,19 @@ PLATEAU_RULE = (
 BUDGET_FRACTIONS = (0.25, 0.5, 0.75)
 SHARE_RULE = (
     "Share of the final score reached at x% of a budget: the last graded score at or before x% of the budget, "
-    "divided by the final score (None when the final score is 0 or the budget is not set)."
+    "divided by the final score (None when the final score is 0 or unknown, when no grading before that point gave "
+    "a value, or when the budget is not set)."
+)
+SCORES_RULE = (
+    "Fractions of SOTA (the result's headline number). Runs that ended in an error outcome (grader, judge, world, "
+    "setup, model or harness error) are left out of every analysis and counted (`errors`). Best, mean, median, worst "
+    "and the mean's interval are over the runs with a value; a run whose grading gave no value is counted in "
+    "`no_value`, and only `mean_no_value_as_zero` (ResearchGym's averaging) counts it as 0."
+)
+PASS_RULE = (
+    "A paper-task run passes when it beats the baseline (a run with no value does not pass; error outcomes are left "
+    "out); a Gaia2 run passes when ARE's judge says so (a judge or world error is neither a pass nor a fail: left out "
+    "and counted in `excluded`)."
 )
 DENSITY_RULE = "Action density: tool calls per hour of the run's charged wall time."
 HANDOFF_FLAG = 2
@@ -65,11 +91,13 @@ FLAG_RULES = {
     "silent_failure": (
         "A tool output shows NaN/inf on a line, or a loss printed at least "
         f"{FLAT_LOSS_MIN} times never moves, and a later model message claims progress "
-        "(improv*, progress, better, converg*, decreas*, works, success*)."
+        "(improv*, progress, better, converg*, decreas*, works, success*); or the agent's end_task claims progress "
+        "and the final grading gave no value (outcome no_value)."
     ),
     "early_stop": (
         "The agent ended the run itself (stop reason `done`) with more than half of every set budget left, "
-        "and its final score is below the task's baseline (runs whose task has no baseline never fire)."
+        "and its final score is below the task's baseline or its grading gave no value (runs whose task has no "
+        "baseline never fire)."
     ),
     "parallel_collapse": (
         "Two async jobs (start_async) running at the same time write the same output path or log "
@@ -79,8 +107,6 @@ FLAG_RULES = {
     "context_pressure": f"The run dropped turns to fit the context window, or handed off {HANDOFF_FLAG}+ times.",
     "integrity": "The integrity audit's verdict is SUSPICIOUS or NEEDS_REVIEW (from result.json / integrity.json).",
 }
-BOOTSTRAP_RESAMPLES = 2000
-Z95 = 1.959963984540054
 
 
 class AnalysisError(ValueError):
@@ -88,12 +114,6 @@ class AnalysisError(ValueError):
 
 
 # -- the JSON (pydantic at the boundary) -------------------------------------------------------------------------
-
-
-class Interval(BaseModel):
-    low: float | None
-    high: float | None
-    method: str
 
 
 class PassK(BaseModel):
@@ -109,7 +129,10 @@ class GroupStats(BaseModel):
 
     task: str
     model: str
-    runs: int
+    runs: int = Field(description="Runs measured (a value or no value): what beat-baseline and pass@k are over.")
+    scored: int = Field(description="Runs with a value: what best, mean, median, worst and the interval are over.")
+    no_value: int = Field(description="Runs whose grading gave no value (not averaged, except as 0 where labelled).")
+    errors: int = Field(description="Runs that ended in an error outcome: left out of every number here.")
     seeds: list[int]
     best: float | None
     mean: float | None
@@ -118,9 +141,12 @@ class GroupStats(BaseModel):
     std: float | None
     spread: float | None = Field(description="best - worst")
     mean_ci: Interval
-    completion_rate: float
+    mean_no_value_as_zero: float | None = Field(
+        description="ResearchGym's averaging: the mean over measured runs with a run without a value counted as 0."
+    )
+    completion_rate: float | None = Field(description="Mean subtask completion; None when no grading completed.")
     beat_baseline: int
-    pass_k: list[PassK] = Field(description="A run passes when it beats the baseline.")
+    pass_k: list[PassK] = Field(description="A run passes when it beats the baseline; one with no value does not.")
     baseline: float | None
     sota: float = 1.0
 
@@ -134,7 +160,7 @@ class EfficiencyRow(BaseModel):
     time_to_best_s: float | None
     last_improvement_s: float | None
     since_last_improvement_s: float | None
-    plateaued: bool
+    plateaued: bool | None = Field(description="None when no grading gave a value.")
     share_of_final: dict[str, dict[str, float | None]] = Field(
         description="budget kind (wall, tokens, usd) -> '25%' / '50%' / '75%' -> share of the final score"
     )
@@ -160,16 +186,6 @@ class BehaviourRow(BaseModel):
     max_concurrent_jobs: int
 
 
-class Correlation(BaseModel):
-    x: str
-    y: str
-    n: int
-    pearson: float | None
-    pearson_ci: Interval
-    spearman: float | None
-    spearman_ci: Interval
-
-
 class Flag(BaseModel):
     kind: Literal["silent_failure", "early_stop", "parallel_collapse", "context_pressure", "integrity"]
     run_id: str
@@ -184,7 +200,8 @@ class Gaia2Row(BaseModel):
     model: str
     seed: int
     capabilities: list[str]
-    passed: bool | None
+    outcome: str | None = Field(default=None, description="scored, no_value or an error outcome (judge/world error).")
+    passed: bool | None = Field(description="ARE's verdict; None without one or for an error outcome.")
     cost_usd: float
     simulated_seconds: float | None
     wall_seconds: float
@@ -195,10 +212,11 @@ class Gaia2Capability(BaseModel):
     model: str
     scenarios: int
     k: int
-    pass_at_1: float
-    pass_at_k: float
-    pass_hat_k: float
+    pass_at_1: float | None
+    pass_at_k: float | None
+    pass_hat_k: float | None
     stderr: float | None
+    excluded: int = Field(default=0, description="Attempts left out: an error outcome or no verdict.")
 
 
 class Series(BaseModel):
@@ -223,11 +241,25 @@ class FigureData(BaseModel):
     panels: list[Panel]
 
 
+class ExcludedRun(BaseModel):
+    run_id: str
+    task: str
+    model: str
+    outcome: str
+    error: str | None = Field(description="The last line of what failed.")
+
+
 class Analysis(BaseModel):
     campaigns: list[str]
     generated_at: datetime
-    runs: int
+    runs: int = Field(description="Runs analysed: final, not an error outcome, not left out by a filter.")
     skipped: list[str] = Field(default_factory=list, description="Runs without a final result, not analysed.")
+    errors: list[ExcludedRun] = Field(
+        default_factory=list, description="Runs that ended in an error outcome, left out of every analysis."
+    )
+    excluded_suspicious: list[str] = Field(
+        default_factory=list, description="Runs left out by --exclude-suspicious (integrity verdict SUSPICIOUS)."
+    )
     rules: dict[str, str]
     groups: list[GroupStats]
     efficiency: list[EfficiencyRow]
@@ -257,8 +289,13 @@ class RunData:
         return scaffold_label(self.spec.agent, self.result.model)
 
     @property
-    def score(self) -> float:
-        return self.result.score if self.result.score is not None else 0.0
+    def score(self) -> float | None:
+        return self.result.score
+
+    @property
+    def measured(self) -> bool:
+        """Counted in statistics, as `labkube report` counts it: not an error outcome."""
+        return not self.result.is_error
 
     @property
     def is_gaia2(self) -> bool:
@@ -308,79 +345,23 @@ def _integrity_note(run_dir: Path) -> str | None:
         return None
 
 
-# -- statistics (numpy only) -------------------------------------------------------------------------------------
-
-
-def ranks(values: list[float]) -> np.ndarray:
-    """1-based ranks, ties sharing their average rank."""
-    a = np.asarray(values, dtype=float)
-    order = a.argsort(kind="mergesort")
-    r = np.empty(len(a))
-    r[order] = np.arange(1, len(a) + 1)
-    for v in np.unique(a):
-        tied = a == v
-        r[tied] = r[tied].mean()
-    return r
-
-
-def pearson(x: list[float], y: list[float]) -> float | None:
-    if len(x) < 3 or np.std(x) == 0 or np.std(y) == 0:
-        return None
-    return float(np.corrcoef(np.asarray(x, float), np.asarray(y, float))[0, 1])
-
-
-def fisher_interval(r: float | None, n: int, se_scale: float = 1.0) -> Interval:
-    """95% interval of a correlation by Fisher's z (Spearman: se_scale = sqrt(1.06), Fieller et al.)."""
-    method = "Fisher z, 95%" + (" (Fieller variance 1.06/(n-3))" if se_scale != 1.0 else "")
-    if r is None or n < 4:
-        return Interval(low=None, high=None, method=method + ": needs n >= 4")
-    z = math.atanh(max(-0.999999, min(0.999999, r)))
-    se = se_scale / math.sqrt(n - 3)
-    return Interval(low=math.tanh(z - Z95 * se), high=math.tanh(z + Z95 * se), method=method)
-
-
-def correlation(x_name: str, y_name: str, x: list[float], y: list[float]) -> Correlation:
-    r = pearson(x, y)
-    rho = pearson(list(ranks(x)), list(ranks(y))) if len(x) >= 3 else None
-    return Correlation(
-        x=x_name,
-        y=y_name,
-        n=len(x),
-        pearson=r,
-        pearson_ci=fisher_interval(r, len(x)),
-        spearman=rho,
-        spearman_ci=fisher_interval(rho, len(x), math.sqrt(1.06)),
-    )
-
-
-def bootstrap(values: list[float], stat: Any, seed: int = 0) -> Interval:
-    """Percentile bootstrap (95%) of `stat(sample)` over resamples of the runs."""
-    if len(values) < 2:
-        return Interval(low=None, high=None, method="bootstrap: needs 2+ runs")
-    rng = np.random.default_rng(seed)
-    a = np.asarray(values, float)
-    samples = a[rng.integers(0, len(a), size=(BOOTSTRAP_RESAMPLES, len(a)))]
-    stats = np.array([stat(s) for s in samples])
-    low, high = np.percentile(stats, [2.5, 97.5])
-    return Interval(low=float(low), high=float(high), method=f"percentile bootstrap, {BOOTSTRAP_RESAMPLES} resamples")
-
-
 # -- 1. capability and reliability -------------------------------------------------------------------------------
 
 
 def group_stats(runs: list[RunData]) -> list[GroupStats]:
+    """Per task x model (scaffold), over the measured runs (`runs` may hold error outcomes: they are counted)."""
     groups: dict[tuple[str, str], list[RunData]] = {}
     for r in runs:
         groups.setdefault((r.spec.group or r.spec.task, r.label), []).append(r)
     out = []
-    for (task, model), rs in sorted(groups.items()):
-        rs.sort(key=lambda r: r.result.seed)
-        finished = [r for r in rs if r.result.status is RunPhase.finished]
-        scores = [r.score for r in finished]
-        passes = [float(r.result.beat_baseline) for r in finished]
+    for (task, model), group in sorted(groups.items()):
+        rs = sorted((r for r in group if r.measured), key=lambda r: r.result.seed)
+        scores = [r.score for r in rs if r.score is not None]
+        completions = [r.result.completion for r in rs if r.result.completion is not None]
+        passes = [float(r.result.beat_baseline is True) for r in rs]
         n, c = len(passes), int(sum(passes))
         pk = []
-        for k in sorted({1, min(2, n), n} - {0}):
+        for k in sorted({1, min(2, n), n} - {0}) if n else []:
             pk.append(
                 PassK(
                     k=k,
@@ -395,6 +376,9 @@ def group_stats(runs: list[RunData]) -> list[GroupStats]:
                 task=task,
                 model=model,
                 runs=len(rs),
+                scored=len(scores),
+                no_value=len(rs) - len(scores),
+                errors=len(group) - len(rs),
                 seeds=[r.result.seed for r in rs],
                 best=max(scores) if scores else None,
                 mean=statistics.fmean(scores) if scores else None,
@@ -403,7 +387,8 @@ def group_stats(runs: list[RunData]) -> list[GroupStats]:
                 std=statistics.stdev(scores) if len(scores) > 1 else None,
                 spread=max(scores) - min(scores) if scores else None,
                 mean_ci=bootstrap(scores, np.mean),
-                completion_rate=statistics.fmean(r.result.completion for r in finished) if finished else 0.0,
+                mean_no_value_as_zero=statistics.fmean(r.score or 0.0 for r in rs) if rs else None,
+                completion_rate=statistics.fmean(completions) if completions else None,
                 beat_baseline=c,
                 pass_k=pk,
                 baseline=next((r.baseline for r in rs if r.baseline is not None), None),
@@ -415,9 +400,10 @@ def group_stats(runs: list[RunData]) -> list[GroupStats]:
 # -- 2. efficiency dynamics --------------------------------------------------------------------------------------
 
 
-def curve_points(result: RunResult) -> list[tuple[float, float, float, int, float]]:
-    """(seconds, tokens, dollars, step, score) per grading; a grade without a number scores 0."""
-    pts = [(g.at_seconds, float(g.tokens), g.usd, g.step, g.score or 0.0) for g in result.score_curve]
+def curve_points(result: RunResult) -> list[tuple[float, float, float, int, float | None]]:
+    """(seconds, tokens, dollars, step, score) per grading; None for a grading that gave no value (or failed)."""
+    pts: list[tuple[float, float, float, int, float | None]]
+    pts = [(g.at_seconds, float(g.tokens), g.usd, g.step, g.score) for g in result.score_curve]
     if not pts and result.score is not None:
         s = result.spend
         pts = [(s.wall_seconds, float(s.usage.total), s.usd, s.steps, result.score)]
@@ -425,9 +411,10 @@ def curve_points(result: RunResult) -> list[tuple[float, float, float, int, floa
 
 
 def efficiency(run: RunData) -> EfficiencyRow:
+    """Over the gradings that gave a value; a run with none has no best, no time to best and no plateau verdict."""
     result = run.result
-    pts = curve_points(result)
-    final = result.score if result.score is not None else (pts[-1][4] if pts else None)
+    pts = [(t, tok, usd, step, score) for t, tok, usd, step, score in curve_points(result) if score is not None]
+    final = result.score
     best = max((p[4] for p in pts), default=None)
     time_to_best = next((p[0] for p in pts if best is not None and p[4] >= best - 1e-12), None)
     last_improvement = pts[0][0] if pts else None
@@ -436,7 +423,7 @@ def efficiency(run: RunData) -> EfficiencyRow:
             last_improvement = cur[0]
     end = max(result.spend.wall_seconds, pts[-1][0] if pts else 0.0)
     since = None if last_improvement is None else end - last_improvement
-    plateaued = since is not None and end > 0 and since >= PLATEAU_SHARE * end
+    plateaued = None if since is None else end > 0 and since >= PLATEAU_SHARE * end
     budgets = run.spec.budgets
     shares: dict[str, dict[str, float | None]] = {}
     for kind, limit, axis in (
@@ -449,7 +436,7 @@ def efficiency(run: RunData) -> EfficiencyRow:
         row: dict[str, float | None] = {}
         for f in BUDGET_FRACTIONS:
             reached = [p[4] for p in pts if p[axis] <= f * limit + 1e-9]
-            row[f"{f:.0%}"] = (reached[-1] if reached else 0.0) / final if final else None
+            row[f"{f:.0%}"] = reached[-1] / final if reached and final else None
         shares[kind] = row
     return EfficiencyRow(
         run_id=result.run_id,
@@ -529,8 +516,10 @@ def flags_for(run: RunData) -> list[Flag]:
     if st.progress_after_problem is not None:
         problem = st.nan_evidence or f"loss stays at {st.loss_first} over {st.loss_count} readings ({st.loss_evidence})"
         flag("silent_failure", f"{problem}; then {st.progress_after_problem}")
+    elif result.outcome is Outcome.no_value and st.end_task and PROGRESS_WORDS.search(st.end_task):
+        flag("silent_failure", f"{st.end_task}; then the final grading gave no value: {clip(result.message or '')}")
     used = _used_fractions(run)
-    below = run.baseline is not None and run.score < run.baseline
+    below = run.baseline is not None and (run.score is None or run.score < run.baseline)
     if (
         result.stop_reason is not None
         and result.stop_reason.value == "done"
@@ -540,7 +529,8 @@ def flags_for(run: RunData) -> list[Flag]:
     ):
         spent = ", ".join(f"{k} {v:.0%} used" for k, v in used.items())
         base = "—" if run.baseline is None else f"{run.baseline:.3f}"
-        flag("early_stop", f"{st.end_task or 'ended by the agent'}; {spent}; score {run.score:.3f} < baseline {base}")
+        score = "no value" if run.score is None else f"{run.score:.3f}"
+        flag("early_stop", f"{st.end_task or 'ended by the agent'}; {spent}; score {score} < baseline {base}")
     jobs = list(st.jobs.values())
     for a, b in overlapping_pairs(jobs, st.last_ts or 0.0):
         shared = sorted(a.targets & b.targets)
@@ -576,16 +566,19 @@ def _used_fractions(run: RunData) -> dict[str, float]:
 
 
 def gaia2_row(run: RunData) -> Gaia2Row:
-    verdict = run.result.details.get("gaia2") or {}
-    passed = verdict.get("success") if verdict else None
+    """A pass is ARE's verdict as the run's score holds it (1 passed, 0 failed), as `labkube report` reads it; an
+    error outcome (the judge raised, the world broke) or a run without a verdict has none."""
+    result = run.result
+    verdict = result.details.get("gaia2") or {}
     sim = verdict.get("simulated_seconds")
     return Gaia2Row(
-        run_id=run.result.run_id,
+        run_id=result.run_id,
         task=run.spec.task,
         model=run.label,
-        seed=run.result.seed,
-        capabilities=run.result.capabilities,
-        passed=None if passed is None else bool(passed),
+        seed=result.seed,
+        capabilities=result.capabilities,
+        outcome=result.outcome.value if result.outcome else None,
+        passed=None if result.is_error or result.score is None else result.score == 1.0,
         cost_usd=run.result.spend.usd,
         simulated_seconds=float(sim) if isinstance(sim, int | float) else None,
         wall_seconds=run.result.spend.wall_seconds,
@@ -593,11 +586,18 @@ def gaia2_row(run: RunData) -> Gaia2Row:
 
 
 def gaia2_capabilities(rows: list[Gaia2Row]) -> list[Gaia2Capability]:
-    """pass@1, pass@k, pass^k per capability and model (scaffold), by labkube.passk; unjudged runs are left out."""
+    """pass@1, pass@k, pass^k per capability and model (scaffold), by labkube.passk; a run without a pass or fail
+    (an error outcome, no verdict) is left out and counted in `excluded`."""
     attempts = [
-        Attempt(scenario=r.task, model=r.model, seed=r.seed, passed=r.passed, capabilities=r.capabilities)
+        Attempt(
+            scenario=r.task,
+            model=r.model,
+            seed=r.seed,
+            passed=r.passed is True,
+            capabilities=r.capabilities,
+            counted=r.passed is not None,
+        )
         for r in rows
-        if r.passed is not None
     ]
     return [Gaia2Capability(**s.model_dump()) for s in capability_scores(attempts)] if attempts else []
 
@@ -605,8 +605,10 @@ def gaia2_capabilities(rows: list[Gaia2Row]) -> list[Gaia2Capability]:
 # -- putting it together -----------------------------------------------------------------------------------------
 
 
-def analyze_campaigns(paths: list[Path], progress: bool = False) -> Analysis:
-    """Every analysis over the finished runs of `paths`, pooled.
+def analyze_campaigns(paths: list[Path], progress: bool = False, exclude_suspicious: bool = False) -> Analysis:
+    """Every analysis over the finished runs of `paths`, pooled. Runs that ended in an error outcome are left out
+    and listed; with `exclude_suspicious`, so are runs the integrity audit found SUSPICIOUS (as `labkube report
+    --exclude-suspicious`).
 
     Raises:
         AnalysisError: a path is not a campaign directory, or no run has a final result.
@@ -633,6 +635,10 @@ def analyze_campaigns(paths: list[Path], progress: bool = False) -> Analysis:
         raise AnalysisError(
             f"{', '.join(map(str, paths))}: no run has finished yet; check `labkube status DIR` and analyse it then"
         )
+    suspicious = [r.result.run_id for r in runs if exclude_suspicious and r.result.integrity_verdict == "SUSPICIOUS"]
+    kept = [r for r in runs if r.result.run_id not in suspicious]
+    errors = [r for r in kept if not r.measured]
+    runs = [r for r in kept if r.measured]
     paper = [r for r in runs if not r.is_gaia2]
     behaviour_rows = [behaviour(r) for r in runs]
     pooled: dict[str, Counter[str]] = {p: Counter() for p in PHASES}
@@ -648,16 +654,18 @@ def analyze_campaigns(paths: list[Path], progress: bool = False) -> Analysis:
         generated_at=datetime.now(UTC),
         runs=len(runs),
         skipped=skipped,
+        errors=[excluded_run(r) for r in errors],
+        excluded_suspicious=suspicious,
         rules={
             "phases": PHASE_RULE,
             "plateau": PLATEAU_RULE,
             "share_of_final": SHARE_RULE,
             "action_density": DENSITY_RULE + " Its correlation with the score is over paper-task runs only.",
-            "scores": "Fractions of SOTA (the result's headline number); a finished run without one counts as 0.",
-            "pass": "A paper-task run passes when it beats the baseline; Gaia2 runs pass when ARE's judge says so.",
+            "scores": SCORES_RULE,
+            "pass": PASS_RULE,
             **{f"flag.{k}": v for k, v in FLAG_RULES.items()},
         },
-        groups=group_stats(paper),
+        groups=group_stats(paper + [r for r in errors if not r.is_gaia2]),
         efficiency=[efficiency(r) for r in paper],
         behaviour=behaviour_rows,
         tool_mix={p: dict(sorted(pooled[p].items())) for p in PHASES},
@@ -671,7 +679,7 @@ def analyze_campaigns(paths: list[Path], progress: bool = False) -> Analysis:
             [float(b.reasoning_tokens) for b in behaviour_rows],
         ),
         flags=[f for r in runs for f in flags_for(r)],
-        gaia2=[gaia2_row(r) for r in runs if r.is_gaia2],
+        gaia2=[gaia2_row(r) for r in runs + errors if r.is_gaia2],
         gaia2_capabilities=[],
         figures=[],
     )
@@ -680,6 +688,17 @@ def analyze_campaigns(paths: list[Path], progress: bool = False) -> Analysis:
 
     analysis.figures = build_figures(analysis, {r.result.run_id: r for r in paper})
     return analysis
+
+
+def excluded_run(run: RunData) -> ExcludedRun:
+    error = (run.result.error or "").strip().splitlines()
+    return ExcludedRun(
+        run_id=run.result.run_id,
+        task=run.spec.group or run.spec.task,
+        model=run.label,
+        outcome=str(run.result.outcome),
+        error=clip(error[-1]) if error else None,
+    )
 
 
 def _collect(cdir: CampaignDir, run_id: str, runs: list[RunData], skipped: list[str]) -> None:

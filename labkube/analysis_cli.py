@@ -1,7 +1,9 @@
-"""`labkube analyze CAMPAIGN... [--format html|json|md] [--out PATH]` (registered at the end of labkube/cli.py)."""
+"""`labkube analyze CAMPAIGN... [--format html|json|md] [--out PATH] [--exclude-suspicious]` (registered at the end of
+labkube/cli.py)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import click
@@ -23,13 +25,17 @@ class BadInput(click.ClickException):
     default=None,
     help="Where to write (default: analysis.<format> in the first campaign directory).",
 )
-def analyze(campaigns: tuple[Path, ...], fmt: str, out_file: Path | None) -> None:
-    """Capability, reliability, efficiency, behaviour and failure-mode analysis of campaigns (pooled)."""
+@click.option(
+    "--exclude-suspicious", is_flag=True, help="Leave out runs the integrity audit found SUSPICIOUS (as `report`)."
+)
+def analyze(campaigns: tuple[Path, ...], fmt: str, out_file: Path | None, exclude_suspicious: bool) -> None:
+    """Capability, reliability, efficiency, behaviour and failure-mode analysis of campaigns (pooled). Runs that
+    ended in an error outcome are left out of every number and counted."""
     from labkube.analysis import AnalysisError, analyze_campaigns  # numpy and friends: only when analysing
     from labkube.analysis_md import render_markdown
 
     try:
-        analysis = analyze_campaigns(list(campaigns), progress=True)
+        analysis = analyze_campaigns(list(campaigns), progress=True, exclude_suspicious=exclude_suspicious)
     except AnalysisError as exc:
         raise BadInput(str(exc)) from None
     out = out_file or Path(campaigns[0]) / f"analysis.{SUFFIX[fmt]}"
@@ -44,4 +50,10 @@ def analyze(campaigns: tuple[Path, ...], fmt: str, out_file: Path | None) -> Non
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text, encoding="utf-8")
     click.echo(f"{analysis.runs} runs analysed, {len(analysis.flags)} flags, {len(analysis.figures)} figures")
+    if analysis.errors:
+        outcomes = Counter(e.outcome for e in analysis.errors)
+        what = ", ".join(f"{n} {outcome}" for outcome, n in sorted(outcomes.items()))
+        click.echo(f"left out: {len(analysis.errors)} runs that ended in an error outcome ({what})")
+    if analysis.excluded_suspicious:
+        click.echo(f"left out: {len(analysis.excluded_suspicious)} SUSPICIOUS runs (--exclude-suspicious)")
     click.echo(f"written: {out}")

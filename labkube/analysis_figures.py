@@ -43,15 +43,18 @@ def _slug(text: str) -> str:
 
 def _task_points(a: Analysis, task: str) -> FigureData:
     series = []
-    for g in (g for g in a.groups if g.task == task):
+    groups = [g for g in a.groups if g.task == task]
+    for g in groups:
         rows = [e for e in a.efficiency if e.task == task and e.model == g.model]
-        series.append(Series(label=g.model, x=[g.model] * len(rows), y=[e.final_score or 0.0 for e in rows]))
+        series.append(Series(label=g.model, x=[g.model] * len(rows), y=[e.final_score for e in rows]))
+    no_value, errors = sum(g.no_value for g in groups), sum(g.errors for g in groups)
     return FigureData(
         id=f"capability-{_slug(task)}",
         kind="points",
         title=f"Final scores: {task}",
         caption=f"{task}: each point is one run's final score (fraction of SOTA), per model; "
-        "dashed line the baseline, dotted line SOTA.",
+        "dashed line the baseline, dotted line SOTA. Not drawn: "
+        f"{no_value} run(s) whose grading gave no value, {errors} run(s) that ended in an error outcome.",
         panels=[Panel(title=task, x_label="model", y_label="fraction of SOTA", series=series, hlines=_refs(a, task))],
     )
 

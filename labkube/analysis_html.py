@@ -88,8 +88,10 @@ def _draw(ax: Axes, kind: str, panel: object) -> None:
         bottom = [0.0] * len(cats)
         width = 0.8 / (1 if kind == "stacked" else max(1, len(panel.series)))
         for i, s in enumerate(panel.series):
-            vals = {str(x): (y or 0.0) for x, y in zip(s.x, s.y, strict=True)}
-            ys = [vals.get(c, 0.0) for c in cats]
+            # an unknown bar (a capability whose every attempt was left out) is not drawn, never drawn as 0
+            missing = 0.0 if kind == "stacked" else math.nan
+            vals = {str(x): (missing if y is None else y) for x, y in zip(s.x, s.y, strict=True)}
+            ys = [vals.get(c, missing) for c in cats]
             if kind == "stacked":
                 ax.bar(range(len(cats)), ys, width, bottom=bottom, color=colors[i % len(colors)], label=s.label)
                 bottom = [b + y for b, y in zip(bottom, ys, strict=True)]

@@ -13,6 +13,14 @@ def _f(x: float | None, digits: int = 3) -> str:
     return "—" if x is None or not math.isfinite(x) else f"{x:.{digits}f}"
 
 
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{x:.0%}"
+
+
+def _yes_no(x: bool | None) -> str:
+    return "—" if x is None else "yes" if x else "no"
+
+
 def _ci(i: Interval) -> str:
     return "—" if i.low is None or i.high is None else f"[{i.low:.2f}, {i.high:.2f}]"
 
@@ -22,22 +30,33 @@ def render_markdown(a: Analysis) -> str:
         "# labkube analysis",
         "",
         f"Campaigns: {', '.join(a.campaigns)}. Runs analysed: {a.runs}"
-        + (f"; skipped (not final): {len(a.skipped)}." if a.skipped else "."),
+        + (f"; skipped (not final): {len(a.skipped)}" if a.skipped else "")
+        + (f"; left out, error outcome: {len(a.errors)}" if a.errors else "")
+        + (f"; left out, SUSPICIOUS: {len(a.excluded_suspicious)}" if a.excluded_suspicious else "")
+        + ".",
         "",
         "## Capability and reliability",
         "",
-        "| task | model | runs | best | mean (95% CI) | median | worst | spread | completion | beat baseline | "
-        "pass@1 | pass^k |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"- {a.rules['scores']}",
+        f"- {a.rules['pass']}",
+        "",
+        "| task | model | runs | no value | errors (left out) | best | mean (95% CI) | median | worst | spread | "
+        "mean, no value = 0 | completion | beat baseline | pass@1 | pass^k |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for g in a.groups:
         p1, pn = g.pass_k[0] if g.pass_k else None, g.pass_k[-1] if g.pass_k else None
         lines.append(
-            f"| {g.task} | {g.model} | {g.runs} | {_f(g.best)} | {_f(g.mean)} {_ci(g.mean_ci)} | {_f(g.median)} | "
-            f"{_f(g.worst)} | {_f(g.spread)} | {g.completion_rate:.0%} | {g.beat_baseline}/{g.runs} | "
+            f"| {g.task} | {g.model} | {g.runs} | {g.no_value} | {g.errors} | {_f(g.best)} | "
+            f"{_f(g.mean)} {_ci(g.mean_ci)} | {_f(g.median)} | {_f(g.worst)} | {_f(g.spread)} | "
+            f"{_f(g.mean_no_value_as_zero)} | {_pct(g.completion_rate)} | {g.beat_baseline}/{g.runs} | "
             f"{_f(p1.pass_at_k if p1 else None, 2)} | "
             f"{'—' if pn is None else f'{pn.pass_hat_k:.2f} (k={pn.k})'} |"
         )
+    if a.errors or a.excluded_suspicious:
+        lines += ["", "Left out of every analysis:", ""]
+        lines += [f"- {e.run_id}: `{e.outcome}`" + (f": {e.error}" if e.error else "") for e in a.errors]
+        lines += [f"- {rid}: integrity verdict SUSPICIOUS (--exclude-suspicious)" for rid in a.excluded_suspicious]
     lines += ["", "## Efficiency", "", f"- {PLATEAU_RULE}", f"- {SHARE_RULE}", ""]
     lines += ["| run | final | time to best | since last improvement | plateaued | wall share at 25/50/75% |"]
     lines += ["|---|---|---|---|---|---|"]
@@ -46,7 +65,7 @@ def render_markdown(a: Analysis) -> str:
         share = " / ".join(_f(wall.get(k), 2) for k in ("25%", "50%", "75%")) if wall else "—"
         lines.append(
             f"| {e.run_id} | {_f(e.final_score)} | {_f(e.time_to_best_s, 0)} s | "
-            f"{_f(e.since_last_improvement_s, 0)} s | {'yes' if e.plateaued else 'no'} | {share} |"
+            f"{_f(e.since_last_improvement_s, 0)} s | {_yes_no(e.plateaued)} | {share} |"
         )
     d = a.density_vs_score
     lines += [
@@ -73,13 +92,13 @@ def render_markdown(a: Analysis) -> str:
             "",
             "## Gaia2",
             "",
-            "| capability | model | scenarios | pass@1 | pass@k | pass^k |",
-            "|---|---|---|---|---|---|",
+            "| capability | model | scenarios | pass@1 | pass@k | pass^k | excluded (error or no verdict) |",
+            "|---|---|---|---|---|---|---|",
         ]
         for c in a.gaia2_capabilities:
             lines.append(
-                f"| {c.capability} | {c.model} | {c.scenarios} | {c.pass_at_1:.2f} | {c.pass_at_k:.2f} | "
-                f"{c.pass_hat_k:.2f} |"
+                f"| {c.capability} | {c.model} | {c.scenarios} | {_f(c.pass_at_1, 2)} | {_f(c.pass_at_k, 2)} | "
+                f"{_f(c.pass_hat_k, 2)} | {c.excluded} |"
             )
     lines += ["", "## Figures", ""] + [f"- {f.title}: {f.caption}" for f in a.figures]
     return "\n".join(lines) + "\n"

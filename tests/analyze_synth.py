@@ -13,7 +13,10 @@ transcript.jsonl, integrity.json). What is planted:
 - failure modes on named runs only: a NaN loss then a progress claim, a loss that never moves then a progress
   claim, two overlapping async jobs writing the same log, an early stop below the baseline, context pressure, a
   SUSPICIOUS integrity verdict; and near misses that must not fire (overlapping jobs on different logs, the same
-  log written one job after the other, an early stop above the baseline, one hand-off, progress words alone).
+  log written one job after the other, an early stop above the baseline, one hand-off, progress words alone);
+- an outcomes campaign (`write_outcomes_campaign`): paper and Gaia2 runs that end scored, with no value (a
+  do-nothing run), or in a grader, setup, judge or world error, and a SUSPICIOUS run, for what `analyze` leaves out
+  and how it agrees with `report`.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import numpy as np
 
 from labkube.budgets import Budgets, Spend, StopReason, Usage
 from labkube.campaign import CampaignSpec
-from labkube.result import Grade, RunResult, SubtaskScore
+from labkube.result import Grade, Outcome, RunResult, SubtaskScore
 from labkube.run_spec import RunPhase, RunSpec, RunStatus
 from labkube.store import CampaignDir, write_model
 from labkube.tasks import BUNDLED
@@ -337,4 +340,187 @@ def write_gaia2_campaign(root: Path) -> None:
         )
     cdir.write_campaign(spec, specs)
     for s, res in zip(specs, results, strict=True):
+        write_run(cdir, s, res, [])
+
+
+# -- outcomes: error outcomes and runs whose grading gave no value --------------------------------------------------
+
+
+@dataclass
+class PlantedOutcome:
+    """One run of the outcomes campaign: `score` None with `outcome` no_value is a clean grading without a value;
+    an error outcome has status Failed and the failing step's last lines in `error`."""
+
+    run_id: str
+    model: str
+    seed: int
+    outcome: Outcome
+    score: float | None = None
+    stop: StopReason = StopReason.time
+    wall_s: float = 3600.0
+    end_summary: str | None = None
+    error: str | None = None
+    verdict: str = "PASS"
+    curve: list[float | None] = field(default_factory=list)
+
+    @property
+    def is_error(self) -> bool:
+        return self.outcome.is_error
+
+
+NO_VALUE_NOTE = "subtask avg_acc: the grader wrote no value (grade.sh printed: results/acc.json not found)"
+GRADER_TRACE = "grade.sh exited 1:\nTraceback (most recent call last):\nModuleNotFoundError: No module named 'sklearn'"
+OUTCOME_PAPER = [
+    PlantedOutcome("oc--gpt5--s0", MODELS[0], 0, Outcome.scored, 0.6, curve=[None, 0.3, 0.6]),
+    PlantedOutcome("oc--gpt5--s1", MODELS[0], 1, Outcome.scored, 0.2, curve=[0.1, 0.2]),
+    # a do-nothing run that ends itself early claiming success: no value (fires silent_failure and early_stop)
+    PlantedOutcome(
+        "oc--gpt5--s2",
+        MODELS[0],
+        2,
+        Outcome.no_value,
+        stop=StopReason.done,
+        wall_s=600.0,
+        end_summary="Done: training works and accuracy improved.",
+        curve=[None, None],
+    ),
+    PlantedOutcome("oc--gpt5--s3", MODELS[0], 3, Outcome.no_value, curve=[None, None, None]),  # no flag
+    PlantedOutcome(
+        "oc--gpt5--s4", MODELS[0], 4, Outcome.grader_error, stop=StopReason.done, error=GRADER_TRACE, curve=[0.5, None]
+    ),
+    PlantedOutcome(
+        "oc--gpt5--s5",
+        MODELS[0],
+        5,
+        Outcome.setup_error,
+        stop=StopReason.setup_error,
+        wall_s=0.0,
+        error="install.sh exited 1:\nERROR: No matching distribution found for torch==9.9",
+    ),
+    PlantedOutcome("oc--gpt5--s6", MODELS[0], 6, Outcome.scored, 0.9, verdict="SUSPICIOUS", curve=[0.9]),
+    # a model whose only run did nothing: no mean, no interval (never 0.000 [0.00, 0.00])
+    PlantedOutcome("oc--claude--s0", MODELS[1], 0, Outcome.no_value, curve=[None]),
+]
+OUTCOME_GAIA2 = [  # (seed, outcome, passed) on gaia2/time_door_code, capability time
+    (0, Outcome.scored, True),
+    (1, Outcome.scored, False),
+    (2, Outcome.judge_error, None),
+    (3, Outcome.world_error, None),
+]
+
+
+def _outcome_events(p: PlantedOutcome) -> list[dict]:
+    out: list[dict] = [{"type": "start", "ts": _iso(0), "run_id": p.run_id, "step": 0, "model": p.model}]
+    if p.outcome is Outcome.setup_error:
+        return out
+    steps = 6
+    for step in range(1, steps + 1):
+        t = p.wall_s * step / steps
+        tool, args = ("bash", {"command": "python train.py"})
+        if step == steps and p.end_summary:
+            tool, args = "end_task", {"summary": p.end_summary}
+        call = {"id": f"c{step}", "name": tool, "arguments": args}
+        message = {"role": "assistant", "content": "Next I run the script.", "tool_calls": [call]}
+        usage = {"input": 1000, "output": 200, "reasoning": 0, "cached": 0}
+        out.append({"type": "model_call", "purpose": "step", "step": step, "ts": _iso(t - 1), "message": message})
+        out[-1] |= {"model": p.model, "usage": usage, "cost_usd": 0.01}
+        output = "ended" if tool == "end_task" else "Error: results/ is empty"
+        out.append(
+            {"type": "tool_call", "step": step, "ts": _iso(t), "call_id": f"c{step}", "tool": tool, "args": args}
+            | {"access": "read", "ok": True, "output": output, "duration_s": 0.1}
+        )
+    return out
+
+
+def _outcome_result(p: PlantedOutcome) -> RunResult:
+    n = max(1, len(p.curve))
+    curve = [
+        Grade(
+            at_seconds=p.wall_s * (i + 1) / n,
+            step=i + 1,
+            subtasks=[SubtaskScore(id="avg_acc", raw=None if s is None else s * 0.842, fraction_of_sota=s)],
+            score=s,
+            error=p.error if p.is_error and i == len(p.curve) - 1 else None,
+            note=NO_VALUE_NOTE if s is None and not p.is_error else None,
+        )
+        for i, s in enumerate(p.curve)
+    ]
+    subtasks = [SubtaskScore(id="avg_acc", raw=None if p.score is None else p.score * 0.842, fraction_of_sota=p.score)]
+    return RunResult(
+        run_id=p.run_id,
+        task=TASK,
+        model=p.model,
+        seed=p.seed,
+        status=RunPhase.failed if p.is_error else RunPhase.finished,
+        stop_reason=p.stop,
+        outcome=p.outcome,
+        error=p.error,
+        message=NO_VALUE_NOTE if p.outcome is Outcome.no_value else None,
+        score=p.score,
+        beat_baseline=None if p.score is None else p.score > BASELINE,
+        completion=None if p.is_error else float(p.score is not None),
+        subtasks=[*subtasks, SubtaskScore(id="forgetting")][: 1 if p.is_error else 2],
+        spend=Spend(steps=0 if p.outcome is Outcome.setup_error else 6, usd=0.06, wall_seconds=p.wall_s),
+        score_curve=curve,
+        integrity_verdict=p.verdict,
+    )
+
+
+def write_outcomes_campaign(root: Path) -> None:
+    """A campaign of the paper task and a Gaia2 scenario whose runs end in every kind of outcome (OUTCOME_PAPER,
+    OUTCOME_GAIA2): scored, no value, and grader, setup, judge and world errors."""
+    cdir = CampaignDir(root)
+    scenario = "time_door_code"
+    specs = [
+        RunSpec(
+            run_id=p.run_id,
+            campaign="outcomes",
+            task=TASK,
+            task_path=TASK_PATH,
+            model=p.model,
+            seed=p.seed,
+            budgets=BUDGET,
+        )
+        for p in OUTCOME_PAPER
+    ]
+    gaia2 = []
+    for seed, outcome, passed in OUTCOME_GAIA2:
+        run_id = f"oc-{scenario}--s{seed}"
+        spec = RunSpec(
+            run_id=run_id,
+            campaign="outcomes",
+            task=f"gaia2/{scenario}",
+            task_path=f"/x/{scenario}.json",
+            family="gaia2",  # type: ignore[arg-type]
+            model=GAIA2_MODEL,
+            seed=seed,
+        )
+        verdict: dict = {"success": bool(passed), "simulated_seconds": 600.0}
+        if outcome is Outcome.judge_error:
+            verdict |= {"exception": "LLMEngineException: Connection error.", "rationale": "Exception"}
+        error = {
+            Outcome.judge_error: "ARE's judge failed: LLMEngineException: Connection error.",
+            Outcome.world_error: "world process died:\nKeyError: 'Messages'",
+        }.get(outcome)
+        result = RunResult(
+            run_id=run_id,
+            task=spec.task,
+            model=GAIA2_MODEL,
+            seed=seed,
+            status=RunPhase.failed if outcome.is_error else RunPhase.finished,
+            stop_reason=StopReason.world_error if outcome is Outcome.world_error else StopReason.done,
+            outcome=outcome,
+            error=error,
+            score=None if passed is None else float(passed),
+            capabilities=["time"],
+            details={} if outcome is Outcome.world_error else {"gaia2": verdict},
+            spend=Spend(steps=3, usd=0.02, wall_seconds=20.0),
+            integrity_verdict="PASS",
+        )
+        gaia2.append((spec, result))
+    spec = CampaignSpec(name="outcomes", tasks=[TASK, f"gaia2/{scenario}"], models=MODELS, seeds=7, budgets=BUDGET)
+    cdir.write_campaign(spec, specs + [s for s, _ in gaia2])
+    for p, s in zip(OUTCOME_PAPER, specs, strict=True):
+        write_run(cdir, s, _outcome_result(p), _outcome_events(p))
+    for s, res in gaia2:
         write_run(cdir, s, res, [])

@@ -17,11 +17,15 @@ from analyze_synth import (
     BUDGET,
     GAIA2,
     GAIA2_MODEL,
+    MODELS,
+    OUTCOME_GAIA2,
+    OUTCOME_PAPER,
     REASONING_PER_CALL,
     TARGET_R,
     Planted,
     expected_flags,
     write_gaia2_campaign,
+    write_outcomes_campaign,
     write_paper_campaign,
 )
 from browser import Browser
@@ -29,6 +33,7 @@ from cli_helpers import BUNDLED_TASK, labkube
 
 from labkube.analysis import FLAG_RULES, Analysis, analyze_campaigns, phase_of, read_transcript
 from labkube.passk import pass_at_k, pass_hat_k
+from labkube.result import Outcome
 
 TOL = 1e-9  # exact quantities (sums, ratios of planted numbers) up to float rounding
 
@@ -332,3 +337,139 @@ def test_torn_and_odd_transcript_lines_are_skipped(tmp_path: Path) -> None:
     path.write_text("\n".join([json.dumps(good), "[1, 2]", json.dumps(odd), '{"type": "tool_ca']) + "\n")
     stats = read_transcript(path, 1)
     assert stats.tool_calls == 1 and stats.mix["start"] == {"bash": 1}
+
+
+# -- outcomes: error outcomes are left out and counted, a run without a value is never 0 -------------------------
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("outcomes") / "outcomes"
+    write_outcomes_campaign(root)
+    return root
+
+
+def _cli_json(*args: str, cwd: Path) -> tuple[object, str]:
+    proc = labkube(*args, cwd=cwd)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    return json.loads(proc.stdout), proc.stdout
+
+
+def _analyze_json(campaign: Path, tmp: Path, *extra: str) -> tuple[Analysis, str]:
+    out = tmp / "analysis.json"
+    proc = labkube("analyze", str(campaign), "--format", "json", "--out", str(out), *extra, cwd=tmp)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    return Analysis.model_validate_json(out.read_text()), proc.stdout
+
+
+def test_a_run_without_a_value_shows_the_same_in_report_and_analyze(outcomes: Path, tmp_path: Path) -> None:
+    """The same run shows the same value in `report --format json` and `analyze` JSON: a do-nothing run has no
+    score (null) in both, never 0.000 with an interval of [0.00, 0.00]; per model the statistics over seeds agree."""
+    analysis, _ = _analyze_json(outcomes, tmp_path)
+    per_run, _ = _cli_json("report", str(outcomes), "--format", "json", cwd=tmp_path)
+    by_run = {r["run_id"]: r for r in per_run}  # type: ignore[union-attr]
+    no_value = [p.run_id for p in OUTCOME_PAPER if p.outcome is Outcome.no_value]
+    assert len(no_value) == 3
+    for run_id in no_value:
+        assert by_run[run_id]["outcome"] == "no_value"
+        assert by_run[run_id]["score"] is None and by_run[run_id]["beat_baseline"] is None
+    efficiency = {e.run_id: e for e in analysis.efficiency}
+    behaviour = {b.run_id: b for b in analysis.behaviour}
+    assert set(no_value) <= set(efficiency)
+    for run_id, e in efficiency.items():
+        assert e.final_score == by_run[run_id]["score"], run_id
+        assert behaviour[run_id].score == by_run[run_id]["score"], run_id
+    for run_id in no_value:
+        e = efficiency[run_id]
+        assert (e.best_score, e.time_to_best_s, e.plateaued) == (None, None, None)
+        assert all(v is None for row in e.share_of_final.values() for v in row.values())
+    do_nothing = next(g for g in analysis.groups if g.model == MODELS[1])
+    assert (do_nothing.runs, do_nothing.scored, do_nothing.no_value) == (1, 0, 1)
+    assert (do_nothing.mean, do_nothing.best, do_nothing.mean_ci.low, do_nothing.mean_ci.high) == (None,) * 4
+    per_system, _ = _cli_json("report", str(outcomes), "--format", "json", "--by", "scaffold", cwd=tmp_path)
+    aggregates = {(a["task"], a["model"]): a for a in per_system}  # type: ignore[union-attr]
+    assert analysis.groups
+    for g in analysis.groups:
+        agg = aggregates[(g.task, g.model)]
+        assert (agg["finished"], agg["errors"], agg["beat_baseline"]) == (g.runs, g.errors, g.beat_baseline)
+        assert (agg["mean_score"], agg["best_score"]) == (g.mean, g.best)
+        assert agg["mean_completion"] == g.completion_rate
+
+
+def test_error_outcomes_are_left_out_of_every_number_and_counted(outcomes: Path) -> None:
+    a = analyze_campaigns([outcomes])
+    planted_errors = {p.run_id: p.outcome.value for p in OUTCOME_PAPER if p.is_error}
+    planted_errors |= {f"oc-time_door_code--s{seed}": o.value for seed, o, _ in OUTCOME_GAIA2 if o.is_error}
+    assert {e.run_id: e.outcome for e in a.errors} == planted_errors
+    grader = next(e for e in a.errors if e.outcome == "grader_error")
+    assert grader.error == "ModuleNotFoundError: No module named 'sklearn'"  # the failing step's last line
+    measured = [p for p in OUTCOME_PAPER if not p.is_error]
+    assert a.runs == len(measured) + sum(not o.is_error for _, o, _ in OUTCOME_GAIA2)
+    left_out = set(planted_errors)
+    assert not left_out & {e.run_id for e in a.efficiency}
+    assert not left_out & {b.run_id for b in a.behaviour}
+    assert not left_out & {f.run_id for f in a.flags}
+    g = next(g for g in a.groups if g.model == MODELS[0])
+    mine = [p for p in measured if p.model == MODELS[0]]
+    values = [p.score for p in mine if p.score is not None]
+    assert (g.runs, g.scored, g.no_value, g.errors) == (len(mine), len(values), len(mine) - len(values), 2)
+    assert g.mean == pytest.approx(statistics.fmean(values), abs=TOL)
+    assert (g.best, g.worst) == (max(values), min(values))
+    assert g.mean_no_value_as_zero == pytest.approx(sum(values) / len(mine), abs=TOL)
+    beats = sum(v > BASELINE for v in values)
+    assert g.beat_baseline == beats
+    assert g.pass_k[0].pass_at_k == pytest.approx(pass_at_k(len(mine), beats, 1))  # no value = not passing
+    assert g.completion_rate == pytest.approx(len(values) / len(mine))
+
+
+def test_gaia2_judge_and_world_errors_are_neither_pass_nor_fail(outcomes: Path) -> None:
+    """As in `labkube report`'s capability table (its own function): left out of pass@k and counted."""
+    from labkube.cli import capability_scores, gaia2_attempts
+    from labkube.store import CampaignDir
+
+    (cap,) = analyze_campaigns([outcomes]).gaia2_capabilities
+    passes = [passed for _, o, passed in OUTCOME_GAIA2 if not o.is_error]
+    assert (cap.capability, cap.scenarios, cap.excluded) == ("time", 1, 2)
+    assert cap.pass_at_1 == pytest.approx(sum(passes) / len(passes))
+    (reported,) = capability_scores(gaia2_attempts(CampaignDir(outcomes)))
+    assert (reported.pass_at_1, reported.pass_at_k, reported.excluded) == (cap.pass_at_1, cap.pass_at_k, cap.excluded)
+
+
+def test_exclude_suspicious_leaves_out_what_report_leaves_out(outcomes: Path, tmp_path: Path) -> None:
+    analysis, stdout = _analyze_json(outcomes, tmp_path, "--exclude-suspicious")
+    suspicious = [p.run_id for p in OUTCOME_PAPER if p.verdict == "SUSPICIOUS"]
+    assert analysis.excluded_suspicious == suspicious
+    assert not {f.run_id for f in analysis.flags} & set(suspicious)
+    assert "left out: 4 runs that ended in an error outcome (1 grader_error, 1 judge_error, 1 setup_error, " in stdout
+    assert "left out: 1 SUSPICIOUS runs" in stdout
+    args = ("report", str(outcomes), "--format", "json", "--by", "scaffold", "--exclude-suspicious")
+    per_system, _ = _cli_json(*args, cwd=tmp_path)
+    agg = next(a for a in per_system if a["model"] == MODELS[0] and not a["task"].startswith("gaia2"))  # type: ignore[union-attr]
+    g = next(g for g in analysis.groups if g.model == MODELS[0])
+    assert (agg["finished"], agg["mean_score"], agg["best_score"]) == (g.runs, g.mean, g.best)
+    assert g.best == 0.6  # the SUSPICIOUS 0.9 is out
+
+
+def test_a_run_without_a_value_that_claims_success_is_flagged(outcomes: Path) -> None:
+    flags = {(f.kind, f.run_id): f for f in analyze_campaigns([outcomes]).flags}
+    silent, early = flags[("silent_failure", "oc--gpt5--s2")], flags[("early_stop", "oc--gpt5--s2")]
+    assert "training works and accuracy improved" in silent.evidence and "gave no value" in silent.evidence
+    assert "score no value < baseline" in early.evidence
+    assert not [k for k in flags if k[1] == "oc--gpt5--s3"]  # no value, but no claim and no early stop
+
+
+def test_markdown_and_html_label_what_is_left_out_and_what_counts_as_zero(outcomes: Path) -> None:
+    from labkube.analysis_html import render_analysis_html
+    from labkube.analysis_md import render_markdown
+
+    a = analyze_campaigns([outcomes])
+    md = render_markdown(a)
+    assert "| no value | errors (left out) |" in md and "| mean, no value = 0 |" in md
+    do_nothing = next(line for line in md.splitlines() if f"| {MODELS[1]} |" in line)
+    assert "| 1 | 1 | 0 | — | — — |" in do_nothing and "[0.00, 0.00]" not in do_nothing
+    assert "- oc--gpt5--s4: `grader_error`: ModuleNotFoundError" in md
+    assert "| time | openai:gpt-5 | 1 | 0.50 | 1.00 | 0.00 | 2 |" in md
+    html = render_analysis_html(a)
+    assert html.count('<tr class="left-out">') == len(a.errors) == 4
+    assert '<th class="num">mean, no value = 0</th>' in html
+    assert "excluded (error or no verdict)" in html
