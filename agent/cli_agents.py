@@ -34,6 +34,7 @@ from labkube.agent.budget import BudgetTracker
 from labkube.agent.checkpoint import Checkpoint
 from labkube.agent.cli_events import ClaudeCodeEvents, CodexEvents
 from labkube.agent.cli_install import CLI_AGENTS, CliAgentSpec, InstallError, ensure_installed, reported_version
+from labkube.agent.containment import TOKEN_VARIABLE
 from labkube.agent.gateway import (
     GatewayError,
     GatewayState,
@@ -99,7 +100,7 @@ def cli_env(rd: RunDir, spec: RunSpec, card: TaskCard, home: Path) -> dict[str, 
         blocked_urls=card.blocked_urls,
         secret_vars=frozenset(spec.api_key_env.values()),
     )
-    env = {k: v for k, v in ctx.env().items() if not k.startswith(DROPPED_PREFIXES)}
+    env = {k: v for k, v in ctx.env().items() if not k.startswith(DROPPED_PREFIXES) or k == TOKEN_VARIABLE}
     env["HOME"] = str(home)
     env.setdefault("LANG", "C.UTF-8")
     return env

@@ -24,6 +24,7 @@ from labkube.agent.are_default import run_are_default
 from labkube.agent.budget import BudgetTracker
 from labkube.agent.checkpoint import Checkpoint
 from labkube.agent.cli_agents import CLI_TOOL_NAMES, RunHooks, run_cli_agent
+from labkube.agent.containment import adopt_run_processes, end_run_processes
 from labkube.agent.jobs import JobManager
 from labkube.agent.loop import AgentRun, estimate_tokens, run_loop
 from labkube.agent.messages import Message
@@ -45,6 +46,7 @@ from labkube.store import RunDir, read_model, utcnow, write_model
 from labkube.task_card import TaskCard
 from labkube.tasks import card_for_run, grade_run, prepare_run_workspace
 from labkube.tasks.gaia2 import WorldError, WorldLLMError, world_llm
+from labkube.tasks.scoring import primary_scores
 from labkube.tasks.workspace import run_git
 
 
@@ -152,10 +154,11 @@ async def start_gaia2(
         await world.close()
         return None, (StopReason.done, None)
     except (WorldFailure, WorldError) as exc:
+        failure = world.failed(exc) if world is not None and isinstance(exc, WorldError) else exc
         if world is not None:
             await world.close()
-        transcript.append({"type": "world_error", "ts": now_iso(), "error": str(exc)})
-        return None, (StopReason.world_error, f"the Gaia2 world failed: {exc}")
+        transcript.append({"type": "world_error", "ts": now_iso(), "error": str(failure)})
+        return None, (StopReason.world_error, f"the Gaia2 world failed: {failure}")
     except (ProviderError, WorldLLMError) as exc:  # a judge or app-agent model without a key, or scripted
         if world is not None:
             await world.close()
@@ -486,6 +489,7 @@ def finalize(
         error=error,
         message=final.note if outcome is Outcome.no_value else None,
         score=final.score,
+        primary_scores=primary_scores(card, final.subtasks),
         beat_baseline=None if p is None or p.raw is None else p.beat_baseline,
         completion=None if final.error else completion_of(final.subtasks),
         subtasks=final.subtasks,
@@ -631,6 +635,14 @@ def run_lock(run_dir: Path, wait_s: float = 30.0) -> Iterator[None]:
 
 
 def _locked_main(run_dir: Path, resume: bool, finalize_reason: StopReason | None) -> int:
+    adopt_run_processes(run_dir)
+    try:
+        return _contained_main(run_dir, resume, finalize_reason)
+    finally:
+        end_run_processes()  # whatever the run started dies with it, however it ended
+
+
+def _contained_main(run_dir: Path, resume: bool, finalize_reason: StopReason | None) -> int:
     if finalize_reason is not None:
         result = finalize_stopped(run_dir, finalize_reason)
         return 0 if result.status is RunPhase.finished else 1

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labkube.agent.blocked_urls import blocked_in_command
+from labkube.agent.containment import TOKEN_VARIABLE
 from labkube.agent.jobs import JobManager, kill_group, tail
 from labkube.agent.output_cap import cap_output
 from labkube.agent.tool import Tool, ToolError, tool
@@ -52,6 +53,8 @@ class ToolContext:
             for k, v in os.environ.items()
             if not k.endswith("_API_KEY") and not k.startswith("LABKUBE_") and k not in self.secret_vars
         }
+        if TOKEN_VARIABLE in os.environ:  # how the run's processes are found at its end (agent/containment.py)
+            env[TOKEN_VARIABLE] = os.environ[TOKEN_VARIABLE]
         task_env = current_env()
         if task_env is not None:
             env = activate(task_env.venv, env)

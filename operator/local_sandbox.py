@@ -11,6 +11,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from labkube.agent.containment import TOKEN_VARIABLE, close_containment, join_cgroup, kill_pids, open_containment
+
 
 @dataclass
 class SandboxExit:
@@ -45,22 +47,41 @@ def _signal_group(pid: int, sig: int) -> None:
 
 
 async def run_local(
-    run_dir: Path, *extra: str, deadline_s: float | None, grace_s: float = 15.0, env: dict[str, str] | None = None
+    run_dir: Path,
+    *extra: str,
+    deadline_s: float | None,
+    grace_s: float = 15.0,
+    env: dict[str, str] | None = None,
+    memory_gb: float | None = None,
+    cpus: float | None = None,
 ) -> SandboxExit:
-    """Run `labkube agent` for `run_dir`; past `deadline_s`, SIGTERM the group, then SIGKILL it."""
+    """Run `labkube agent` for `run_dir`; past `deadline_s`, SIGTERM the group, then SIGKILL it. Every process the
+    run started is gone before this returns (`agent/containment.py`: the run's cgroup, with `memory_gb` and
+    `cpus` as its limits where the machine allows, else its process tree and token)."""
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+    box = await asyncio.to_thread(open_containment, run_dir, memory_gb, cpus)
     child_env, secrets = split_secrets({**os.environ, **(env or {})}, secret_names(run_dir))
-    with (logs / "agent.stdout").open("ab") as out, (logs / "agent.stderr").open("ab") as err:
-        proc = await asyncio.create_subprocess_exec(
-            *agent_command(run_dir, *extra),
-            cwd=run_dir,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=out,
-            stderr=err,
-            start_new_session=True,
-            env={**child_env, "LABKUBE_KEYS_ON_STDIN": "1"},
-        )
+    try:
+        with (logs / "agent.stdout").open("ab") as out, (logs / "agent.stderr").open("ab") as err:
+            proc = await asyncio.create_subprocess_exec(
+                *agent_command(run_dir, *extra),
+                cwd=run_dir,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+                env={**child_env, "LABKUBE_KEYS_ON_STDIN": "1", TOKEN_VARIABLE: box.token},
+            )
+        box = join_cgroup(box, proc.pid)
+        return await _wait_agent(proc, secrets, deadline_s, grace_s)
+    finally:
+        await asyncio.to_thread(close_containment, run_dir, box)
+
+
+async def _wait_agent(
+    proc: asyncio.subprocess.Process, secrets: dict[str, str], deadline_s: float | None, grace_s: float
+) -> SandboxExit:
     assert proc.stdin is not None
     proc.stdin.write(json.dumps(secrets).encode() + b"\n")
     await proc.stdin.drain()
@@ -74,15 +95,25 @@ async def run_local(
         try:
             await asyncio.wait_for(proc.wait(), timeout=grace_s)
         except TimeoutError:
-            _signal_group(proc.pid, signal.SIGKILL)
-            await proc.wait()
+            await _kill_agent_tree(proc)
     except asyncio.CancelledError:
         _signal_group(proc.pid, signal.SIGTERM)
         try:
             await asyncio.wait_for(proc.wait(), timeout=grace_s)
         finally:
-            _signal_group(proc.pid, signal.SIGKILL)
+            await _kill_agent_tree(proc)
         raise
     # Whatever the agent's commands left running dies with the run.
     _signal_group(proc.pid, signal.SIGKILL)
     return SandboxExit(proc.returncode if proc.returncode is not None else -9, timed_out)
+
+
+async def _kill_agent_tree(proc: asyncio.subprocess.Process) -> None:
+    """The agent and everything below it: as subreaper it holds every orphan of the run, which would go to init
+    (and out of reach of a process-tree search) if the agent died first."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGSTOP)  # no new children while its tree is read
+        await asyncio.to_thread(kill_pids, root=proc.pid)
+    _signal_group(proc.pid, signal.SIGKILL)
+    await proc.wait()

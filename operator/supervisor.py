@@ -52,9 +52,10 @@ async def supervise_run(run_dir: str, env: dict[str, str] | None = None, backend
     except SetupError as exc:
         return _harness_failure(rd, str(exc), StopReason.setup_error, exc.log_tail)
     exit_: SandboxExit | None = None
+    limits = card_limits(rd)
     for _attempt in range(MAX_ATTEMPTS):
         extra = ("--resume",) if rd.checkpoint_json.exists() else ()
-        exit_ = await run_local(rd.root, *extra, deadline_s=_deadline(rd), env=env)
+        exit_ = await run_local(rd.root, *extra, deadline_s=_deadline(rd), env=env, **limits)
         done = _final(rd)
         if done is not None:
             return done
@@ -63,11 +64,23 @@ async def supervise_run(run_dir: str, env: dict[str, str] | None = None, backend
         if exit_.timed_out:
             break
     reason = StopReason.time if exit_ and exit_.timed_out else StopReason.killed
-    await run_local(rd.root, "--finalize", reason.value, deadline_s=GRADE_ALLOWANCE_S, env=env)
+    await run_local(rd.root, "--finalize", reason.value, deadline_s=GRADE_ALLOWANCE_S, env=env, **limits)
     done = _final(rd)
     if done is not None:
         return done
     return _harness_failure(rd, f"agent exited {exit_.returncode if exit_ else '?'} without a result; see logs/")
+
+
+def card_limits(rd: RunDir) -> dict[str, float]:
+    """The task card's memory and CPUs, as the run's cgroup limits (a pod gets the same as its limit and request)."""
+    from labkube.tasks import card_for_run
+
+    spec = rd.spec()
+    try:
+        card = card_for_run(spec.task, spec.task_path, spec.task_id, spec.family, spec.task_overlay)
+    except Exception:  # the agent meets the same error and ends the run with it, in the run's own words
+        return {}
+    return {"memory_gb": card.resources.memory_gb, "cpus": card.resources.cpus}
 
 
 async def task_environment(rd: RunDir, env: dict[str, str] | None) -> dict[str, str] | None:

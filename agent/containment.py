@@ -1,0 +1,375 @@
+"""A run's processes end with the run.
+
+A command the agent runs may leave processes behind that no process group reaches: `setsid nohup train.py &`,
+a double fork, a daemon an async job starts. Left alone they outlive the run, and the next run that gets the
+same GPU finds its memory and compute taken. Three mechanisms, from the strongest:
+
+- **A cgroup v2 per run** (what container runtimes use), where the machine allows it: the local sandbox creates
+  `<its own cgroup>/labkube-<token>`, moves the agent into it before the agent starts anything, and at every end
+  of the agent (done, budget, kill, crash) kills the cgroup as a whole (`cgroup.kill`, atomic against forks)
+  and removes it. The cgroup outlives a harness killed with SIGKILL; the next start of the run (a resume) kills
+  it. Memory and CPU come from the task card the way a pod's do (`memory.max` from `memory_gb`, `cpu.weight`
+  from `cpus` as kubelet maps a CPU request), where the hierarchy has those controllers; `containment.json`
+  says when it does not.
+- **The agent as child subreaper** (`prctl(PR_SET_CHILD_SUBREAPER)`): an orphaned descendant of the agent is
+  re-parented to the agent instead of init, so "every descendant of the agent" is every process of the run
+  while the agent lives, whatever sessions they made. The agent kills them when it ends, and the local sandbox
+  kills the agent's whole tree when it has to kill the agent itself.
+- **A token in the environment** (`LABKUBE_RUN_TOKEN`): every process of the run inherits it, and a scan of
+  `/proc/*/environ` finds them after the agent and the supervisor are both gone (SIGKILL of the harness); the
+  token is kept in `<run>/containment.json` so the next start of the run finds them. It is what works where no
+  cgroup can be made; it misses a process that cleared its environment (`env -i`) *and* outlived a killed agent,
+  which the cgroup does not.
+
+Every end of a run uses all that applies: the cgroup when there is one, then the token scan. Kubernetes pods
+get the same from the container runtime; in a pod this module only adds the subreaper and the token scan.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import secrets
+import signal
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from labkube.store import read_model, write_model
+
+TOKEN_VARIABLE = "LABKUBE_RUN_TOKEN"
+MODE_VARIABLE = "LABKUBE_CONTAINMENT"  # auto (default), cgroup (required), processes (no cgroup)
+RECORD_NAME = "containment.json"
+PR_SET_CHILD_SUBREAPER = 36
+KILL_WAIT_S = 10.0
+
+
+class ContainmentError(RuntimeError):
+    pass
+
+
+class Containment(BaseModel):
+    """How a run's processes are found and ended (`<run>/containment.json`): kept so that a resume after the
+    harness itself was killed finds what the previous start left."""
+
+    token: str = Field(description=f"The value of {TOKEN_VARIABLE} every process of the run inherits.")
+    method: Literal["cgroup", "processes"] = "processes"
+    cgroup: str | None = Field(default=None, description="The run's cgroup v2 directory, while it has one.")
+    memory_max_bytes: int | None = Field(default=None, description="memory.max of the run's cgroup, when applied.")
+    cpu_weight: int | None = Field(default=None, description="cpu.weight of the run's cgroup, when applied.")
+    note: str = Field(default="", description="Why there is no cgroup, or no limits on it.")
+
+
+def record_path(run_dir: Path) -> Path:
+    return Path(run_dir) / RECORD_NAME
+
+
+def read_record(run_dir: Path) -> Containment | None:
+    return read_model(record_path(run_dir), Containment)
+
+
+def new_token() -> str:
+    return secrets.token_hex(12)
+
+
+# -- finding a run's processes ----------------------------------------------------------------------
+
+
+def _pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def tagged_pids(token: str) -> set[int]:
+    """Processes whose environment holds the run's token (all of them, whoever their parent is now)."""
+    needle = f"{TOKEN_VARIABLE}={token}".encode()
+    found = set()
+    for pid in _pids():
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:  # gone, or not ours to read
+            continue
+        if needle in environ.split(b"\0"):
+            found.add(pid)
+    return found
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, parent pid) of a process; None when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rfind(")") + 2 :].split()  # the command name may hold spaces and parentheses
+    return fields[0], int(fields[1])
+
+
+def descendants(root: int) -> set[int]:
+    """Every process below `root` in the process tree (with the agent as subreaper: every process it started)."""
+    children: dict[int, list[int]] = {}
+    for pid in _pids():
+        stat = _stat(pid)
+        if stat is not None:
+            children.setdefault(stat[1], []).append(pid)
+    found: set[int] = set()
+    todo = list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, []))
+    return found
+
+
+def alive(pid: int) -> bool:
+    """A zombie holds no memory, GPU or files: it counts as gone."""
+    stat = _stat(pid)
+    return stat is not None and stat[0] != "Z"
+
+
+def kill_pids(
+    *, token: str | None = None, root: int | None = None, exclude: Iterable[int] = (), wait_s: float = KILL_WAIT_S
+) -> set[int]:
+    """SIGKILL the processes of a run (those tagged with `token`, those below `root`, `root` excluded) until none
+    is left; returns the pids still alive after `wait_s` (a process stuck in uninterruptible sleep)."""
+    skip = {os.getpid(), *exclude}
+    deadline = time.monotonic() + wait_s
+    while True:
+        pids: set[int] = set()
+        if token:
+            pids |= tagged_pids(token)
+        if root is not None:
+            pids |= descendants(root)
+        pids = {p for p in pids - skip if alive(p)}
+        if not pids:
+            return set()
+        if time.monotonic() > deadline:
+            return pids
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        reap_children()
+        time.sleep(0.02)
+
+
+def reap_children() -> None:
+    """Reap exited children that nobody waits for (orphans re-parented to this subreaper). Only at the end of the
+    run: during it, `waitpid(-1)` would take the exit status of a command asyncio or a job is waiting on."""
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def become_subreaper() -> bool:
+    """Orphaned descendants of this process come back to it instead of init (Linux >= 3.4)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+# -- the run's cgroup ------------------------------------------------------------------------------
+
+
+def cgroup2_mount() -> Path | None:
+    """Where the cgroup v2 hierarchy is mounted: /sys/fs/cgroup on a unified host, /sys/fs/cgroup/unified on a
+    hybrid one (v1 controllers beside an empty v2 tree)."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        before, _, after = line.partition(" - ")
+        if after.split(" ", 1)[0] == "cgroup2":
+            return Path(before.split()[4])
+    return None
+
+
+def own_cgroup() -> str | None:
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    return next((line[3:] for line in lines if line.startswith("0::")), None)
+
+
+def kubelet_cpu_weight(cpus: float) -> int:
+    """cgroup v2 cpu.weight for a CPU request, as kubelet computes it (shares = millicores x 1024 / 1000)."""
+    shares = max(2, round(cpus * 1024))
+    return max(1, min(10_000, 1 + ((shares - 2) * 9999) // 262142))
+
+
+def make_run_cgroup(token: str, memory_gb: float | None, cpus: float | None) -> Containment:
+    """The run's cgroup below this process's own, with the card's limits where the controllers are there; a
+    record with method `processes` and the reason when no usable cgroup can be made here."""
+    record = Containment(token=token)
+    mode = os.environ.get(MODE_VARIABLE, "auto")
+    if mode not in ("auto", "cgroup", "processes"):
+        raise ContainmentError(f"{MODE_VARIABLE}={mode!r}: use auto, cgroup or processes")
+    if mode == "processes":
+        return record.model_copy(update={"note": f"{MODE_VARIABLE}=processes"})
+    mount, own = cgroup2_mount(), own_cgroup()
+    why = ""
+    if mount is None or own is None:
+        why = "no cgroup v2 hierarchy is mounted"
+    else:
+        parent = mount / own.lstrip("/")
+        path = parent / f"labkube-{token}"
+        try:
+            path.mkdir(exist_ok=True)
+        except OSError as exc:
+            why = f"cannot create a cgroup under {parent} ({exc.strerror})"
+        else:
+            if not (path / "cgroup.kill").exists() or not os.access(path / "cgroup.procs", os.W_OK):
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+                why = "the kernel has no cgroup.kill (Linux < 5.14) or the cgroup is not writable"
+            else:
+                record = record.model_copy(update={"method": "cgroup", "cgroup": str(path)})
+                return apply_limits(record, parent, memory_gb, cpus)
+    if mode == "cgroup":
+        raise ContainmentError(f"{MODE_VARIABLE}=cgroup, but {why}; unset it to fall back to process tracking")
+    return record.model_copy(update={"note": why})
+
+
+def apply_limits(record: Containment, parent: Path, memory_gb: float | None, cpus: float | None) -> Containment:
+    assert record.cgroup is not None
+    path = Path(record.cgroup)
+    available = set((parent / "cgroup.controllers").read_text().split())
+    wanted = {"memory", "cpu"} & available
+    enabled = set((parent / "cgroup.subtree_control").read_text().split())
+    for controller in wanted - enabled:
+        # Fails (EBUSY) where the parent holds processes itself and is not the root: cgroup v2's
+        # "no internal processes" rule. The run is still contained, only not limited.
+        with contextlib.suppress(OSError):
+            (parent / "cgroup.subtree_control").write_text(f"+{controller}")
+    update: dict[str, object] = {}
+    notes = []
+    if memory_gb and (path / "memory.max").exists():
+        update["memory_max_bytes"] = round(memory_gb * 2**30)
+        (path / "memory.max").write_text(str(update["memory_max_bytes"]))
+    elif memory_gb:
+        notes.append("memory")
+    if cpus and (path / "cpu.weight").exists():
+        update["cpu_weight"] = kubelet_cpu_weight(cpus)
+        (path / "cpu.weight").write_text(str(update["cpu_weight"]))
+    elif cpus:
+        notes.append("cpu")
+    if notes:
+        update["note"] = (
+            f"no {' or '.join(notes)} limit: the cgroup v2 hierarchy at {parent} does not offer "
+            f"{' and '.join(notes)} to its children (controllers: {' '.join(sorted(available)) or 'none'})"
+        )
+    return record.model_copy(update=update)
+
+
+def cgroup_pids(path: Path) -> set[int]:
+    pids: set[int] = set()
+    for procs in path.rglob("cgroup.procs"):
+        with contextlib.suppress(OSError, ValueError):
+            pids |= {int(line) for line in procs.read_text().split()}
+    return pids
+
+
+def kill_cgroup(path: Path, wait_s: float = KILL_WAIT_S) -> set[int]:
+    """Kill every process of the cgroup (and its children) at once, wait until they are gone, remove it.
+    Returns what was still there after `wait_s`."""
+    if not path.is_dir():
+        return set()
+    with contextlib.suppress(OSError):
+        (path / "cgroup.kill").write_text("1")
+    deadline = time.monotonic() + wait_s
+    left = {p for p in cgroup_pids(path) if alive(p)}
+    while left and time.monotonic() < deadline:
+        time.sleep(0.02)
+        reap_children()
+        left = {p for p in cgroup_pids(path) if alive(p)}
+    for sub in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            sub.rmdir()
+    with contextlib.suppress(OSError):
+        path.rmdir()
+    return left
+
+
+def join_cgroup(record: Containment, pid: int) -> Containment:
+    """Move `pid` (the agent, before it has started anything) into the run's cgroup; on failure, fall back."""
+    if record.cgroup is None:
+        return record
+    try:
+        (Path(record.cgroup) / "cgroup.procs").write_text(str(pid))
+    except OSError as exc:
+        kill_cgroup(Path(record.cgroup))
+        if os.environ.get(MODE_VARIABLE) == "cgroup":
+            raise ContainmentError(f"cannot move the agent into {record.cgroup}: {exc.strerror}") from None
+        return record.model_copy(
+            update={"method": "processes", "cgroup": None, "note": f"cannot join the cgroup ({exc.strerror})"}
+        )
+    return record
+
+
+# -- a run's start and end -------------------------------------------------------------------------
+
+
+def end_leftovers(run_dir: Path, exclude: Iterable[int] = ()) -> set[int]:
+    """What a previous start of this run left alive (its harness was killed with SIGKILL): its cgroup and every
+    process carrying its token are killed. Returns pids that would not die."""
+    previous = read_record(run_dir)
+    if previous is None:
+        return set()
+    left = kill_cgroup(Path(previous.cgroup)) if previous.cgroup else set()
+    return left | kill_pids(token=previous.token, exclude=exclude)
+
+
+def open_containment(run_dir: Path, memory_gb: float | None = None, cpus: float | None = None) -> Containment:
+    """For the local sandbox, before the agent starts: end the run's leftovers, then make (and record) its cgroup
+    under the same token, so that a process an earlier start left and nobody found is still found by it."""
+    end_leftovers(run_dir)
+    previous = read_record(run_dir)
+    record = make_run_cgroup(previous.token if previous else new_token(), memory_gb, cpus)
+    write_model(record_path(run_dir), record)
+    return record
+
+
+def close_containment(run_dir: Path, record: Containment) -> set[int]:
+    """After the agent has exited: every process of the run is killed and gone before this returns."""
+    left = kill_cgroup(Path(record.cgroup)) if record.cgroup else set()
+    left |= kill_pids(token=record.token)
+    write_model(record_path(run_dir), record.model_copy(update={"cgroup": None}))
+    return left
+
+
+def adopt_run_processes(run_dir: Path) -> str:
+    """For the agent, before it starts anything: take the run's token (the sandbox's, or a new one when the agent
+    runs on its own), end what an earlier start left, and become the subreaper of everything it starts.
+    Returns the token, also set in this process's environment for every child."""
+    token = os.environ.get(TOKEN_VARIABLE)
+    record = read_record(run_dir)
+    if token is None:
+        end_leftovers(run_dir)
+        token = record.token if record else new_token()
+        if record is None:
+            write_model(record_path(run_dir), Containment(token=token, note="the agent ran without a sandbox"))
+        os.environ[TOKEN_VARIABLE] = token
+    else:
+        # Started by the sandbox, which ended the run's leftovers and moved this process into the run's cgroup
+        # right after starting it; joining again here closes the gap between the two.
+        if record is not None and record.cgroup and Path(record.cgroup).is_dir():
+            with contextlib.suppress(OSError):
+                (Path(record.cgroup) / "cgroup.procs").write_text(str(os.getpid()))
+    become_subreaper()
+    return token
+
+
+def end_run_processes() -> set[int]:
+    """For the agent, as it exits: every process it started, wherever it went, is killed."""
+    token = os.environ.get(TOKEN_VARIABLE)
+    return kill_pids(token=token, root=os.getpid())

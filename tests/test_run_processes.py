@@ -1,0 +1,182 @@
+"""A run's processes end with the run (issue #23, item 7): what the agent's commands leave running in ways no
+process group reaches (`setsid nohup ... &`, a daemon's double fork, an escapee of an async job) is gone when
+the run ends on its wall budget, and after `kill -9` of the harness and the agent, once the run resumes.
+
+Real parts throughout: the local sandbox (`supervise_run`, as a Ray actor runs it), the `labkube agent`
+subprocess, the scripted provider, real processes; the cgroup variant uses the machine's cgroup v2 hierarchy
+and is skipped where none can be made here. "Gone" is checked by pid, by a scan of /proc for processes whose
+working directory is the run's workspace (independent of labkube's token), and by the cgroup's removal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tinytask import make_run_dir, make_tiny_task
+
+from labkube.agent.containment import MODE_VARIABLE, cgroup2_mount, make_run_cgroup, read_record, tagged_pids
+from labkube.budgets import Budgets
+from labkube.operator.supervisor import supervise_run
+
+DAEMON = """import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        open('double.pid', 'w').write(str(os.getpid()))
+        time.sleep(600)
+    os._exit(0)
+time.sleep(0.5)
+"""
+ESCAPES = [
+    {
+        "tool": "bash",
+        "args": {"command": "setsid nohup bash -c 'echo $$ > setsid.pid; exec sleep 600' >/dev/null 2>&1 & sleep 0.5"},
+    },
+    {"tool": "python", "args": {"code": DAEMON}},
+    {
+        "tool": "start_async",
+        "args": {
+            "command": "setsid bash -c 'echo $$ > job-escapee.pid; exec sleep 600' >/dev/null 2>&1 & "
+            "echo $$ > job.pid; sleep 600"
+        },
+    },
+]
+PID_FILES = ("setsid.pid", "double.pid", "job-escapee.pid", "job.pid")
+WAIT = [{"tool": "bash", "args": {"command": "sleep 1"}}] * 60
+UNTIL_GO = [{"tool": "bash", "args": {"command": "until [ -e go ]; do sleep 0.1; done"}}]
+
+
+@pytest.fixture(params=["cgroup", "processes"])
+def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "cgroup":
+        try:
+            probe = make_run_cgroup("probe-" + str(os.getpid()), None, None)
+        except Exception as exc:  # ContainmentError or an unreadable hierarchy
+            pytest.skip(f"no usable cgroup v2 here: {exc}")
+        if probe.cgroup is None:
+            pytest.skip(f"no usable cgroup v2 here: {probe.note}")
+        Path(probe.cgroup).rmdir()
+    monkeypatch.setenv(MODE_VARIABLE, request.param)
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    return request.param
+
+
+def started_pids(workspace: Path, timeout: float = 60) -> dict[str, int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            return {name: int((workspace / name).read_text()) for name in PID_FILES}
+        except (FileNotFoundError, ValueError):
+            time.sleep(0.1)
+    raise AssertionError(f"the run never started its processes: {sorted(p.name for p in workspace.iterdir())}")
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def in_workspace(workspace: Path) -> list[int]:
+    """Live processes whose working directory is the workspace (how a person would look for them)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                cwd = os.readlink(f"/proc/{name}/cwd")
+            except OSError:
+                continue
+            if cwd == str(workspace) and alive(int(name)):
+                found.append(int(name))
+    return found
+
+
+def run_cgroups(token: str) -> list[Path]:
+    mount = cgroup2_mount()
+    return list(mount.rglob(f"labkube-{token}")) if mount else []
+
+
+def assert_nothing_left(run_dir: Path, pids: dict[str, int]) -> None:
+    record = read_record(run_dir)
+    assert record is not None
+    left = {name: pid for name, pid in pids.items() if alive(pid)}
+    assert not left, f"processes of the run outlived it: {left}"
+    assert not in_workspace(run_dir / "workspace")
+    assert not tagged_pids(record.token)
+    assert not run_cgroups(record.token), "the run's cgroup was removed"
+
+
+def test_processes_a_run_leaves_end_with_its_wall_budget(tmp_path: Path, mode: str) -> None:
+    task = make_tiny_task(tmp_path, [*ESCAPES, *WAIT])
+    run_dir = make_run_dir(tmp_path, task, budgets=Budgets(wall_hours=6 / 3600))
+    pids: dict[str, int] = {}
+
+    async def run() -> str:
+        supervising = asyncio.create_task(supervise_run(str(run_dir)))
+        found = asyncio.create_task(asyncio.to_thread(started_pids, run_dir / "workspace"))
+        pids.update(await found)
+        assert all(alive(p) for p in pids.values()), "the processes ran while the run did"
+        return (await supervising).stop_reason
+
+    assert asyncio.run(run()) == "time"
+    record = read_record(run_dir)
+    assert record is not None and record.method == mode
+    assert_nothing_left(run_dir, pids)
+
+
+HARNESS = (
+    "import asyncio, sys; from labkube.operator.supervisor import supervise_run; "
+    "asyncio.run(supervise_run(sys.argv[1]))"
+)
+
+
+def agent_of(harness: int, timeout: float = 30) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for tid in os.listdir(f"/proc/{harness}/task"):
+            for child in Path(f"/proc/{harness}/task/{tid}/children").read_text().split():
+                if b"agent" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    return int(child)
+        time.sleep(0.1)
+    raise AssertionError("the harness started no agent")
+
+
+def test_kill_9_of_the_harness_leaves_nothing_once_the_run_resumes(tmp_path: Path, mode: str) -> None:
+    task = make_tiny_task(tmp_path, [*ESCAPES, *UNTIL_GO])
+    run_dir = make_run_dir(tmp_path, task, budgets=Budgets(wall_hours=120 / 3600))
+    harness = subprocess.Popen([sys.executable, "-P", "-c", HARNESS, str(run_dir)], start_new_session=True)
+    try:
+        agent = agent_of(harness.pid)
+        pids = started_pids(run_dir / "workspace")
+        # Both die at once, as in an OOM kill or a lost node: no one is left to clean up.
+        os.kill(agent, signal.SIGSTOP)
+        os.killpg(harness.pid, signal.SIGKILL)
+        os.kill(agent, signal.SIGKILL)
+        harness.wait(timeout=10)
+    finally:
+        with_harness_gone(harness)
+    time.sleep(0.5)
+    survivors = {name: pid for name, pid in pids.items() if alive(pid) and name != "job.pid"}
+    assert set(survivors) == {"setsid.pid", "double.pid", "job-escapee.pid"}, "what escaped the harness lives on"
+    (run_dir / "workspace" / "go").touch()  # the resumed agent's plan ends
+    result = asyncio.run(supervise_run(str(run_dir)))
+    assert result.final and result.resumes == 1 and result.stop_reason == "done"
+    assert_nothing_left(run_dir, pids)
+
+
+def with_harness_gone(harness: subprocess.Popen) -> None:
+    if harness.poll() is None:
+        os.killpg(harness.pid, signal.SIGKILL)
+        harness.wait(timeout=10)
