@@ -56,8 +56,9 @@ async def run_are_default(
             max_iterations=spec.budgets.steps,
         )
     except WorldError as exc:
-        transcript.append({"type": "world_error", "ts": now_iso(), "error": str(exc)})
-        return StopReason.world_error, f"the Gaia2 world failed: {exc}"
+        failure = world.failed(exc)
+        transcript.append({"type": "world_error", "ts": now_iso(), "error": str(failure)})
+        return StopReason.world_error, f"the Gaia2 world failed: {failure}"
     finally:
         ckpt.spend.wall_seconds = time.monotonic() - started
     for entry in run.agent.logs:

@@ -22,6 +22,7 @@ from labkube.tasks.gaia2 import (
     Notification,
     ToolSpec,
     ValidationResult,
+    WorldBroken,
     WorldClient,
     WorldDied,
     WorldError,
@@ -31,6 +32,9 @@ from labkube.tasks.gaia2 import (
 )
 
 NEXT_TURN_WAIT_S = 24 * 3600.0  # simulated seconds; the world jumps straight to the user's next message
+# ARE's SystemApp tool, called as the agent's `get_current_time` (logged by ARE; its noise applies)
+SYSTEM_TIME_TOOL = "SystemApp__get_current_time"
+WORLD_LOG_LINES = 8  # of the world log, in the error of a run whose world failed
 
 
 @dataclass
@@ -48,6 +52,14 @@ class WorldSession:
     def done(self) -> bool:
         return self.stopped or self.turns_completed >= self.nb_turns
 
+    def failed(self, exc: Exception) -> WorldFailure:
+        """The run's world error: what the world said, and the last lines of its log when we started it."""
+        if self.process is None:  # a sidecar: its log is the pod's, and the world's own error says what failed
+            return WorldFailure(str(exc))
+        tail = self.process.log_tail(WORLD_LOG_LINES)
+        lines = " | ".join(line.strip() for line in tail.splitlines() if line.strip())
+        return WorldFailure(f"{exc}; world log ({self.process.log_path}): {lines}" if lines else str(exc))
+
     async def inject_notifications(self, run: Any) -> None:
         """Add pending notifications to the conversation; wait for the next turn's user message if due."""
         try:
@@ -56,7 +68,7 @@ class WorldSession:
                 await self.client.wait_for_notification(NEXT_TURN_WAIT_S)
                 pulled = await self.client.pull_notifications()
         except WorldError as exc:
-            raise WorldFailure(str(exc)) from exc
+            raise self.failed(exc) from exc
         self.awaiting_next_turn = False
         for note in pulled.notifications:
             self.seen.append(note)
@@ -72,7 +84,7 @@ class WorldSession:
         try:
             await self.client.pause_clock()
         except WorldError as exc:
-            raise WorldFailure(str(exc)) from exc
+            raise self.failed(exc) from exc
 
     async def resume(self, model_seconds: float) -> None:
         try:
@@ -81,7 +93,7 @@ class WorldSession:
             else:
                 await self.client.resume_clock("fixed", seconds=self.think_time_s)
         except WorldError as exc:
-            raise WorldFailure(str(exc)) from exc
+            raise self.failed(exc) from exc
 
     def after_turn(self, turns_completed: int | None, world_stopped: bool) -> None:
         if turns_completed is not None:
@@ -93,7 +105,7 @@ class WorldSession:
         try:
             return await self.client.finish()
         except WorldError as exc:
-            raise WorldFailure(str(exc)) from exc
+            raise self.failed(exc) from exc
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -128,8 +140,8 @@ def world_tool(session: WorldSession, spec: ToolSpec, ctx: ToolContext) -> Tool:
     async def execute(**arguments: Any) -> str:
         try:
             result = await session.client.call_tool(spec.name, arguments)
-        except WorldDied as exc:
-            raise WorldFailure(str(exc)) from exc
+        except (WorldDied, WorldBroken) as exc:
+            raise session.failed(exc) from exc
         except WorldError as exc:
             raise ToolError(str(exc)) from None
         if result.turn_ended:
@@ -158,8 +170,8 @@ def wait_for_notification(session: WorldSession):
         try:
             waited = await session.client.wait_for_notification(timeout)
             pulled = await session.client.pull_notifications()
-        except WorldDied as exc:
-            raise WorldFailure(str(exc)) from exc
+        except (WorldDied, WorldBroken) as exc:
+            raise session.failed(exc) from exc
         except WorldError as exc:
             raise ToolError(str(exc)) from None
         if waited.error:
@@ -177,12 +189,16 @@ def wait_for_notification(session: WorldSession):
 @tool(access="read")
 def get_current_time(session: WorldSession):
     async def execute() -> str:
-        """The current (simulated) date and time in the world."""
+        """The current (simulated) time, date and weekday in the world."""
         try:
-            clock = await session.client.time()
-        except WorldDied as exc:
-            raise WorldFailure(str(exc)) from exc
-        return f"{clock.datetime} (unix time {clock.time:.0f})"
+            result = await session.client.call_tool(SYSTEM_TIME_TOOL)
+        except (WorldDied, WorldBroken) as exc:
+            raise session.failed(exc) from exc
+        except WorldError as exc:
+            raise ToolError(str(exc)) from None
+        if not result.ok:  # ARE's noise can fail it like any tool
+            raise ToolError(result.error or "the tool failed")
+        return result.text
 
     return execute
 
@@ -191,10 +207,11 @@ async def world_tools(session: WorldSession, ctx: ToolContext) -> list[Tool]:
     try:
         specs = await session.client.list_tools()
     except WorldError as exc:
-        raise WorldFailure(str(exc)) from exc
-    harness = {"SystemApp__wait_for_notification", "SystemApp__get_current_time"}
+        raise session.failed(exc) from exc
+    harness = {"SystemApp__wait_for_notification", SYSTEM_TIME_TOOL}
     tools = [world_tool(session, s, ctx) for s in specs if s.name not in harness]
-    return [*tools, wait_for_notification(session), get_current_time(session), give_up(ctx)]
+    clock = [get_current_time(session)] if any(s.name == SYSTEM_TIME_TOOL for s in specs) else []
+    return [*tools, wait_for_notification(session), *clock, give_up(ctx)]
 
 
 @tool(access="read", name="end_task")

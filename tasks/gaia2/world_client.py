@@ -6,6 +6,8 @@ Exceptions:
     +-- WorldDied              the world process is gone (connection refused or dropped)
     +-- WorldTimeout           it is alive but did not answer in time
     +-- WorldRequestError      it answered `{"error": ...}` with a 4xx/5xx status
+        +-- WorldBroken        ... saying the world itself is broken (ARE's event loop died, an unsound
+                               scenario): the run cannot be judged
 
 A tool the agent misuses is not an exception: `call_tool` returns a `ToolResult` with `ok=False`.
 """
@@ -39,6 +41,11 @@ class WorldRequestError(WorldError):
         self.status = status
         self.message = message
         self.endpoint = endpoint
+
+
+class WorldBroken(WorldRequestError):
+    """The world answered that it cannot run faithfully (`"world_broken": true`): ARE's event loop died, an
+    oracle event calls an app the scenario lacks, or ARE's oracle run was cut short."""
 
 
 class _Reply(BaseModel):
@@ -255,7 +262,8 @@ class WorldClient:
             raise WorldRequestError(response.status_code, response.text[:300], endpoint) from None
         if response.status_code >= 400:
             message = data.get("error", response.text) if isinstance(data, dict) else response.text
-            raise WorldRequestError(response.status_code, str(message), endpoint)
+            broken = isinstance(data, dict) and data.get("world_broken") is True
+            raise (WorldBroken if broken else WorldRequestError)(response.status_code, str(message), endpoint)
         return data
 
     async def health(self) -> Health:

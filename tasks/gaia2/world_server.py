@@ -57,6 +57,14 @@ from are.simulation.utils.serialization import make_serializable
 from are.simulation.validation import ScriptedGraphPerEventJudgeConfig
 from are.simulation.validation import judge as are_judge
 from are.simulation.validation.utils import llm_utils as are_llm_utils
+from world_health import (
+    WorldBroken,
+    WorldEnvironment,
+    check_alive,
+    check_oracle_apps,
+    check_oracle_trace,
+    deliver_first_user_message,
+)
 
 ARE_VERSION = "1.2.0"
 MAX_SCENARIO_DURATION = 1800  # ARE's Gaia2 runner defaults (scenarios/config.py)
@@ -229,21 +237,6 @@ def tool_spec(tool: Any) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------------
 # The environment
-
-
-class WorldEnvironment(Environment):
-    """ARE's Environment plus a lock around ticks, so HTTP requests and the event loop thread never tick
-    at once, and a flag set once the first tick (which delivers the first user message) has run."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.tick_lock = threading.RLock()
-        self.first_tick = threading.Event()
-
-    def tick(self) -> None:
-        with self.tick_lock:
-            super().tick()
-        self.first_tick.set()
 
 
 def _environment(scenario: Any, oracle: bool) -> WorldEnvironment:
@@ -548,6 +541,7 @@ class WorldSession:
             raise ProtocolError(409, f"scenario {self.scenario.scenario_id} is finished: load the next one")
         if self.env is None:
             raise ProtocolError(409, "the scenario has no running environment")
+        check_alive(self.env)
         return self.env
 
     def _now(self) -> float:
@@ -624,7 +618,11 @@ class WorldSession:
             self.load_params = req
             kind, payload = _read_source(source)
             self.kind, self.source_text = kind, payload if kind == "json" else ""
-            self._deadline(lambda: self._build(kind, payload, req, a2a), "load", "loading the scenario")
+            try:
+                self._deadline(lambda: self._build(kind, payload, req, a2a), "load", "loading the scenario")
+            except WorldBroken:
+                self._unload()
+                raise
             self.loaded_wall = time.monotonic()
             return self._info()
 
@@ -658,8 +656,12 @@ class WorldSession:
                     ),
                     "preparing the scenario",
                 )
+                check_oracle_apps(scenario)
+                # ARE's preprocessing ran the oracle to record what the judge expects: it must be whole.
+                check_oracle_trace(scenario, getattr(scenario, "oracle_run_event_log", None) or [], "ARE's oracle run")
             else:
                 self._call_are(scenario.initialize, "initializing the scenario")
+                check_oracle_apps(scenario)
                 scenario.patch_oracle_user_message_order()
         else:
             self.judge_label, self.checks = (
@@ -669,6 +671,7 @@ class WorldSession:
             if req.get("duration"):
                 scenario.duration = float(req["duration"])
             self._call_are(scenario.initialize, "initializing the scenario")
+            check_oracle_apps(scenario)
             if not self.oracle and not any(isinstance(a, SystemApp) for a in scenario.apps or []):
                 scenario.apps.append(SystemApp())  # wait_for_notification / get_current_time, as Gaia2 has
         env = _environment(scenario, self.oracle)
@@ -687,6 +690,7 @@ class WorldSession:
             if tool.name not in HIDDEN_TOOLS:
                 self.tools[tool._public_name or tool.name] = tool
         self.env.first_tick.wait(10)
+        deliver_first_user_message(self.env, scenario)
 
     @staticmethod
     def _call_are(fn: Callable[[], Any], what: str) -> Any:
@@ -744,6 +748,7 @@ class WorldSession:
             body = {"ok": True, "error": None, "result": make_serializable(result), "text": str(result)}
             if tool.name == SEND_TO_USER:
                 body.update(self._after_turn_end())
+            check_alive(env)
             body["time"] = self._now()
             return body
 
@@ -780,7 +785,11 @@ class WorldSession:
                 now = env.time_manager.time()
                 if next_time > now:
                     env.time_manager.add_offset(next_time - now)
-                env.tick()
+                try:
+                    env.tick()
+                except Exception:
+                    check_alive(env)
+                    raise
 
     def pull_notifications(self) -> dict[str, Any]:
         with self.lock:
@@ -833,6 +842,7 @@ class WorldSession:
                     raise
                 except Exception as exc:  # e.g. a failure injected by ARE's noise augmentation
                     error = _one_line(exc)
+            check_alive(env)
             after = self._now()
             return {
                 "time": after,
@@ -907,6 +917,7 @@ class WorldSession:
             self._deadline(self._settle_turn_conditions, "finish", "judging the last turn")
             with env.tick_lock:
                 env.pause()  # no event may fire while the judge reads the log
+            check_alive(env)
             scenario = self.scenario
             result = self._deadline(lambda: scenario.validate(env), "finish", "validation")
             body = self._verdict(result, simulated=self._now() - env.start_time)
@@ -984,10 +995,14 @@ class WorldSession:
             scenario = self.scenario
 
             def run() -> dict[str, Any]:
-                env.run(scenario, wait_for_end=True)
-                ran = scenario.validate(env)
-                simulated = self._now() - env.start_time
-                env.stop()
+                try:
+                    env.run(scenario, wait_for_end=True)
+                    check_alive(env)
+                    check_oracle_trace(scenario, env.event_log.list_view(), "ARE's oracle run")
+                    ran = scenario.validate(env)
+                    simulated = self._now() - env.start_time
+                finally:
+                    env.stop()
                 if self.kind != "json":
                     self.judge_label = "the scenario's own validation (ARE registry scenario)"
                     self.checks = ["scenario.validate"]
@@ -1017,10 +1032,12 @@ class WorldSession:
         return self._verdict(fresh.validate(judged_env), simulated, getattr(fresh, "judge", None))
 
     def _verdict(self, result: Any, simulated: float, judge: Any = None) -> dict[str, Any]:
+        exception = getattr(result, "exception", None)
         soft = "judged" if "soft_llm_checks" in self.checks else "not judged (no judge model configured)"
+        if soft == "judged" and exception is not None:
+            soft = "failed (the judge raised; see exception)"
         if self.kind != "json":
             soft = "not applicable"
-        exception = getattr(result, "exception", None)
         success = bool(result.success)
         rationale = getattr(result, "rationale", None)
         if rationale in ("None", ""):  # ARE's judge stringifies a missing failure
@@ -1177,6 +1194,9 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, route(self._body() if method == "POST" else {}))
         except ProtocolError as exc:
             self._send(exc.status, {"error": str(exc)})
+        except WorldBroken as exc:
+            log.error("the world is broken (%s %s): %s", method, path, exc)
+            self._send(503, {"error": str(exc), "world_broken": True})
         except Exception as exc:
             log.error("unexpected error on %s %s\n%s", method, path, traceback.format_exc())
             self._send(500, {"error": f"unexpected error in the world process: {_one_line(exc)}"})
