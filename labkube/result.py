@@ -70,6 +70,29 @@ class Grade(BaseModel):
     note: str | None = Field(default=None, description="Why a clean grading left the headline subtask without a value.")
 
 
+class GpuPoint(BaseModel):
+    """One sample of the run's GPUs: utilisation averaged over them, memory summed."""
+
+    at_seconds: float = Field(description="Seconds since the run's agent first started (wall clock).")
+    utilization: float = Field(ge=0, le=1, description="Fraction of NVML's sample period a kernel ran.")
+    memory_used_bytes: int = Field(ge=0)
+
+
+class GpuUse(BaseModel):
+    """A run's GPU use over its life (`agent/gpu.py`), for reports: mean utilisation and peak memory."""
+
+    devices: list[str] = Field(description="The run's GPUs as CUDA_VISIBLE_DEVICES named them.")
+    samples: int = 0
+    utilization_sum: float = Field(default=0.0, description="Sum of the samples' utilisation (for the mean).")
+    peak_memory_bytes: int = 0
+    memory_total_bytes: int | None = Field(default=None, description="Memory of the run's GPUs together.")
+    curve: list[GpuPoint] = Field(default_factory=list, description="The samples, thinned to at most a few hundred.")
+
+    @property
+    def mean_utilization(self) -> float | None:
+        return self.utilization_sum / self.samples if self.samples else None
+
+
 class RunResult(BaseModel):
     run_id: str
     task: str
@@ -106,6 +129,9 @@ class RunResult(BaseModel):
     setup_seconds: float | None = Field(
         default=None,
         description="Time the sandbox spent on the task environment before the agent started (not charged to it).",
+    )
+    gpu: GpuUse | None = Field(
+        default=None, description="What the run's GPUs did (NVML samples); None: the run had no GPU to sample."
     )
 
     @property
