@@ -5,15 +5,21 @@ Where the steps come from: `conversation.jsonl` (every message the model saw, ta
 a hand-off starts a new epoch) read line by line, joined with `transcript.jsonl` (model calls with usage, cost
 and latency; tool calls with duration; hand-offs) read by a cursor that moves forward only.
 
-Rewards, each with its source:
+Rewards, each with its source (unknown is null, never 0):
 - ResearchGym: `result.json` score_curve. Each grading after the first gives the change in normalised score
-  (fraction of SOTA of the primary subtask; an ungraded score counts as 0) to the agent step at which it was
-  taken; the final normalised score and beat-baseline are terminal rewards on the last step.
+  (fraction of SOTA of the primary subtask) since the previous one to the agent step at which it was taken. A
+  grading that failed is skipped; a clean grading that gave no value counts as 0 (ResearchGym's convention), and
+  the reward says so (`no_value_as_zero`). The final normalised score and beat-baseline are terminal rewards on the
+  last step (null when the run has no value).
 - Gaia2: ARE's judge verdict stored in `result.json` details["gaia2"] (success, rationale of the first failed
   hard check, soft-check verdict) as the terminal reward; each agent write action gets 1 when ARE's
   GraphPerEventJudge matched it to an oracle event (and which), 0 when not, from details["gaia2"]["matches"]
   (results written before the world reported matches have `oracle_match: null`).
 - GAIA: the scorer's 0/1 (result score) at the end.
+
+A run that ended in an error outcome (grader, judge, world, setup, model or harness error) is not a measurement of
+the agent: it is not exported unless asked for (`include_errors`), and then its terminal rewards and Gaia2 action
+matches are null, with the outcome beside them.
 """
 
 from __future__ import annotations
@@ -23,11 +29,11 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import pairwise
 from pathlib import Path
 from typing import IO, Any
 
 from labkube.agent.transcript import iter_jsonl
+from labkube.export_rewards import STEP_REWARD_SOURCE, Gaia2Matcher, step_rewards, terminal_rewards
 from labkube.result import RunResult
 from labkube.run_spec import CLI_AGENTS
 from labkube.store import CampaignDir
@@ -45,15 +51,28 @@ class ExportError(ValueError):
 class ExportFilter:
     exclude_suspicious: bool = False
     min_score: float | None = None
+    include_errors: bool = False
 
     def reason_to_skip(self, result: RunResult | None) -> str | None:
         if result is None or not result.final:
             return "not finished"
+        if result.is_error and not self.include_errors:
+            return f"{ERROR_SKIP} {result.outcome}" + (f": {last_line(result.error)}" if result.error else "")
         if self.exclude_suspicious and result.integrity_verdict != CLEAN_VERDICT:
             return f"integrity verdict {result.integrity_verdict or 'missing'}"
-        if self.min_score is not None and (result.score is None or result.score < self.min_score):
+        if self.min_score is not None and result.score is None:
+            return f"no score (outcome {result.outcome}), --min-score {self.min_score}"
+        if self.min_score is not None and result.score is not None and result.score < self.min_score:
             return f"score {result.score} below {self.min_score}"
         return None
+
+
+ERROR_SKIP = "outcome"  # the start of the reason a run with an error outcome was left out
+
+
+def last_line(text: str | None) -> str:
+    lines = (text or "").strip().splitlines()
+    return lines[-1].strip() if lines else ""
 
 
 @dataclass
@@ -61,6 +80,7 @@ class ExportedRun:
     run_id: str
     path: Path | None
     skipped: str | None = None
+    error_outcome: str | None = None  # the outcome of a run left out for ending in an error
 
 
 def campaign_runs(campaigns: list[Path]) -> list[tuple[CampaignDir, str]]:
@@ -136,116 +156,6 @@ class TranscriptCursor:
     def drain(self) -> None:
         for record in self._records:
             self._take(record)
-
-
-# -- rewards --------------------------------------------------------------------------------------
-
-
-def step_rewards(result: RunResult) -> dict[int, list[dict[str, Any]]]:
-    """Rewards per agent step number (the run's own step counter), with their source."""
-    out: dict[int, list[dict[str, Any]]] = {}
-    curve = result.score_curve
-    if "gaia2" in result.details or result.capabilities or is_gaia(result) or len(curve) < 2:
-        return out
-    for before, after in pairwise(curve):
-        change = (after.score or 0.0) - (before.score or 0.0)
-        out.setdefault(after.step, []).append(
-            {
-                "kind": "score_change",
-                "value": change,
-                "source": "result.json score_curve: normalised score change since the previous grading",
-                "graded_at_step": after.step,
-                "graded_at_seconds": after.at_seconds,
-                "score": after.score,
-            }
-        )
-    return out
-
-
-def is_gaia(result: RunResult) -> bool:
-    """A GAIA (v1) question: one subtask, `correct` (tasks/gaia.py)."""
-    return [s.id for s in result.subtasks] == ["correct"] and "gaia2" not in result.details
-
-
-def terminal_rewards(result: RunResult) -> list[dict[str, Any]]:
-    gaia2 = result.details.get("gaia2")
-    if gaia2 is not None:
-        success = bool(gaia2.get("success"))
-        return [
-            {
-                "kind": "scenario_verdict",
-                "value": 1.0 if success else 0.0,
-                "source": "ARE judge (result.json details.gaia2.success)",
-                "judge": gaia2.get("judge"),
-                "checks": gaia2.get("checks"),
-            },
-            {
-                "kind": "hard_check_failure",
-                "value": None if success else gaia2.get("rationale") or gaia2.get("exception"),
-                "source": "ARE judge rationale of the first failed hard check (details.gaia2.rationale)",
-            },
-            {
-                "kind": "soft_check_verdict",
-                "value": gaia2.get("soft_checks"),
-                "source": "ARE judge soft (LLM) checks (details.gaia2.soft_checks)",
-            },
-        ]
-    if is_gaia(result):
-        return [{"kind": "answer_correct", "value": result.score, "source": "GAIA scorer 0/1 (result.json score)"}]
-    first = result.score_curve[0].score if result.score_curve else None
-    return [
-        {
-            "kind": "final_score",
-            "value": result.score,
-            "source": "result.json score: normalised score (fraction of SOTA) of the final grading",
-        },
-        {"kind": "first_grading_score", "value": first, "source": "result.json score_curve[0].score"},
-        {"kind": "beat_baseline", "value": result.beat_baseline, "source": "result.json beat_baseline"},
-    ]
-
-
-USER_EVENT = "AgentUserInterface__send_message_to_agent"  # the user's message: in ARE's list, not the agent's
-
-
-class Gaia2Matcher:
-    """Pairs the agent's world write calls, in order, with the events ARE's judge weighed (details.gaia2.matches,
-    stored by the world since the export work; older results have none)."""
-
-    def __init__(self, verdict: dict[str, Any]) -> None:
-        matches = verdict.get("matches")
-        self.stored = matches is not None
-        self._events = [m for m in matches or [] if m.get("tool") != USER_EVENT]
-        self.tools = {str(m.get("tool")) for m in self._events}
-        self._next = 0
-        # ARE's reason when it matched nothing to an action: the failed check's rationale (a count mismatch stops
-        # its judge before any matching, so then no action of the turn is matched)
-        self.rationale = None if verdict.get("success") else (str(verdict.get("rationale") or "").strip() or None)
-
-    def reward(self, tool: str, access: str | None, ok: bool | None) -> dict[str, Any] | None:
-        if access != "write" or "__" not in tool:
-            return None
-        if not self.stored:
-            return {
-                "kind": "oracle_match",
-                "value": None,
-                "source": "not stored: this result predates per-action matching in details.gaia2.matches",
-            }
-        found = None
-        if ok is not False:  # a failed call leaves no event in ARE's log
-            for i in range(self._next, len(self._events)):
-                if self._events[i].get("tool") == tool:
-                    found, self._next = self._events[i], i + 1
-                    break
-        oracle_id = (found or {}).get("oracle_event_id")
-        reward: dict[str, Any] = {
-            "kind": "oracle_match",
-            "value": 1.0 if oracle_id else 0.0,
-            "oracle_event_id": oracle_id,
-            "source": "ARE GraphPerEventJudge matching of agent events to oracle events (details.gaia2.matches)",
-        }
-        if not oracle_id and self.rationale:
-            reward["reason"] = self.rationale
-        return reward
 
 
 # -- ATIF -----------------------------------------------------------------------------------------
@@ -324,7 +234,7 @@ def _walk(run_dir: Path, result: RunResult, acc: _Steps) -> TranscriptCursor:
 
     cursor = TranscriptCursor(run_dir / "transcript.jsonl")
     gaia2 = "gaia2" in result.details
-    matcher = Gaia2Matcher(result.details.get("gaia2") or {})
+    matcher = Gaia2Matcher(result.details.get("gaia2") or {}, str(result.outcome) if result.is_error else None)
     epoch = 0
     last_agent: Any = None
     handoffs_done = 0
@@ -400,11 +310,13 @@ def write_trajectory(run_dir: Path, result: RunResult, path: Path) -> None:
             cursor = _walk(run_dir, result, acc)
             acc.close()
         terminal = terminal_rewards(result)
+        placed_any = bool(step_rewards(result))
         rewards = {
-            "step_reward_sum": placed,
-            "step_reward_source": "result.json score_curve (normalised score change between consecutive gradings)"
-            if step_rewards(result)
-            else None,
+            "outcome": str(result.outcome),
+            "step_reward_sum": placed if placed_any else None,
+            "step_reward_source": STEP_REWARD_SOURCE if placed_any else None,
+            "gradings_without_value": sum(g.score is None and g.error is None for g in result.score_curve),
+            "gradings_failed": sum(g.error is not None for g in result.score_curve),
             "terminal": terminal,
             "write_actions": acc.oracle_matches or None,
         }
@@ -440,10 +352,13 @@ def write_trajectory(run_dir: Path, result: RunResult, path: Path) -> None:
                     "seed": result.seed,
                     "status": result.status.value if hasattr(result.status, "value") else str(result.status),
                     "stop_reason": str(result.stop_reason.value) if result.stop_reason else None,
+                    "outcome": str(result.outcome),
                     "error": result.error,
+                    "message": result.message,
                     "integrity_verdict": result.integrity_verdict,
                     "score": result.score,
                     "beat_baseline": result.beat_baseline,
+                    "completion": result.completion,
                     "capabilities": result.capabilities,
                     "resumes": result.resumes,
                     "handoffs": [
@@ -707,7 +622,8 @@ def export_run(cdir: CampaignDir, run_id: str, fmt: str, out: Path, flt: ExportF
     result = cdir.result(run_id)
     skip = flt.reason_to_skip(result)
     if skip is not None:
-        return ExportedRun(run_id, None, skip)
+        error_outcome = str(result.outcome) if result is not None and result.is_error else None
+        return ExportedRun(run_id, None, skip, error_outcome if skip.startswith(ERROR_SKIP) else None)
     assert result is not None
     run_dir = cdir.run_dir(run_id)
     campaign = cdir.root.name

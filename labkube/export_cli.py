@@ -1,8 +1,9 @@
-"""`labkube export CAMPAIGN... --format atif|sft-jsonl [--out DIR] [--exclude-suspicious] [--min-score X]`
-(registered at the end of labkube/cli.py)."""
+"""`labkube export CAMPAIGN... --format atif|sft-jsonl [--out DIR] [--exclude-suspicious] [--min-score X]
+[--include-errors]` (registered at the end of labkube/cli.py)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import click
@@ -24,15 +25,28 @@ class BadInput(click.ClickException):
 )
 @click.option("--exclude-suspicious", is_flag=True, help="Drop runs whose integrity verdict is not PASS.")
 @click.option("--min-score", type=float, default=None, help="Drop runs whose score is below this (or missing).")
+@click.option(
+    "--include-errors",
+    is_flag=True,
+    help="Also export runs that ended in an error outcome (grader, judge, world, setup, model or harness error), "
+    "with the outcome and null terminal rewards (left out by default).",
+)
 def export(
-    campaigns: tuple[Path, ...], fmt: str, out_dir: Path | None, exclude_suspicious: bool, min_score: float | None
+    campaigns: tuple[Path, ...],
+    fmt: str,
+    out_dir: Path | None,
+    exclude_suspicious: bool,
+    min_score: float | None,
+    include_errors: bool,
 ) -> None:
-    """Export finished runs as ATIF trajectories (with rewards) or OpenAI chat fine-tuning JSONL."""
+    """Export finished runs as ATIF trajectories (with rewards) or OpenAI chat fine-tuning JSONL. Runs that ended in
+    an error outcome are left out (and counted) unless --include-errors."""
     from labkube.export import ExportError, ExportFilter, export_campaigns
 
     out = out_dir or Path(campaigns[0]) / f"export-{fmt}"
+    flt = ExportFilter(exclude_suspicious, min_score, include_errors)
     try:
-        runs = export_campaigns(list(campaigns), fmt, out, ExportFilter(exclude_suspicious, min_score), progress=True)
+        runs = export_campaigns(list(campaigns), fmt, out, flt, progress=True)
     except ExportError as exc:
         raise BadInput(str(exc)) from None
     written = [r for r in runs if r.path is not None]
@@ -40,4 +54,11 @@ def export(
     for r in skipped:
         click.echo(f"skipped {r.run_id}: {r.skipped}")
     click.echo(f"{len(written)} of {len(runs)} runs exported as {fmt}")
+    errors = Counter(r.error_outcome for r in runs if r.error_outcome is not None)
+    if errors:
+        what = ", ".join(f"{n} {outcome}" for outcome, n in sorted(errors.items()))
+        click.echo(
+            f"left out: {errors.total()} runs that ended in an error outcome ({what}); "
+            "--include-errors exports them with null rewards"
+        )
     click.echo(f"written: {out}")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import atif
 import pytest
+from analyze_synth import OUTCOME_GAIA2, OUTCOME_PAPER, write_outcomes_campaign
 from cli_helpers import labkube
 from export_helpers import WELLS, WHITFIELD, export, gaia2_campaign, paper_campaign, replay_model, rewards, trajectories
 from openai.types.chat import ChatCompletionMessageParam
@@ -51,14 +52,15 @@ def test_step_rewards_sum_to_the_final_score_minus_the_first_grading(paper: Path
     result = CampaignDir(paper).result(ORACLE)
     assert result is not None and len(result.score_curve) >= 3
     step_sum = sum(v for s in oracle["steps"] for v in rewards(s, "score_change"))
-    first = result.score_curve[0].score or 0.0
+    ran = [g for g in result.score_curve if g.error is None]
+    first = ran[0].score or 0.0  # a clean grading without a value counts as 0, marked so
     assert step_sum == pytest.approx(result.score - first)
     assert step_sum > 0  # the first grading came before the oracle's method ran
     assert oracle["extra"]["rewards"]["step_reward_sum"] == pytest.approx(step_sum)
     last = oracle["steps"][-1]
     assert rewards(last, "final_score") == [result.score] and rewards(last, "beat_baseline") == [True]
     # each change sits on the agent step at which its grading was taken
-    graded = {g.step for g in result.score_curve[1:]}
+    graded = {g.step for g in ran[1:]}
     placed = {s["extra"]["run_step"] for s in oracle["steps"] if rewards(s, "score_change")}
     assert placed == graded
 
@@ -228,3 +230,71 @@ def test_ares_own_agent_exports_from_its_log_with_oracle_matches(tmp_path: Path)
     send = next(s for s in data["steps"] if s.get("tool_calls") and "send_email" in s["tool_calls"][0]["function_name"])
     assert rewards(send, "oracle_match") == [0.0]  # the responder sends ARE's agent to the wrong Dana
     assert rewards(data["steps"][-1], "scenario_verdict") == [0.0]
+
+
+# -- outcomes: a run that ended in an error is no reward-0 trajectory; unknown is null ---------------------------
+
+ERRORS = {p.run_id: p.outcome.value for p in OUTCOME_PAPER if p.is_error} | {
+    f"oc-time_door_code--s{seed}": outcome.value for seed, outcome, _ in OUTCOME_GAIA2 if outcome.is_error
+}
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Planted results (tests/analyze_synth.py): scored, no value, grader/setup/judge/world errors."""
+    root = tmp_path_factory.mktemp("outcomes") / "outcomes"
+    write_outcomes_campaign(root)
+    return root
+
+
+def test_error_outcomes_are_left_out_by_default_and_counted(outcomes: Path, tmp_path: Path):
+    proc = export(str(outcomes), "--format", "atif", "--out", str(tmp_path), cwd=tmp_path)
+    every = set(CampaignDir(outcomes).run_ids())
+    assert set(trajectories(tmp_path)) == every - set(ERRORS)
+    assert "skipped oc--gpt5--s4: outcome grader_error: ModuleNotFoundError: No module named 'sklearn'" in proc.stdout
+    assert (
+        "left out: 4 runs that ended in an error outcome (1 grader_error, 1 judge_error, 1 setup_error, "
+        "1 world_error); --include-errors" in proc.stdout
+    )
+
+
+def test_include_errors_carries_the_outcome_with_null_rewards(outcomes: Path, tmp_path: Path):
+    export(str(outcomes), "--format", "atif", "--include-errors", "--out", str(tmp_path), cwd=tmp_path)
+    found = trajectories(tmp_path)
+    assert set(ERRORS) <= set(found)
+    for run_id, outcome in ERRORS.items():
+        data = found[run_id]
+        atif.Trajectory.model_validate(data)
+        assert data["extra"]["labkube"]["outcome"] == outcome
+        terminal = data["extra"]["rewards"]["terminal"]
+        assert terminal and all(r["value"] is None and r["outcome"] == outcome for r in terminal), terminal
+    judged = {r["kind"] for r in found["oc-time_door_code--s2"]["extra"]["rewards"]["terminal"]}
+    assert "scenario_verdict" in judged  # a judge error's verdict is null, not a failed attempt (0.0)
+    # the grader error's last grading failed: no score change from its earlier value to "0"
+    assert not any(rewards(s, "score_change") for s in found["oc--gpt5--s4"]["steps"])
+    assert found["oc--gpt5--s4"]["extra"]["rewards"]["gradings_failed"] == 1
+
+
+def test_a_grading_without_a_value_gives_no_reward_and_a_run_without_one_null_terminal_rewards(
+    outcomes: Path, tmp_path: Path
+):
+    proc = export(str(outcomes), "--format", "atif", "--min-score", "0.1", "--out", str(tmp_path), cwd=tmp_path)
+    assert "skipped oc--gpt5--s2: no score (outcome no_value), --min-score 0.1" in proc.stdout
+    export(str(outcomes), "--format", "atif", "--out", str(tmp_path / "all"), cwd=tmp_path)
+    found = trajectories(tmp_path / "all")
+    scored = found["oc--gpt5--s0"]  # gradings: no value, 0.3, 0.6
+    changes = [r for s in scored["steps"] for r in rewards_of(s, "score_change")]
+    assert [r["value"] for r in changes] == [pytest.approx(0.3), pytest.approx(0.3)]
+    assert [r.get("no_value_as_zero", False) for r in changes] == [True, False]  # the convention, labelled
+    assert scored["extra"]["rewards"]["gradings_without_value"] == 1
+    nothing = found["oc--gpt5--s2"]
+    assert nothing["extra"]["labkube"]["outcome"] == "no_value"
+    terminal = {r["kind"]: r for r in nothing["extra"]["rewards"]["terminal"]}
+    assert terminal["final_score"]["value"] is None and terminal["beat_baseline"]["value"] is None
+    assert terminal["final_score"]["outcome"] == "no_value"
+    changes = [r for s in nothing["steps"] for r in rewards_of(s, "score_change")]  # gradings: no value, no value
+    assert [(r["value"], r["no_value_as_zero"]) for r in changes] == [(0.0, True)]
+
+
+def rewards_of(step: dict, kind: str) -> list[dict]:
+    return [r for r in (step.get("extra") or {}).get("rewards", []) if r["kind"] == kind]
