@@ -25,6 +25,7 @@ from labkube.agent.budget import BudgetTracker
 from labkube.agent.checkpoint import Checkpoint
 from labkube.agent.cli_agents import CLI_TOOL_NAMES, RunHooks, run_cli_agent
 from labkube.agent.containment import adopt_run_processes, end_run_processes
+from labkube.agent.gpu import read_gpu_use, start_gpu_meter
 from labkube.agent.jobs import JobManager
 from labkube.agent.loop import AgentRun, estimate_tokens, run_loop
 from labkube.agent.messages import Message
@@ -267,6 +268,7 @@ async def run_agent(run_dir: Path, resume: bool = False) -> RunResult:
     ref = parse_model(spec.model)
     graded = [g.score for g in ckpt.score_curve if g.score is not None]
     telemetry = start_telemetry(spec, best_score=max(graded, default=None))
+    start_gpu_meter(rd.root, spec.gpus, telemetry)  # a daemon thread: samples until this process ends
     world = None
 
     def stop_before_the_loop(reason: StopReason, error: str | None) -> RunResult:
@@ -501,6 +503,7 @@ def finalize(
         finished_at=utcnow(),
         resumes=ckpt.resumes,
         setup_seconds=setup_seconds(rd),
+        gpu=read_gpu_use(rd.root),
     )
     save_checkpoint(rd, ckpt)
     write_model(rd.result_json, result)

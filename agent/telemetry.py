@@ -127,6 +127,13 @@ class RunTelemetry:
         for capability in capabilities:
             self._l("labkube_run_gaia2_passed", capability=capability).set(1 if passed else 0)
 
+    def gpus(self, readings: Iterable[Any]) -> None:
+        """One NVML sample of the run's GPUs (`agent/gpu.py`); never called for a run without one."""
+        for r in readings:
+            self._l("labkube_run_gpu_utilization_ratio", gpu=r.device).set(r.utilization_gpu / 100)
+            self._l("labkube_run_gpu_memory_used_bytes", gpu=r.device).set(r.memory_used)
+            self._l("labkube_run_gpu_memory_total_bytes", gpu=r.device).set(r.memory_total)
+
     def finished(self) -> None:
         self._l("labkube_run_finished").set(1)
 

@@ -563,8 +563,9 @@ def report(directory: Path, fmt: str, out_file: Path | None, exclude_suspicious:
         fields = list(records[0].model_dump().keys()) if records else []
         writer = csv.DictWriter(buf, fieldnames=fields)
         writer.writeheader()
-        for r in records:
-            writer.writerow(r.model_dump(mode="json"))
+        for r in records:  # a mapping (per primary group) goes in one cell, as JSON
+            row = r.model_dump(mode="json")
+            writer.writerow({k: json.dumps(v) if isinstance(v, dict) else v for k, v in row.items()})
         click.echo(buf.getvalue(), nl=False)
     else:
         console.print(report_table(rows, f"campaign {cdir.load_spec().name} ({cdir.root})"))
@@ -793,15 +794,21 @@ def tasks_show(ctx: click.Context, task: str, as_json: bool, overlay: Path | Non
     for s in card.subtasks:
         how = {None: "", "assumed": " (assumed)"}.get(s.direction_inferred, " (inferred)")
         baseline = "—" if s.baseline is None else f"{s.baseline:g}"
+        role = ["yes"] if s.primary else []
+        if s.primary_group and len(card.primary_groups) > 1:
+            role.append(f"group {escape(s.primary_group)}")
         table.add_row(
             escape(s.id),
             escape(s.metric),
             s.direction.value + how,
             baseline + (f" ({escape(s.baseline_method)})" if s.baseline_method else ""),
             "—" if s.sota is None else f"{s.sota:g}",
-            "yes" if s.primary else "",
+            "; ".join(role),
         )
     console.print(table)
+    if len(card.primary_groups) > 1:  # runs report a score per group
+        groups = ", ".join(f"{escape(name)} ({escape(s.id)})" for name, s in card.primary_groups.items())
+        console.print(f"primary groups (a score each): {groups}", highlight=False)
     r = card.resources
     extra = f", image {r.image}" if r.image else ""
     console.print(f"resources: {r.gpus} GPU, {r.cpus:g} CPU, {r.memory_gb:g} GB{extra}")

@@ -30,6 +30,7 @@ import jinja2
 from markupsafe import Markup
 from pydantic import BaseModel, Field
 
+from labkube.gpu_report import gpu_plot, gpu_text
 from labkube.integrity_report import Verdict
 from labkube.report import Aggregate, ReportRow, aggregate, report_rows, scaffold_rank
 from labkube.result import RunResult
@@ -280,6 +281,10 @@ class RunEntry:
         return self.ref.scoring == "pass_fail"
 
     @property
+    def gpu_note(self) -> str:
+        return gpu_text(self.row.gpu_utilization, self.row.gpu_memory_peak_bytes)
+
+    @property
     def subtask_note(self) -> str:
         if self.result is None:
             return ""
@@ -300,6 +305,7 @@ class TaskSection:
     runs: list[RunEntry]
     svg: Markup | None = None
     note: str = ""
+    gpu_svg: Markup | None = None  # the runs' GPU utilisation and memory; None when no run had a GPU
 
 
 @dataclass
@@ -401,6 +407,8 @@ def _task_sections(entries: list[RunEntry]) -> list[TaskSection]:
         ref = next((e.ref for e in runs if e.ref.error is None), runs[0].ref)
         section = TaskSection(task, "task-" + html_id(task), ref, aggregate([e.row for e in runs]), runs)
         section.svg, section.note = _task_plot(section)
+        gpu_runs = [(f"{e.row.label} seed {e.row.seed}", e.result.gpu if e.result else None) for e in runs]
+        section.gpu_svg = gpu_plot(gpu_runs, "gpu-" + section.anchor, f"GPU use of {task}")
         sections.append(section)
     return sections
 

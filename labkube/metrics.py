@@ -45,6 +45,17 @@ RUN_METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "1 when ARE's judge passed the Gaia2 run, else 0, per capability.",
         ("capability",),
     ),
+    "labkube_run_gpu_utilization_ratio": (
+        "gauge",
+        "Fraction of NVML's sample period a kernel ran on each of the run's GPUs; absent without a GPU.",
+        ("gpu",),
+    ),
+    "labkube_run_gpu_memory_used_bytes": (
+        "gauge",
+        "Memory in use on each of the run's GPUs (NVML); absent without a GPU.",
+        ("gpu",),
+    ),
+    "labkube_run_gpu_memory_total_bytes": ("gauge", "Memory of each of the run's GPUs (NVML).", ("gpu",)),
 }
 
 CAMPAIGN_METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {

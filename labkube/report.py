@@ -11,6 +11,7 @@ from typing import get_args
 
 from pydantic import BaseModel, Field
 
+from labkube.gpu_report import run_gpu_use
 from labkube.integrity_report import Verdict
 from labkube.result import Outcome
 from labkube.run_spec import DEFAULT_AGENT, AgentName, RunPhase, scaffold_label
@@ -35,12 +36,19 @@ class ReportRow(BaseModel):
     stop_reason: str | None = None
     outcome: str | None = Field(default=None, description="scored, no_value or an error outcome; None until final.")
     score: float | None = None
+    primary_scores: dict[str, float | None] = Field(
+        default_factory=dict, description="The score of each primary group the task tags, by name (RunResult's)."
+    )
     beat_baseline: bool | None = Field(default=None, description="None (unknown) when the run has no value.")
     completion: float | None = Field(default=None, description="None (unknown) when no grading completed.")
     cost_usd: float = 0.0
     tokens_total: int = 0
     wall_seconds: float = 0.0
     gpu_hours: float = Field(default=0.0, description="GPUs the run held times its wall time, as the GPU cap counts.")
+    gpu_utilization: float | None = Field(
+        default=None, description="Mean utilisation of the run's GPUs over the run (NVML); None: no GPU."
+    )
+    gpu_memory_peak_bytes: int | None = Field(default=None, description="Peak memory on the run's GPUs; None: no GPU.")
     steps: int = 0
     resumes: int = Field(default=0, description="Times the run was resumed from its checkpoint so far.")
     integrity_verdict: str | None = None
@@ -76,6 +84,10 @@ class Aggregate(BaseModel):
     mean_score: float | None = Field(description="Mean over the finished runs that have a value.")
     best_score: float | None
     std_score: float | None
+    mean_primary_scores: dict[str, float | None] = Field(
+        default_factory=dict,
+        description="Per primary group the task tags: the mean over the finished runs that have a value for it.",
+    )
     beat_baseline: int = Field(description="Finished runs that beat the baseline (a run with no value does not).")
     mean_completion: float | None
     tokens_total: int = 0
@@ -97,6 +109,11 @@ def report_rows(cdir: CampaignDir) -> list[ReportRow]:
         if spec is None:
             continue
         result = cdir.result(run_id)
+        gpu = run_gpu_use(cdir.run_dir(run_id), result)
+        gpu_fields = {
+            "gpu_utilization": gpu.mean_utilization if gpu else None,
+            "gpu_memory_peak_bytes": gpu.peak_memory_bytes if gpu and gpu.samples else None,
+        }
         if result is not None:
             rows.append(
                 ReportRow(
@@ -110,12 +127,14 @@ def report_rows(cdir: CampaignDir) -> list[ReportRow]:
                     stop_reason=result.stop_reason.value if result.stop_reason else None,
                     outcome=result.outcome.value if result.outcome else None,
                     score=result.score,
+                    primary_scores=result.primary_scores,
                     beat_baseline=result.beat_baseline,
                     completion=result.completion,
                     cost_usd=round(result.spend.usd, 6),
                     tokens_total=result.spend.usage.total,
                     wall_seconds=round(result.spend.wall_seconds, 3),
                     gpu_hours=round(spec.gpus * result.spend.wall_seconds / 3600, 6),
+                    **gpu_fields,
                     steps=result.spend.steps,
                     resumes=result.resumes,
                     integrity_verdict=result.integrity_verdict,
@@ -139,6 +158,7 @@ def report_rows(cdir: CampaignDir) -> list[ReportRow]:
                 tokens_total=status.spend.usage.total if status else 0,
                 wall_seconds=round(status.spend.wall_seconds, 3) if status else 0.0,
                 gpu_hours=round(spec.gpus * status.spend.wall_seconds / 3600, 6) if status else 0.0,
+                **gpu_fields,
                 steps=status.spend.steps if status else 0,
                 resumes=max(status.attempts - 1, 0) if status else 0,
                 message=status.message if status else "",
@@ -175,6 +195,7 @@ def aggregate(rows: list[ReportRow]) -> list[Aggregate]:
                 mean_score=statistics.fmean(scores) if scores else None,
                 best_score=max(scores) if scores else None,
                 std_score=statistics.stdev(scores) if len(scores) > 1 else (0.0 if scores else None),
+                mean_primary_scores=mean_by_group(finished),
                 beat_baseline=sum(r.beat_baseline is True for r in finished),
                 mean_completion=statistics.fmean(completions) if completions else None,
                 tokens_total=sum(r.tokens_total for r in group),
@@ -186,3 +207,10 @@ def aggregate(rows: list[ReportRow]) -> list[Aggregate]:
             )
         )
     return out
+
+
+def mean_by_group(rows: list[ReportRow]) -> dict[str, float | None]:
+    """Each primary group's mean score over `rows`; None for a group no run has a value for."""
+    groups = dict.fromkeys(name for r in rows for name in r.primary_scores)
+    values = {g: [v for r in rows if (v := r.primary_scores.get(g)) is not None] for g in groups}
+    return {g: statistics.fmean(v) if v else None for g, v in values.items()}

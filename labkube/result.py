@@ -70,6 +70,9 @@ class Grade(BaseModel):
     note: str | None = Field(default=None, description="Why a clean grading left the headline subtask without a value.")
 
 
+GPU_USE_FILE = "gpu.json"  # a run's `GpuUse` while it runs, kept up to date by the agent's GPU meter
+
+
 class GpuPoint(BaseModel):
     """One sample of the run's GPUs: utilisation averaged over them, memory summed."""
 
@@ -113,6 +116,11 @@ class RunResult(BaseModel):
         "printed; an integrity audit that could not run.",
     )
     score: float | None = None
+    primary_scores: dict[str, float | None] = Field(
+        default_factory=dict,
+        description="The score of each primary group the task tags (cross-modal retrieval: `Flickr`, `person "
+        "Re-ID`), as `score` is the primary subtask's; None where the grading gave the group no value.",
+    )
     beat_baseline: bool | None = Field(default=None, description="None when the headline subtask has no value.")
     completion: float | None = Field(
         default=None, description="Fraction of subtasks with a valid number; None when no grading completed."

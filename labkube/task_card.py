@@ -47,6 +47,12 @@ class Subtask(BaseModel):
     baseline_method: str | None = Field(default=None, description="The listed method whose value is the baseline.")
     sota: float | None = Field(default=None, description="Paper's value; never shown to the agent.")
     primary: bool = False
+    primary_group: str | None = Field(
+        default=None,
+        description="The group of subtasks a `[Primary sub-task]` mark of task_description.md names (the name it "
+        "matched: `Flickr`, `ReID`) when this subtask heads it; a run reports a score per group. One subtask per "
+        "name; labkube.yaml may set it to attach a mark that names no table, section or column.",
+    )
     json_key: str | None = Field(
         default=None,
         description="Dotted path of this subtask's value in the grader's JSON summary, e.g. `tables.0.acc`.",
@@ -218,3 +224,8 @@ class TaskCard(BaseModel):
     @property
     def primary(self) -> Subtask | None:
         return next((s for s in self.subtasks if s.primary), self.subtasks[0] if self.subtasks else None)
+
+    @property
+    def primary_groups(self) -> dict[str, Subtask]:
+        """Each primary group the task tags, by name, with the subtask that heads it (its score is the group's)."""
+        return {s.primary_group: s for s in self.subtasks if s.primary_group}

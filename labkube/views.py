@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
+from labkube.gpu_report import gpu_text
 from labkube.report import Aggregate, ReportRow
 
 PHASE_STYLE = {
@@ -66,6 +67,7 @@ def status_table(rows: list[ReportRow], title: str) -> Table:
         ("tokens", "right"),
         ("$", "right"),
         ("elapsed", "right"),
+        ("GPU", "left"),
         ("integrity", "left"),
         ("message", "left"),
     ]:
@@ -79,6 +81,7 @@ def status_table(rows: list[ReportRow], title: str) -> Table:
             f"{r.tokens_total:,}",
             f"{r.cost_usd:.2f}",
             fmt_seconds(r.wall_seconds),
+            gpu_text(r.gpu_utilization, r.gpu_memory_peak_bytes),
             r.integrity_verdict or "—",
             Text(message_cell(r.message), style="yellow" if r.status not in ("Finished", "Failed") else "red"),
         )
@@ -91,8 +94,17 @@ def message_cell(message: str, limit: int = 240) -> str:
     return message if len(message) <= limit else f"{message[: limit // 3]} … {message[-(2 * limit) // 3 :]}"
 
 
+def primary_scores_cell(r: ReportRow) -> str:
+    """Each primary group's score, one a line (`Flickr 0.512`, `person Re-ID —`); empty for a task that tags one
+    group or none."""
+    if len(r.primary_scores) < 2:
+        return ""
+    return "\n".join(f"{name} {fmt_score(None if r.is_error else v)}" for name, v in r.primary_scores.items())
+
+
 def report_table(rows: list[ReportRow], title: str) -> Table:
     table = Table(title=title, title_justify="left")
+    by_group = any(len(r.primary_scores) > 1 for r in rows)  # a task that tags several primary groups
     for col, justify in [
         ("task", "left"),
         ("model", "left"),
@@ -100,15 +112,17 @@ def report_table(rows: list[ReportRow], title: str) -> Table:
         ("seed", "right"),
         ("status", "left"),
         ("score", "right"),
+        *([("primary groups", "left")] if by_group else []),
         ("beat baseline", "center"),
         ("completion", "right"),
         ("tokens", "right"),
         ("$", "right"),
         ("wall", "right"),
+        ("GPU", "left"),
         ("integrity", "left"),
         ("message", "left"),
     ]:
-        table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
+        table.add_column(col, justify=justify, overflow="fold", no_wrap=col == "primary groups")  # type: ignore[arg-type]
     for r in rows:
         table.add_row(
             r.task,
@@ -117,11 +131,13 @@ def report_table(rows: list[ReportRow], title: str) -> Table:
             str(r.seed),
             run_phase(r),
             run_score_cell(r),
+            *([primary_scores_cell(r)] if by_group else []),
             fmt_beat(r.beat_baseline),
             fmt_fraction(r.completion),
             f"{r.tokens_total:,}",
             f"{r.cost_usd:.2f}",
             fmt_seconds(r.wall_seconds),
+            gpu_text(r.gpu_utilization, r.gpu_memory_peak_bytes),
             r.integrity_verdict or "—",
             Text(message_cell(r.message), style="red" if r.is_error else ""),
         )

@@ -59,6 +59,11 @@ def method_of(row: list[str]) -> str:
     return row[0].strip().strip("*").strip().lower()
 
 
+def compact(text: str) -> str:
+    """Lower-case letters and digits only, to compare names written differently (`Re-ID`, `ReID`)."""
+    return re.sub(r"[^a-z0-9]", "", text.lower())
+
+
 def normalize_header(text: str) -> str:
     return re.sub(r"\s+", " ", text.replace("*", "")).strip().lower()
 

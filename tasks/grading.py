@@ -22,7 +22,7 @@ from pathlib import Path
 from labkube.result import SubtaskScore
 from labkube.task_card import Subtask, TaskCard
 from labkube.tasks._markdown import YOUR_METHOD, cell_numbers, first_number, parse_tables
-from labkube.tasks.scoring import score_subtask
+from labkube.tasks.scoring import headline, score_subtask
 from labkube.tasks.workspace import matches
 
 
@@ -198,7 +198,7 @@ def grade_workspace(card: TaskCard, workspace: Path, scratch: Path, log_file: Pa
     score = None
     if primary is not None:
         p = next(x for x in scores if x.id == primary.id)
-        score = p.fraction_of_sota if p.fraction_of_sota is not None else p.raw
+        score = headline(p)
     return GradeOutcome(scores, score, error, None if error else no_value_note(card, scores, printed))
 
 

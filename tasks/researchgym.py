@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import copy
 import difflib
+import json
 import re
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from labkube.tasks._markdown import (
     Table,
     caption_words,
     cell_numbers,
+    compact,
     conventional_direction,
     header_metrics,
     named_metric,
@@ -43,6 +45,7 @@ from labkube.tasks._markdown import (
     parse_tables,
     plain,
 )
+from labkube.tasks._primary import PrimaryTag, infer_primary, settle_primary_groups, unattached
 
 OVERLAY_ENV = "LABKUBE_TASK_OVERLAY"  # the CLI's default `--overlay`: a labkube.yaml, or a directory of them
 ASSUMED = "assumed"  # `direction_inferred` when nothing in the task says which way is better
@@ -215,6 +218,7 @@ class Inference:
     subtasks: list[Subtask]
     problems: list[str]  # tables that give nothing to score
     primary_reason: str  # why the primary subtask is the one it is
+    unattached: list[PrimaryTag] = field(default_factory=list)  # primary marks that name no subtask
 
 
 def id_part(text: str) -> str:
@@ -223,15 +227,11 @@ def id_part(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", text.replace("@", "_at_")).strip("_")
 
 
-def _compact(text: str) -> str:
-    return re.sub(r"[^a-z0-9]", "", text.lower())
-
-
 def subtask_id(parts: list[str], taken: set[str], fallback: str) -> str:
     """The id of label, section, column and row metric, leaving out a part the later ones already say
     (`ImageNet-R` before `ImageNet-R (N = 5) Acc`)."""
     slugs = [s for s in (id_part(p) for p in parts) if s]
-    kept = [s for i, s in enumerate(slugs) if _compact(s) not in _compact("".join(slugs[i + 1 :]))]
+    kept = [s for i, s in enumerate(slugs) if compact(s) not in compact("".join(slugs[i + 1 :]))]
     sid = "_".join(kept) or fallback
     if sid in taken:
         sid = next(f"{sid}_{n}" for n in range(2, 10_000) if f"{sid}_{n}" not in taken)
@@ -362,60 +362,6 @@ def table_subtasks(table: Table, known: dict[str, str], taken: set[str]) -> list
     return subtasks
 
 
-_PRIMARY_MARK = re.compile(r"\[\s*primary[^\]]*\]", re.IGNORECASE)
-_BULLET_LEAD = re.compile(r"^[\s*\-•]*(?:\*\*)?([^:*]{2,60}?)(?:\*\*)?\s*:")
-
-
-def _names_before(text: str) -> list[str]:
-    """The names just before a marker: back to the last `:`, `,` or `;` outside parentheses, split into
-    the text outside parentheses and the items inside (`named entity recognition (MatScholar, SOFC)`)."""
-    depth, start = 0, 0
-    for i in range(len(text) - 1, -1, -1):
-        ch = text[i]
-        if ch == ")":
-            depth += 1
-        elif ch == "(":
-            if depth == 0:
-                start = i + 1
-                break
-            depth -= 1
-        elif ch in ":,;" and depth == 0:
-            start = i + 1
-            break
-    phrase = text[start:]
-    inside = re.findall(r"\(([^)]*)\)", phrase)
-    outside = re.sub(r"\([^)]*\)", " ", phrase)
-    names = [*re.split(r"\s+and\s+", outside), *(p for group in inside for p in re.split(r",|\s+and\s+", group))]
-    return [plain(n).strip(" .") for n in names if plain(n).strip(" .")]
-
-
-def primary_candidates(description: str) -> list[str]:
-    """What ResearchGym marks `[Primary sub-task]` in the settings (a dataset or benchmark name)."""
-    names: list[str] = []
-    for line in description.splitlines():
-        marks = list(_PRIMARY_MARK.finditer(line))
-        for mark in marks:
-            names.extend(_names_before(line[: mark.start()]))
-        lead = _BULLET_LEAD.match(line) if marks else None
-        if lead:
-            names.extend(n for n in _names_before(lead.group(1)) if n not in names)
-    return names
-
-
-def infer_primary(subtasks: list[tuple[Subtask, str]], description: str) -> tuple[str | None, str]:
-    """(id, why) of the first subtask, in table order, whose column or section names what the settings mark
-    `[Primary sub-task]`; else the first subtask."""
-    names = [n for n in primary_candidates(description) if len(_compact(n)) >= 3]
-    for subtask, section in subtasks:
-        where = _compact(f"{subtask.column or ''} {section}")
-        name = next((n for n in names if _compact(n) in where), None)
-        if name is not None:
-            return subtask.id, f"task_description.md marks {name!r} [Primary sub-task]"
-    if subtasks:
-        return subtasks[0][0].id, "the first column of the first table (task_description.md marks no primary sub-task)"
-    return None, ""
-
-
 def infer_tables(tables: list[Table], description: str = "") -> Inference:
     known = arrow_metrics(tables)
     results = [t for t in tables if t.method_rows(YOUR_METHOD)]
@@ -429,9 +375,13 @@ def infer_tables(tables: list[Table], description: str = "") -> Inference:
         problems.append("task_description.md has no markdown table: no baselines to beat")
     elif not with_sections:
         problems.append("no baseline table has a `Your Method` row: nothing to score")
-    primary, reason = infer_primary(with_sections, description)
-    subtasks = [s.model_copy(update={"primary": s.id == primary}) for s, _ in with_sections]
-    return Inference(subtasks, problems, reason)
+    inferred = infer_primary(with_sections, description, {t.index: t.label for t in tables})
+    heads = {sid: name for name, sid in inferred.groups.items()}
+    subtasks = [
+        s.model_copy(update={"primary": s.id == inferred.primary, "primary_group": heads.get(s.id)})
+        for s, _ in with_sections
+    ]
+    return Inference(subtasks, problems, inferred.reason, inferred.unattached)
 
 
 def infer_subtasks(tables: list[Table], description: str = "") -> tuple[list[Subtask], list[str]]:
@@ -573,6 +523,60 @@ def gap_warnings(
     return warnings
 
 
+def primary_tag_warnings(tags: list[PrimaryTag]) -> list[str]:
+    """A `[Primary sub-task]` mark that names no table, section or column: its group has no score."""
+    warnings = []
+    for tag in tags:
+        names = tag.names or tag.lead
+        what = _names(names) if names else "nothing before it"
+        fix = _fix("<id>", primary_group=json.dumps(names[0] if names else "<name>"))
+        warnings.append(
+            f"task_description.md line {tag.line} marks {what} [Primary sub-task], but no table, section or column "
+            f"names it: no score is reported for it; to report one, add to labkube.yaml {fix}"
+        )
+    return warnings
+
+
+# What says a task trains on a GPU: words of the description or install.sh, and CUDA builds in requirements.txt.
+_GPU_WORDS = re.compile(r"\b(?:CUDA|cuDNN|GPUs?|NCCL)\b|\.cuda\(|device\s*=\s*['\"]cuda", re.IGNORECASE)
+_GPU_REQUIREMENT = re.compile(r"\+cu\d{2,3}\b|/whl/cu\d{2,3}\b|cuda|^nvidia-|-gpu\b|\[gpu\]", re.IGNORECASE)
+_NO_GPU = re.compile(r"\b(?:no|without|not need\w*|not require\w*)\s+(?:a\s+)?GPU|\bCPU[- ]only\b", re.IGNORECASE)
+
+
+def gpu_mentions(task_dir: Path, description: str) -> list[tuple[str, int, str]]:
+    """(file, line, text) of each line that says the task trains on a GPU."""
+    found = []
+    sources = [("task_description.md", description, _GPU_WORDS), ("install.sh", None, _GPU_WORDS)]
+    sources.append(("requirements.txt", None, _GPU_REQUIREMENT))
+    for name, text, pattern in sources:
+        if text is None:
+            try:
+                text = (task_dir / name).read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                continue
+        for number, line in enumerate(text.splitlines(), start=1):
+            code = line.split("#", 1)[0] if name != "task_description.md" else line
+            if pattern.search(code) and not _NO_GPU.search(line):
+                found.append((name, number, line.strip()))
+    return found
+
+
+def gpu_warnings(task_dir: Path, description: str, resources: Resources) -> list[str]:
+    """A task that trains on a GPU by its own files, but whose card gives its runs none."""
+    if resources.gpus:
+        return []
+    mentions = gpu_mentions(task_dir, description)
+    if not mentions:
+        return []
+    name, line, text = mentions[0]
+    shown = text if len(text) <= 80 else text[:77] + "..."
+    more = f" (and {len(mentions) - 1} more lines)" if len(mentions) > 1 else ""
+    return [
+        f"{name} line {line} says the task uses a GPU (`{shown}`){more}, but the card gives its runs none "
+        "(resources.gpus: 0): add to labkube.yaml `resources: {gpus: 1}`"
+    ]
+
+
 # -- the task card ---------------------------------------------------------------------------------------------
 
 
@@ -637,7 +641,10 @@ def load_researchgym(
         if over is None or isinstance(exc, OverlayError):
             raise
         raise OverlayError(str(exc)) from None
+    subtasks = settle_primary_groups(subtasks, extra)
     warnings.extend(gap_warnings(subtasks, tables, inference.primary_reason, primary_given))
+    warnings.extend(primary_tag_warnings(unattached(inference.unattached, subtasks)))
+    warnings.extend(gpu_warnings(task_dir, description, extra.resources if extra else Resources()))
     if not (task_dir / "grading" / "grade.sh").exists():
         warnings.append("no grading/grade.sh: runs cannot be graded")
     blocked, blocked_warnings = read_blocked_urls(task_dir)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from labkube.result import SubtaskScore
-from labkube.task_card import Direction, Subtask
+from labkube.task_card import Direction, Subtask, TaskCard
 
 
 def fraction_of_sota(raw: float, subtask: Subtask) -> float | None:
@@ -44,3 +44,15 @@ def score_subtask(raw: float | None, subtask: Subtask) -> SubtaskScore:
         gap_closed=gap_closed(raw, subtask),
         beat_baseline=beats(raw, subtask),
     )
+
+
+def headline(score: SubtaskScore) -> float | None:
+    """What a subtask's score is as a run's number: its fraction of SOTA where SOTA is known, else its raw value."""
+    return score.fraction_of_sota if score.fraction_of_sota is not None else score.raw
+
+
+def primary_scores(card: TaskCard, scores: list[SubtaskScore]) -> dict[str, float | None]:
+    """The score of each primary group the task tags (`TaskCard.primary_groups`), by name; None when the grading
+    gave its subtask no value."""
+    by_id = {s.id: s for s in scores}
+    return {name: headline(by_id[s.id]) if s.id in by_id else None for name, s in card.primary_groups.items()}
