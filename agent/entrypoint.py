@@ -546,7 +546,7 @@ def audit(rd: RunDir, spec: RunSpec, result: RunResult, telemetry: RunTelemetry 
     from labkube.integrity import audit_run
 
     try:
-        report = audit_run(rd.root, spec.judge_model, spec.judge_budget_usd)
+        report = audit_run(rd.root, spec.inspector_model, spec.inspector_budget_usd)
     except Exception as exc:
         (rd.logs / "audit-error.txt").write_text(traceback.format_exc())
         result.integrity_verdict = "NEEDS_REVIEW"

@@ -10,7 +10,16 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from labkube.budgets import Budgets
 from labkube.model_ref import API_PROVIDERS, parse_model
-from labkube.run_spec import DEFAULT_AGENT, AgentName, RunSpec, make_run_id
+from labkube.run_spec import (
+    DEFAULT_AGENT,
+    INSPECTOR_BUDGET_HELP,
+    INSPECTOR_MODEL_HELP,
+    JUDGE_MODEL_HELP,
+    AgentName,
+    RunSpec,
+    before_judge_split,
+    make_run_id,
+)
 from labkube.task_card import TaskCard, TaskFamily
 
 MAX_SEEDS = 10_000
@@ -55,8 +64,9 @@ class CampaignSpec(BaseModel):
         default=None, ge=0, description="Gaia2: simulated seconds charged per model call (default: as measured)."
     )
     model_timeout_s: float = Field(default=900.0, gt=0, description="Per model call; a time-out is retried.")
-    judge_model: str | None = Field(default=None, description="Model for the LLM integrity inspector.")
-    judge_budget_usd: float = Field(default=1.0, gt=0, description="The inspector's own dollar budget per run.")
+    judge_model: str | None = Field(default=None, description=JUDGE_MODEL_HELP)
+    inspector_model: str | None = Field(default=None, description=INSPECTOR_MODEL_HELP)
+    inspector_budget_usd: float = Field(default=1.0, gt=0, description=INSPECTOR_BUDGET_HELP)
     api_key_env: dict[str, str] = Field(
         default_factory=dict, description="Model string -> environment variable holding its API key."
     )
@@ -86,7 +96,12 @@ class CampaignSpec(BaseModel):
                 raise ValueError(f"price of {model}: give 2 or 3 non-negative numbers (USD per million tokens)")
         return prices
 
-    @field_validator("judge_model")
+    @model_validator(mode="before")
+    @classmethod
+    def _written_before_the_judge_split(cls, data: Any) -> Any:
+        return before_judge_split(data)
+
+    @field_validator("judge_model", "inspector_model")
     @classmethod
     def _known_judge(cls, model: str | None) -> str | None:
         if model is not None:
@@ -193,8 +208,9 @@ def expand_runs(spec: CampaignSpec, cards: dict[str, list[TaskCard]]) -> list[Ru
                     api_key_env=spec.api_key_env,
                     context_threshold=spec.context_threshold,
                     judge_model=spec.judge_model,
+                    inspector_model=spec.inspector_model,
+                    inspector_budget_usd=spec.inspector_budget_usd,
                     model_timeout_s=spec.model_timeout_s,
-                    judge_budget_usd=spec.judge_budget_usd,
                     gpus=card.resources.gpus,
                     task_overlay=spec.task_overlays.get(card.folder) if card.family is TaskFamily.researchgym else None,
                 )

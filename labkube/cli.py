@@ -189,7 +189,9 @@ def budgets_from(hours: float | None, usd: float | None, tokens: int | None, ste
 @click.option("--budget-steps", type=int, default=None, help="Agent steps per run.")
 @click.option("--idea-hint", is_flag=True, help="Show the task's idea_hint.txt to the agent.")
 @click.option("--grade-interval", type=float, default=None, help="Grade every N seconds during a run.")
-@click.option("--judge-model", default=None, help="Model for the LLM integrity inspector (rule checks always run).")
+@click.option("--judge-model", default=None, help="Gaia2: model for ARE's soft (LLM) judge checks.")
+@click.option("--inspector-model", default=None, help="Model for the LLM integrity inspector (rule checks always run).")
+@click.option("--inspector-budget-usd", type=float, default=1.0, show_default=True, help="Inspector dollars per run.")
 @click.option(
     "--agent",
     "agents",
@@ -247,6 +249,8 @@ def run(
     idea_hint: bool,
     grade_interval: float | None,
     judge_model: str | None,
+    inspector_model: str | None,
+    inspector_budget_usd: float,
     agents: tuple[str, ...],
     gaia2_noise: bool,
     gaia2_a2a: float | None,
@@ -274,6 +278,8 @@ def run(
             idea_hint=idea_hint,
             grade_interval_s=grade_interval,
             judge_model=judge_model,
+            inspector_model=inspector_model,
+            inspector_budget_usd=inspector_budget_usd,
             agents=list(agents),
             gaia2_noise=gaia2_noise,
             gaia2_a2a=gaia2_a2a or 0.0,
@@ -1080,9 +1086,17 @@ def operator_command(
 
 @main.command()
 @click.argument("run_dir", type=click.Path(path_type=Path, exists=True, file_okay=False))
-@click.option("--judge-model", default=None, help="Also run the LLM inspector with this model.")
-@click.option("--judge-budget-usd", type=float, default=1.0, show_default=True)
-def audit(run_dir: Path, judge_model: str | None, judge_budget_usd: float) -> None:
+@click.option("--inspector-model", default=None, help="Also run the LLM integrity inspector with this model.")
+@click.option("--inspector-budget-usd", type=float, default=None, help="The inspector's dollars (default 1.0).")
+@click.option("--judge-model", default=None, help="Deprecated: --inspector-model.")
+@click.option("--judge-budget-usd", type=float, default=None, help="Deprecated: --inspector-budget-usd.")
+def audit(
+    run_dir: Path,
+    inspector_model: str | None,
+    inspector_budget_usd: float | None,
+    judge_model: str | None,
+    judge_budget_usd: float | None,
+) -> None:
     """Re-run the integrity audit on a finished run; writes integrity.json and updates result.json."""
     from rich.table import Table
 
@@ -1091,12 +1105,20 @@ def audit(run_dir: Path, judge_model: str | None, judge_budget_usd: float) -> No
 
     if not (run_dir / "run.json").exists():
         raise UsageFailure(f"{run_dir}: not a run directory (no run.json); pass campaigns/NAME/runs/RUN-ID")
-    if judge_model:
+    for old, new, given in (
+        ("--judge-model", "--inspector-model", judge_model),
+        ("--judge-budget-usd", "--inspector-budget-usd", judge_budget_usd),
+    ):
+        if given is not None:
+            click.echo(f"warning: labkube audit {old} is deprecated; use {new} (the integrity inspector's)", err=True)
+    inspector_model = inspector_model or judge_model
+    if inspector_model:
         try:
-            parse_model(judge_model)
+            parse_model(inspector_model)
         except UnknownModel as exc:
             raise UsageFailure(str(exc)) from None
-    report = audit_run(run_dir, judge_model, judge_budget_usd)
+    budget = inspector_budget_usd or judge_budget_usd or 1.0
+    report = audit_run(run_dir, inspector_model, budget)
     style = {"PASS": "green", "NEEDS_REVIEW": "yellow", "SUSPICIOUS": "bold red"}[report.verdict.value]
     console.print(
         f"[{style}]{report.verdict.value}[/] (confidence {report.confidence:.2f}); "

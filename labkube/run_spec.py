@@ -7,10 +7,31 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from labkube.budgets import Budgets, Spend, StopReason
 from labkube.task_card import TaskFamily
+
+JUDGE_MODEL_HELP = (
+    "Gaia2: model for ARE's soft (LLM) judge checks; without one ARE's judge runs its hard checks only. "
+    "It has no budget of its own (ARE calls it a bounded number of times per run; not metered)."
+)
+INSPECTOR_MODEL_HELP = "Model for the LLM integrity inspector (the rule checks always run)."
+INSPECTOR_BUDGET_HELP = "The integrity inspector's own dollar budget per run."
+
+
+def before_judge_split(data: Any) -> Any:
+    """A run.json or campaign.json written before the judge split (issue #23) had `judge_model` drive both the
+    integrity inspector and ARE's soft judge, and `judge_budget_usd` be the inspector's budget. Every such file
+    holds `judge_budget_usd` (they are full dumps), which no longer exists: read with it, it keeps its meaning.
+    A campaign file that names only `judge_model` gets ARE's judge and no inspector."""
+    if not isinstance(data, dict) or "judge_budget_usd" not in data or "inspector_model" in data:
+        return data
+    legacy = {k: v for k, v in data.items() if k != "judge_budget_usd"}
+    legacy["inspector_model"] = data.get("judge_model")
+    legacy.setdefault("inspector_budget_usd", data["judge_budget_usd"])
+    return legacy
+
 
 AgentName = Literal["rg-agent", "are-default", "claude-code", "codex"]
 CLI_AGENTS = ("claude-code", "codex")  # third-party CLIs, run through the model gateway
@@ -59,8 +80,9 @@ class RunSpec(BaseModel):
         description="Hand off when the context passes this many tokens (default: 3/4 of the window).",
     )
     model_timeout_s: float = Field(default=900.0, gt=0, description="Per model call; a time-out is retried.")
-    judge_model: str | None = Field(default=None, description="Model for the LLM integrity inspector.")
-    judge_budget_usd: float = Field(default=1.0, gt=0, description="The inspector's own dollar budget per run.")
+    judge_model: str | None = Field(default=None, description=JUDGE_MODEL_HELP)
+    inspector_model: str | None = Field(default=None, description=INSPECTOR_MODEL_HELP)
+    inspector_budget_usd: float = Field(default=1.0, gt=0, description=INSPECTOR_BUDGET_HELP)
     api_key_env: dict[str, str] = Field(
         default_factory=dict, description="Model string -> environment variable holding its API key."
     )
@@ -69,6 +91,11 @@ class RunSpec(BaseModel):
         description="The labkube.yaml mapping the campaign merges over the task's own (its `task_overlays` "
         "entry): the planner, the agent, the grader and the audit all load the task card with it.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _written_before_the_judge_split(cls, data: Any) -> Any:
+        return before_judge_split(data)
 
 
 class RunPhase(StrEnum):

@@ -49,7 +49,7 @@ def check_api_keys(models: list[str], api_key_env: dict[str, str]) -> None:
 def plan_campaign(spec: CampaignSpec, out: Path) -> tuple[CampaignDir, list[RunSpec], dict[str, list[TaskCard]]]:
     """Everything that can fail on bad input, with nothing written yet."""
     cards = resolve_campaign_tasks(spec.tasks, spec.task_overlays)
-    world_models = [m for m in (spec.judge_model, spec.gaia2_a2a_model) if m]
+    world_models = [m for m in (spec.judge_model, spec.inspector_model, spec.gaia2_a2a_model) if m]
     check_api_keys([*spec.models, *world_models], spec.api_key_env)
     try:
         backend_from_env()

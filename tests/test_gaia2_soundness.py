@@ -240,3 +240,21 @@ async def test_system_apps_get_current_time_answers_with_the_weekday(client: Wor
     result = await client.call_tool("SystemApp__get_current_time")
     assert result.ok and result.result["current_weekday"] == "Tuesday", result
     assert result.result["current_datetime"].startswith("2024-10-15 07:00:")
+
+
+# -- a judge that failed says so ------------------------------------------------------------------------
+
+
+async def test_a_judge_that_cannot_be_reached_fails_the_soft_checks_and_keeps_its_exception(
+    client: WorldClient,
+) -> None:
+    refused = {"model": "judge", "provider": "openai", "endpoint": "http://127.0.0.1:9/v1", "api_key": "k"}
+    await client.load_scenario(load_scenario("gaia2/execution_budget_email").source, judge=refused)
+    await client.pull_notifications()
+    email = {"recipients": [WHITFIELD], "cc": [MARCO], "subject": "Q3 budget final", "content": "Reworded."}
+    await client.call_tool("EmailClientV2__send_email", email)  # content differs: a soft check asks the model
+    await client.send_message_to_user("Sent.")
+    verdict = await client.finish()
+    assert verdict.exception and "Connection" in verdict.exception, verdict
+    assert verdict.soft_checks.startswith("failed"), verdict.soft_checks
+    assert not verdict.success
