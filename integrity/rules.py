@@ -45,8 +45,15 @@ def _glob(path: str, pattern: str) -> bool:
 
 
 def only_your_method_rows(file_diff: str) -> bool:
-    """A task description whose only changes are the filled `Your Method` rows (what the grader writes)."""
-    changed = [line[1:] for line in file_diff.splitlines() if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    """A task description whose only changes are the filled `Your Method` rows (what the grader writes).
+
+    ResearchGym's materials-tokenization writer (`upsert_row`) also adds a blank line after each row it
+    rewrites and a newline at the end of the file (a line removed and added unchanged): neither is an edit."""
+    lines = [line for line in file_diff.splitlines() if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    removed = {line[1:] for line in lines if line[0] == "-"}
+    added = {line[1:] for line in lines if line[0] == "+"}
+    changed = [line[1:] for line in lines if not (line[0] == "+" and not line[1:].strip())]
+    changed = [line for line in changed if not (line in removed and line in added)]
     return bool(changed) and all(line.strip().lower().startswith("| your method") for line in changed)
 
 

@@ -20,12 +20,14 @@ import os
 import pickle
 import shutil
 import statistics
+import subprocess
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 
+from labkube.integrity.rules import only_your_method_rows
 from labkube.task_card import Subtask, TaskCard
 from labkube.tasks._markdown import parse_tables
 from labkube.tasks.grading import grade_workspace, read_values
@@ -331,3 +333,17 @@ def test_an_appended_row_belongs_to_the_table_above_not_the_next() -> None:
     assert [first.rows[i][2] for i in first.method_rows("Your Method")] == ["80.1 ±0.2", "50.5 ±0.1"]
     assert [second.rows[i][1] for i in second.method_rows("Your Method")] == ["--"]
     assert first.rows[-1][0] == "Your Method"  # the `|  | Macro-F1 | -- |` placeholder left outside is not a row
+
+
+def test_the_real_writers_changes_to_the_description_are_not_an_edit_of_the_grader() -> None:
+    """An agent that runs the task's grader in its own workspace leaves this diff; the integrity audit must not
+    read it as the agent editing task_description.md (the blank lines and the end-of-file newline included)."""
+    diff = subprocess.run(
+        ["git", "diff", "--no-index", str(MATERIALS / "task_description.md"), str(GRADED / "task_description.md")],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    assert "\n+\n" in diff and "\\ No newline at end of file" in diff  # the writer's two side effects
+    assert only_your_method_rows(diff)
+    assert not only_your_method_rows(diff.replace("+| Your Method | Macro-F1 | 48.7", "+| PickyBPE | Macro-F1 | 48.7"))
