@@ -57,6 +57,13 @@ def fmt_seconds(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
+def keep_whole(table: Table, header: str) -> None:
+    """A short cell that reads wrong when wrapped (`25% · 7.0 GiB`): other columns fold first."""
+    for column in table.columns:
+        if column.header == header:
+            column.no_wrap = True
+
+
 def status_table(rows: list[ReportRow], title: str) -> Table:
     table = Table(title=title, title_justify="left", expand=False)
     for col, justify in [
@@ -72,6 +79,7 @@ def status_table(rows: list[ReportRow], title: str) -> Table:
         ("message", "left"),
     ]:
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    keep_whole(table, "GPU")
     for r in rows:
         table.add_row(
             r.run_id,
@@ -123,6 +131,7 @@ def report_table(rows: list[ReportRow], title: str) -> Table:
         ("message", "left"),
     ]:
         table.add_column(col, justify=justify, overflow="fold", no_wrap=col == "primary groups")  # type: ignore[arg-type]
+    keep_whole(table, "GPU")
     for r in rows:
         table.add_row(
             r.task,
