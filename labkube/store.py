@@ -16,12 +16,16 @@ reader never sees half a file and a crash never leaves one.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import socket
 import tempfile
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import IO, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -34,6 +38,14 @@ M = TypeVar("M", bound=BaseModel)
 
 class StoreError(RuntimeError):
     pass
+
+
+class CampaignLocked(StoreError):
+    """Another process is writing the campaign directory."""
+
+
+LOCK_FILE = ".campaign.lock"
+_held: dict[Path, IO[str]] = {}  # campaign directories this process holds the lock of
 
 
 def write_json_atomic(path: Path, data: object) -> None:
@@ -91,10 +103,41 @@ class CampaignDir:
         except (KeyError, ValueError, ValidationError) as exc:
             raise StoreError(f"{self.campaign_json}: unreadable ({type(exc).__name__})") from None
 
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold the directory for one writer (`labkube run`) until the block ends or the process dies (an flock, which
+        the kernel releases with the process); raise `CampaignLocked`, naming the holder, when another process holds
+        it. Re-entrant within a process."""
+        if self.root in _held:
+            yield
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        fh = (self.root / LOCK_FILE).open("a+")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "a process that has not yet written its pid"
+            fh.close()
+            raise CampaignLocked(
+                f"{self.root} is being written by another labkube run ({holder}): wait for it to end, "
+                "or choose another --out"
+            ) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()} on {socket.gethostname()}, since {utcnow().isoformat(timespec='seconds')}\n")
+        fh.flush()
+        _held[self.root] = fh
+        try:
+            yield
+        finally:
+            del _held[self.root]
+            fh.close()  # releases the lock; the file stays (removing it would race with a waiting locker)
+
     def check_compatible(self, spec: CampaignSpec) -> None:
         """Refuse to mix two different campaigns in one directory."""
         if not self.exists():
-            if self.root.exists() and any(self.root.iterdir()):
+            if self.root.exists() and any(p.name != LOCK_FILE for p in self.root.iterdir()):
                 raise StoreError(f"{self.root} exists and is not a campaign directory: choose another --out")
             return
         existing = self.load_spec()

@@ -92,44 +92,46 @@ def launch(
     the campaign runs.
     """
     cdir, runs, _ = plan_campaign(spec, out)
-    todo = pending_runs(cdir, runs)
-    done_ids = frozenset(r.run_id for r in runs) - {r.run_id for r in todo}
-    cdir.write_campaign(spec, runs, keep=done_ids)
-    if on_start is not None:
-        on_start(cdir, runs, todo)
-    if not todo:
-        return [r for r in (cdir.result(x.run_id) for x in runs) if r is not None]
+    with cdir.lock():  # one writer per campaign directory: no run is driven (and graded) twice
+        cdir.check_compatible(spec)  # another writer may have written it while we planned
+        todo = pending_runs(cdir, runs)
+        done_ids = frozenset(r.run_id for r in runs) - {r.run_id for r in todo}
+        cdir.write_campaign(spec, runs, keep=done_ids)
+        if on_start is not None:
+            on_start(cdir, runs, todo)
+        if not todo:
+            return [r for r in (cdir.result(x.run_id) for x in runs) if r is not None]
 
-    metrics = CampaignMetrics(cdir, spec, runs, metrics_port) if metrics_port is not None else None
+        metrics = CampaignMetrics(cdir, spec, runs, metrics_port) if metrics_port is not None else None
 
-    def tick() -> None:
-        if metrics is not None:
-            metrics.tick()
-        if on_tick is not None:
-            on_tick()
+        def tick() -> None:
+            if metrics is not None:
+                metrics.tick()
+            if on_tick is not None:
+                on_tick()
 
-    ctx = ray_ctx or connect(ray_address, spec.concurrency, num_gpus=_local_gpus())
-    try:
-        asyncio.run(
-            drive(
-                todo,
-                cdir.root,
-                ctx,
-                spec.concurrency,
-                on_result,
-                tick,
-                env=run_env(metrics.env if metrics else None),
-                on_waiting=metrics.telemetry.waiting_for_gpus if metrics else None,
-                gpu_hours_cap=spec.gpu_hours_cap,
+        ctx = ray_ctx or connect(ray_address, spec.concurrency, num_gpus=_local_gpus())
+        try:
+            asyncio.run(
+                drive(
+                    todo,
+                    cdir.root,
+                    ctx,
+                    spec.concurrency,
+                    on_result,
+                    tick,
+                    env=run_env(metrics.env if metrics else None),
+                    on_waiting=metrics.telemetry.waiting_for_gpus if metrics else None,
+                    gpu_hours_cap=spec.gpu_hours_cap,
+                )
             )
-        )
-    finally:
-        if ray_ctx is None:
-            shutdown(ctx)
-        if metrics is not None:
-            metrics.tick()
-            metrics.close()
-    return [r for r in (cdir.result(x.run_id) for x in runs) if r is not None]
+        finally:
+            if ray_ctx is None:
+                shutdown(ctx)
+            if metrics is not None:
+                metrics.tick()
+                metrics.close()
+        return [r for r in (cdir.result(x.run_id) for x in runs) if r is not None]
 
 
 class CampaignMetrics:
