@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
+import os
 from itertools import product
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from labkube.budgets import Budgets
-from labkube.model_ref import API_PROVIDERS, parse_model
+from labkube.model_ref import API_PROVIDERS, absolute_replay, parse_model
 from labkube.run_spec import (
     DEFAULT_AGENT,
     INSPECTOR_BUDGET_HELP,
@@ -159,6 +161,27 @@ class CampaignSpec(BaseModel):
     @property
     def seed_list(self) -> list[int]:
         return list(range(self.seeds)) if isinstance(self.seeds, int) else list(self.seeds)
+
+
+def absolute_task_ref(ref: str, cwd: Path) -> str:
+    """A task reference naming a file or folder relative to `cwd` (a task directory, a scenario JSON, a dataset),
+    made absolute, its `#id` kept; a bundled name, an absolute path or a path that is not there as it is."""
+    target, sep, wanted = ref.partition("#")
+    path = Path(target)
+    if not target or target.rstrip("/") == "gaia2" or path.expanduser().is_absolute() or not (cwd / path).exists():
+        return ref  # bare `gaia2` is every bundled scenario, even beside a folder of that name
+    return os.path.abspath(cwd / path) + sep + wanted
+
+
+def resolve_local_paths(spec: CampaignSpec, cwd: Path) -> CampaignSpec:
+    """The campaign with its task references and `replay:` models resolved against `cwd`, the user's working
+    directory, and stored absolute: each run's processes work in their own directories, and a campaign may be
+    resumed from anywhere."""
+    tasks = [absolute_task_ref(t, cwd) for t in spec.tasks]
+    models = [absolute_replay(m, cwd) for m in spec.models]
+    if tasks == spec.tasks and models == spec.models:
+        return spec
+    return spec.model_copy(update={"tasks": tasks, "models": models})
 
 
 def agent_mismatch(agent: str, family: TaskFamily, model: str) -> str | None:

@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from labkube.budgets import Budgets
-from labkube.campaign import CampaignSpec
+from labkube.campaign import CampaignSpec, resolve_local_paths
 from labkube.integrity_report import IntegrityReport
 from labkube.model_ref import UnknownModel
 from labkube.passk import Attempt, capability_scores, macro_average
@@ -83,6 +83,7 @@ def run_campaign(spec: CampaignSpec, out: Path, ray_address: str | None, metrics
     from labkube.operator import CampaignError, DriverError, TaskError, launch, plan_campaign
     from labkube.operator.driver import HELD
 
+    spec = campaign_here(spec, CampaignDir(out))
     try:
         plan_campaign(spec, out)
     except (TaskError, CampaignError, StoreError, UnknownModel, ValueError) as exc:
@@ -134,6 +135,17 @@ def run_campaign(spec: CampaignSpec, out: Path, ray_address: str | None, metrics
         )
     if failed or held:
         sys.exit(1)
+
+
+def campaign_here(spec: CampaignSpec, cdir: CampaignDir) -> CampaignSpec:
+    """The campaign with its relative task and `replay:` paths resolved against this working directory; a campaign
+    directory written when such paths were stored as typed resumes with its spec as it was written."""
+    resolved = resolve_local_paths(spec, Path.cwd())
+    with contextlib.suppress(StoreError):
+        existing = cdir.load_spec()
+        if existing != resolved and resolve_local_paths(existing, Path.cwd()) == resolved:
+            return existing
+    return resolved
 
 
 def one_line(text: str, limit: int = 400) -> str:

@@ -7,6 +7,8 @@ and by the agent (to pick a provider).
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel
@@ -86,3 +88,12 @@ def _usable_url(url: str) -> bool:
     except ValueError:
         return False
     return parts.scheme in ("http", "https") and bool(parts.hostname) and (port is None or 0 < port < 65536)
+
+
+def absolute_replay(text: str, cwd: Path) -> str:
+    """`replay:PATH` with a relative PATH made absolute against `cwd` (the user's working directory: the run's own
+    process works elsewhere); any other model string as it is."""
+    ref = parse_model(text)
+    if ref.provider != "replay" or Path(ref.name).expanduser().is_absolute():
+        return text
+    return f"replay:{os.path.abspath(cwd / ref.name)}"

@@ -66,10 +66,26 @@ def plan_campaign(spec: CampaignSpec, out: Path) -> tuple[CampaignDir, list[RunS
             for card in (c for cs in cards.values() for c in cs):
                 if not (Path(card.path) / "oracle" / "cheats" / f"{ref.name}.yaml").exists():
                     raise CampaignError(f"model {m}: task {card.ref} ships no such scripted cheat")
+        if ref.provider == "replay":
+            check_replay(m, Path(ref.name).expanduser())
     runs = expand_runs(spec, cards)
     cdir = CampaignDir(out)
     cdir.check_compatible(spec)
     return cdir, runs, cards
+
+
+def check_replay(model: str, transcript: Path) -> None:
+    """A `replay:` model's transcript is there and holds tool calls, or the campaign is refused before it starts."""
+    from labkube.agent.scripted import PlanError, replay_provider
+
+    try:
+        replay_provider(transcript)
+    except (PlanError, OSError) as exc:
+        reason = str(exc).removeprefix("replay: ") if isinstance(exc, PlanError) else f"cannot read {transcript}"
+        raise CampaignError(
+            f"model {model}: {reason}; replay takes a recorded run's transcript.jsonl "
+            "(campaigns/NAME/runs/RUN-ID/transcript.jsonl)"
+        ) from None
 
 
 def pending_runs(cdir: CampaignDir, runs: list[RunSpec]) -> list[RunSpec]:
