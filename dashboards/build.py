@@ -71,6 +71,17 @@ RUN = 'campaign=~"$campaign", run_id="$run_id"'
 
 # Series that the dashboards use before labkube exports them (see docs/monitoring.md, "Gaia2").
 PENDING_SERIES = {"labkube_run_gaia2_passed"}
+# NVIDIA's DCGM exporter on a cluster's GPU nodes (docs/monitoring.md, "GPUs on a cluster"): percent and MiB. Its
+# `pod` label names the pod using the GPU, or, where Prometheus keeps the exporter pod's own `pod` target label
+# (no honorLabels), `exported_pod` does; the queries take whichever is there and join on the run pod's `pod`.
+DCGM_SERIES = {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED"}
+
+
+def dcgm(series: str, selector: str, by: str) -> str:
+    """A DCGM series for the runs `selector` picks: its workload pod joined to the run pods' own series."""
+    workload = f'label_replace({series}, "pod", "$1", "exported_pod", "(.+)")'
+    runs = f"(0 * max by (pod, {by}) (labkube_run_steps_total{{{selector}}}) + 1)"
+    return f"{workload} * on (pod) group_left ({by}) {runs}"
 
 
 # -- small helpers over the SDK ---------------------------------------------------------------------
@@ -471,6 +482,35 @@ def campaign_overview() -> Board:
         w=15,
         h=8,
     )
+    b.add(
+        b.timeseries().min(0).max(1),
+        "GPU utilisation by run",
+        "Mean utilisation of each run's GPUs: NVML as sampled by the run's agent (locally), and NVIDIA's DCGM "
+        "exporter joined to the run's pod (on a cluster). No line for a run without a GPU: never a 0.",
+        [
+            q(f"avg by (run_id) (labkube_run_gpu_utilization_ratio{{{RUNS}}})", "{{run_id}}", ref="A"),
+            q(f"avg by (run_id) ({dcgm('DCGM_FI_DEV_GPU_UTIL', RUNS, 'run_id')}) / 100", "{{run_id}} (DCGM)", ref="B"),
+        ],
+        w=12,
+        h=8,
+        unit="percentunit",
+    )
+    b.add(
+        b.timeseries(),
+        "GPU memory by run",
+        "Memory in use on each run's GPUs (NVML locally, DCGM on a cluster); absent for a run without a GPU.",
+        [
+            q(f"sum by (run_id) (labkube_run_gpu_memory_used_bytes{{{RUNS}}})", "{{run_id}}", ref="A"),
+            q(
+                f"sum by (run_id) ({dcgm('DCGM_FI_DEV_FB_USED', RUNS, 'run_id')}) * 1048576",
+                "{{run_id}} (DCGM)",
+                ref="B",
+            ),
+        ],
+        w=12,
+        h=8,
+        unit="bytes",
+    )
 
     b.row("Runs")
     runs = b.table(
@@ -731,6 +771,39 @@ def run_detail() -> Board:
         ],
         w=8,
         h=8,
+    )
+
+    b.row("GPUs")
+    b.add(
+        b.timeseries().min(0).max(1),
+        "GPU utilisation",
+        "Fraction of time a kernel ran on each of the run's GPUs: NVML as the agent samples it (locally), NVIDIA's "
+        "DCGM exporter for the run's pod (on a cluster). No data: the run has no GPU.",
+        [
+            q(f"max by (gpu) (labkube_run_gpu_utilization_ratio{{{RUN}}})", "GPU {{gpu}}", ref="A"),
+            q(f"max by (gpu) ({dcgm('DCGM_FI_DEV_GPU_UTIL', RUN, 'run_id')}) / 100", "GPU {{gpu}} (DCGM)", ref="B"),
+        ],
+        w=12,
+        h=8,
+        unit="percentunit",
+    )
+    b.add(
+        b.timeseries(),
+        "GPU memory",
+        "Memory in use on each of the run's GPUs, and their size (NVML locally, DCGM on a cluster). No data: the "
+        "run has no GPU.",
+        [
+            q(f"max by (gpu) (labkube_run_gpu_memory_used_bytes{{{RUN}}})", "used, GPU {{gpu}}", ref="A"),
+            q(f"max by (gpu) (labkube_run_gpu_memory_total_bytes{{{RUN}}})", "size, GPU {{gpu}}", ref="B"),
+            q(
+                f"max by (gpu) ({dcgm('DCGM_FI_DEV_FB_USED', RUN, 'run_id')}) * 1048576",
+                "used, GPU {{gpu}} (DCGM)",
+                ref="C",
+            ),
+        ],
+        w=12,
+        h=8,
+        unit="bytes",
     )
     return b
 

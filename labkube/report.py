@@ -11,6 +11,7 @@ from typing import get_args
 
 from pydantic import BaseModel, Field
 
+from labkube.budgets import Spend, total_cost
 from labkube.gpu_report import run_gpu_use
 from labkube.integrity_report import Verdict
 from labkube.result import Outcome
@@ -41,7 +42,7 @@ class ReportRow(BaseModel):
     )
     beat_baseline: bool | None = Field(default=None, description="None (unknown) when the run has no value.")
     completion: float | None = Field(default=None, description="None (unknown) when no grading completed.")
-    cost_usd: float = 0.0
+    cost_usd: float | None = Field(default=0.0, description="Dollars; None (unknown) when a model it called has no price.")
     tokens_total: int = 0
     wall_seconds: float = 0.0
     gpu_hours: float = Field(default=0.0, description="GPUs the run held times its wall time, as the GPU cap counts.")
@@ -91,7 +92,7 @@ class Aggregate(BaseModel):
     beat_baseline: int = Field(description="Finished runs that beat the baseline (a run with no value does not).")
     mean_completion: float | None
     tokens_total: int = 0
-    cost_usd: float
+    cost_usd: float | None = Field(description="Dollars of the group's runs; None (unknown) when any run's is.")
     gpu_hours: float = 0.0
     wall_seconds: float = 0.0
     audited: int = Field(default=0, description="Runs the integrity audit gave a verdict.")
@@ -130,7 +131,7 @@ def report_rows(cdir: CampaignDir) -> list[ReportRow]:
                     primary_scores=result.primary_scores,
                     beat_baseline=result.beat_baseline,
                     completion=result.completion,
-                    cost_usd=round(result.spend.usd, 6),
+                    cost_usd=dollars(result.spend),
                     tokens_total=result.spend.usage.total,
                     wall_seconds=round(result.spend.wall_seconds, 3),
                     gpu_hours=round(spec.gpus * result.spend.wall_seconds / 3600, 6),
@@ -154,7 +155,7 @@ def report_rows(cdir: CampaignDir) -> list[ReportRow]:
                 seed=spec.seed,
                 status=(status.phase if status else RunPhase.pending).value,
                 score=status.score if status else None,
-                cost_usd=round(status.spend.usd, 6) if status else 0.0,
+                cost_usd=dollars(status.spend) if status else 0.0,
                 tokens_total=status.spend.usage.total if status else 0,
                 wall_seconds=round(status.spend.wall_seconds, 3) if status else 0.0,
                 gpu_hours=round(spec.gpus * status.spend.wall_seconds / 3600, 6) if status else 0.0,
@@ -165,6 +166,14 @@ def report_rows(cdir: CampaignDir) -> list[ReportRow]:
             )
         )
     return rows
+
+
+def dollars(spend: Spend) -> float | None:
+    return rounded(spend.cost_usd)
+
+
+def rounded(usd: float | None) -> float | None:
+    return None if usd is None else round(usd, 6)
 
 
 def comparison_order(rows: list[ReportRow]) -> list[ReportRow]:
@@ -199,7 +208,7 @@ def aggregate(rows: list[ReportRow]) -> list[Aggregate]:
                 beat_baseline=sum(r.beat_baseline is True for r in finished),
                 mean_completion=statistics.fmean(completions) if completions else None,
                 tokens_total=sum(r.tokens_total for r in group),
-                cost_usd=round(sum(r.cost_usd for r in group), 6),
+                cost_usd=rounded(total_cost(r.cost_usd for r in group)),
                 gpu_hours=round(sum(r.gpu_hours for r in group), 6),
                 wall_seconds=round(sum(r.wall_seconds for r in group), 3),
                 audited=sum(r.integrity_verdict is not None for r in group),

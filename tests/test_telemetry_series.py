@@ -27,6 +27,11 @@ from labkube.run_spec import RunSpec
 # Series only something outside the agent's loop can give a value, with why a placeholder would be wrong.
 NOT_AT_START = {
     "labkube_run_gaia2_passed": "only ARE's judge sets it, at the end; a 0 would count as a failed scenario",
+    # A run without a GPU has none of these (a 0 would read as an idle GPU); one with a GPU has them from the
+    # meter's first NVML sample, taken as the agent starts (agent/gpu.py).
+    "labkube_run_gpu_utilization_ratio": "absent without a GPU; from the first NVML sample with one",
+    "labkube_run_gpu_memory_used_bytes": "absent without a GPU; from the first NVML sample with one",
+    "labkube_run_gpu_memory_total_bytes": "absent without a GPU; from the first NVML sample with one",
 }
 ALL_BUDGETS = Budgets(wall_hours=1, tokens=1000, usd=2.0, steps=30)
 
@@ -191,10 +196,21 @@ def test_the_shared_multiprocess_endpoint_serves_them_too(tmp_path: Path) -> Non
     assert all(s.value == 0 for s in violations)
 
 
+# Where each of them may be read: panels built for them, which say what their absence means.
+OWN_BOARDS = {
+    "labkube_run_gaia2_passed": {"gaia2.json"},
+    "labkube_run_gpu_utilization_ratio": {"campaign-overview.json", "run-detail.json"},
+    "labkube_run_gpu_memory_used_bytes": {"campaign-overview.json", "run-detail.json"},
+    "labkube_run_gpu_memory_total_bytes": {"run-detail.json"},
+}
+
+
 @pytest.mark.parametrize("name", sorted(NOT_AT_START))
 def test_series_left_unset_are_read_only_by_their_own_dashboard(name: str) -> None:
-    boards = {b for b, board in load_dashboards().items() for _p, t in queries(board) if name in t["expr"]}
-    assert boards == {"gaia2.json"}, NOT_AT_START[name]
+    readers = [(b, p) for b, board in load_dashboards().items() for p, t in queries(board) if name in t["expr"]]
+    assert {b for b, _p in readers} == OWN_BOARDS[name], NOT_AT_START[name]
+    if name.startswith("labkube_run_gpu_"):
+        assert all("without a GPU" in p["description"] or "no GPU" in p["description"] for _b, p in readers)
 
 
 def test_campaign_resumes_count_while_runs_go_on_and_once_each() -> None:
