@@ -82,4 +82,5 @@ def record_spend(ckpt: Checkpoint, run: AreAgentRun, spec: RunSpec) -> None:
     )
     ckpt.spend.steps = len(outputs)
     ckpt.spend.usage = usage
-    ckpt.spend.usd = cost_usd(spec.model, usage, dict(spec.prices))
+    ckpt.spend.usd, ckpt.spend.unpriced = 0.0, []
+    ckpt.spend.add_cost(spec.model, cost_usd(spec.model, usage, dict(spec.prices)))

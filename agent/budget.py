@@ -41,9 +41,9 @@ class BudgetTracker:
         """Give back time that must not count (retry back-off, sandbox start-up)."""
         self.spend.wall_seconds = max(0.0, self.spend.wall_seconds - seconds)
 
-    def charge_model(self, usage: Usage, usd: float) -> None:
+    def charge_model(self, usage: Usage, usd: float | None, model: str = "") -> None:
         self.spend.usage = self.spend.usage + usage
-        self.spend.usd += usd
+        self.spend.add_cost(model, usd)
 
     def charge_step(self) -> None:
         self.spend.steps += 1

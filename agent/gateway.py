@@ -586,10 +586,11 @@ class ModelGateway(GatewayAddress):
         digest.backoff_s = backoff
         usage = digest.usage or Usage()
         model = digest.model or (body or {}).get("model") or ""
-        usd = cost_usd(f"{self.config.provider_prefix}:{model}", usage, self.config.prices) if model else 0.0
+        priced_as = f"{self.config.provider_prefix}:{model}"
+        usd = cost_usd(priced_as, usage, self.config.prices) if model else 0.0
         s = self.state
         s.spend.usage = s.spend.usage + usage
-        s.spend.usd += usd
+        s.spend.add_cost(priced_as, usd)
         s.backoff_s += backoff
         s.calls += 1
         if error is None:

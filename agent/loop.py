@@ -128,7 +128,7 @@ def budget_reminder(run: AgentRun) -> Message | None:
 def record_call(run: AgentRun, outcome: CallOutcome, purpose: str = "step") -> None:
     response = outcome.response
     run.tracker.exclude(outcome.backoff_s)
-    run.tracker.charge_model(response.usage, outcome.cost_usd)
+    run.tracker.charge_model(response.usage, outcome.cost_usd, run.client.model_name)
     run.transcript.append(
         {
             "type": "model_call",

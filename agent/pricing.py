@@ -8,6 +8,7 @@ from pathlib import Path
 import yaml
 
 from labkube.budgets import Usage
+from labkube.model_ref import SCRIPTED, SCRIPTED_WITH_ARG
 
 Price = tuple[float, float, float]  # USD per million tokens: input, output, cached input
 
@@ -35,11 +36,21 @@ def price_for(model: str, overrides: dict[str, tuple[float, ...]] | None = None)
     return None
 
 
-def cost_usd(model: str, usage: Usage, overrides: dict[str, tuple[float, ...]] | None = None) -> float:
-    """Cost of one call. Cached input tokens are part of the input count and billed at the cached rate."""
+def is_free(model: str) -> bool:
+    """A scripted model (oracle, noop, replay, cheat) makes no paid calls."""
+    return model.partition(":")[0] in SCRIPTED + SCRIPTED_WITH_ARG
+
+
+def has_price(model: str, overrides: dict[str, tuple[float, ...]] | None = None) -> bool:
+    return is_free(model) or price_for(model, overrides) is not None
+
+
+def cost_usd(model: str, usage: Usage, overrides: dict[str, tuple[float, ...]] | None = None) -> float | None:
+    """Cost of one call; None (unknown, never $0) for a model the table does not price. Cached input tokens are
+    part of the input count and billed at the cached rate."""
     price = price_for(model, overrides)
     if price is None:
-        return 0.0
+        return 0.0 if is_free(model) or (usage.input == 0 and usage.output == 0) else None
     p_in, p_out, p_cached = price
     cached = min(usage.cached, usage.input)
     return ((usage.input - cached) * p_in + cached * p_cached + usage.output * p_out) / 1_000_000

@@ -58,7 +58,7 @@ class Provider(abc.ABC):
 @dataclass
 class CallOutcome:
     response: ModelResponse
-    cost_usd: float
+    cost_usd: float | None  # None: the model has no price
     duration_s: float
     backoff_s: float
     attempts: int

@@ -78,7 +78,7 @@ class RunTelemetry:
     def _l(self, name: str, **extra: str) -> Any:
         return self.m[name].labels(**self.labels, **extra)  # type: ignore[attr-defined]
 
-    def model_call(self, usage: Usage, cost_usd: float, duration_s: float | None) -> None:
+    def model_call(self, usage: Usage, cost_usd: float | None, duration_s: float | None) -> None:
         """One model call; `duration_s` None when only its counts are known (a gateway in another container)."""
         for kind in TOKEN_KINDS:
             value = getattr(usage, kind)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -72,5 +73,36 @@ class Spend(BaseModel):
 
     steps: int = 0
     usage: Usage = Field(default_factory=Usage)
-    usd: float = 0.0
+    usd: float = Field(default=0.0, description="Dollars of the calls the price table could price.")
+    unpriced: list[str] = Field(
+        default_factory=list,
+        description="Models called that the price table does not know: their dollars are unknown, and so is the "
+        "run's cost (`cost_usd`).",
+    )
     wall_seconds: float = Field(default=0.0, description="Charged wall time (back-off excluded).")
+
+    @property
+    def cost_usd(self) -> float | None:
+        """The run's dollars; None (unknown, never $0) when a model it called has no price."""
+        return None if self.unpriced else self.usd
+
+    def add_cost(self, model: str, usd: float | None) -> None:
+        """Charge one call's dollars; `None` (no price for `model`) makes the cost unknown."""
+        if usd is not None:
+            self.usd += usd
+        elif model not in self.unpriced:
+            self.unpriced.append(model)
+
+
+def total_cost(costs: Iterable[float | None]) -> float | None:
+    """The sum of dollar amounts; unknown when any of them is."""
+    total = 0.0
+    for cost in costs:
+        if cost is None:
+            return None
+        total += cost
+    return total
+
+
+def format_usd(cost: float | None, digits: int = 2) -> str:
+    return "unknown" if cost is None else f"{cost:.{digits}f}"

@@ -42,7 +42,7 @@ class ReportRow(BaseModel):
     )
     beat_baseline: bool | None = Field(default=None, description="None (unknown) when the run has no value.")
     completion: float | None = Field(default=None, description="None (unknown) when no grading completed.")
-    cost_usd: float | None = Field(default=0.0, description="Dollars; None (unknown) when a model it called has no price.")
+    cost_usd: float | None = Field(default=0.0, description="Dollars; None (unknown): a model it called has no price.")
     tokens_total: int = 0
     wall_seconds: float = 0.0
     gpu_hours: float = Field(default=0.0, description="GPUs the run held times its wall time, as the GPU cap counts.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
+from labkube.budgets import format_usd
 from labkube.gpu_report import gpu_text
 from labkube.report import Aggregate, ReportRow
 
@@ -87,7 +88,7 @@ def status_table(rows: list[ReportRow], title: str) -> Table:
             str(r.steps),
             run_score_cell(r) if r.outcome else fmt_score(r.score),
             f"{r.tokens_total:,}",
-            f"{r.cost_usd:.2f}",
+            format_usd(r.cost_usd),
             fmt_seconds(r.wall_seconds),
             gpu_text(r.gpu_utilization, r.gpu_memory_peak_bytes),
             r.integrity_verdict or "—",
@@ -144,7 +145,7 @@ def report_table(rows: list[ReportRow], title: str) -> Table:
             fmt_beat(r.beat_baseline),
             fmt_fraction(r.completion),
             f"{r.tokens_total:,}",
-            f"{r.cost_usd:.2f}",
+            format_usd(r.cost_usd),
             fmt_seconds(r.wall_seconds),
             gpu_text(r.gpu_utilization, r.gpu_memory_peak_bytes),
             r.integrity_verdict or "—",
@@ -195,7 +196,7 @@ def aggregate_table(aggs: list[Aggregate]) -> Table:
             f"{a.beat_baseline}/{a.finished}",
             fmt_fraction(a.mean_completion),
             f"{a.tokens_total:,}",
-            f"{a.cost_usd:.2f}",
+            format_usd(a.cost_usd),
             f"{a.gpu_hours:.2f}",
             Text(f"{a.suspicious}/{a.audited}", style="bold red" if a.suspicious else ""),
         )
