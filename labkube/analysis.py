@@ -202,7 +202,7 @@ class Gaia2Row(BaseModel):
     capabilities: list[str]
     outcome: str | None = Field(default=None, description="scored, no_value or an error outcome (judge/world error).")
     passed: bool | None = Field(description="ARE's verdict; None without one or for an error outcome.")
-    cost_usd: float
+    cost_usd: float | None = Field(description="None (unknown) when a model the run called has no price.")
     simulated_seconds: float | None
     wall_seconds: float
 
@@ -579,7 +579,7 @@ def gaia2_row(run: RunData) -> Gaia2Row:
         capabilities=result.capabilities,
         outcome=result.outcome.value if result.outcome else None,
         passed=None if result.is_error or result.score is None else result.score == 1.0,
-        cost_usd=run.result.spend.usd,
+        cost_usd=run.result.spend.cost_usd,
         simulated_seconds=float(sim) if isinstance(sim, int | float) else None,
         wall_seconds=run.result.spend.wall_seconds,
     )

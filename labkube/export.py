@@ -336,7 +336,7 @@ def write_trajectory(run_dir: Path, result: RunResult, path: Path) -> None:
                 total_prompt_tokens=result.spend.usage.input,
                 total_completion_tokens=result.spend.usage.output,
                 total_cached_tokens=result.spend.usage.cached,
-                total_cost_usd=result.spend.usd,
+                total_cost_usd=result.spend.cost_usd,  # None: a model the run called has no price
                 total_steps=acc.count,
                 extra={
                     "reasoning_tokens": result.spend.usage.reasoning,

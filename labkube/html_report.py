@@ -30,6 +30,7 @@ import jinja2
 from markupsafe import Markup
 from pydantic import BaseModel, Field
 
+from labkube.budgets import total_cost
 from labkube.gpu_report import gpu_plot, gpu_text
 from labkube.integrity_report import Verdict
 from labkube.report import Aggregate, ReportRow, aggregate, report_rows, scaffold_rank
@@ -81,7 +82,7 @@ def fmt_score(x: float | None, digits: int = 3) -> str:
 
 def fmt_usd(x: float | None) -> str:
     if x is None:
-        return "—"
+        return "unknown"  # a model with no price: never shown as $0
     return f"${x:,.2f}" if x >= 1 or x == 0 else f"${x:.4f}"
 
 
@@ -315,7 +316,7 @@ class GaiaCell:
     passed: int = 0
     finished: int = 0
     failed: int = 0
-    cost_usd: float = 0.0
+    cost_usd: float | None = 0.0
     tokens: int = 0
 
     @property
@@ -339,7 +340,7 @@ class GaiaSection:
                 out.passed += c.passed
                 out.finished += c.finished
                 out.failed += c.failed
-                out.cost_usd += c.cost_usd
+                out.cost_usd = total_cost([out.cost_usd, c.cost_usd])
                 out.tokens += c.tokens
         return out
 
@@ -375,7 +376,7 @@ def render_report_html(
         "finished": sum(r.status == "Finished" for r in rows),
         "failed": sum(r.status == "Failed" for r in rows),
         "unfinished": sum(r.status not in ("Finished", "Failed") for r in rows),
-        "cost_usd": sum(r.cost_usd for r in rows),
+        "cost_usd": total_cost(r.cost_usd for r in rows),
         "tokens": sum(r.tokens_total for r in rows),
         "wall_seconds": sum(r.wall_seconds for r in rows),
     }
@@ -418,12 +419,15 @@ def _curve(entry: RunEntry) -> list[tuple[float, float, float, float]]:
     result = entry.result
     if result is None:
         return []
+    priced = not result.spend.unpriced  # a run's dollars are unknown when a model it called has no price
     points = [
-        (g.at_seconds, float(g.tokens), g.usd, math.nan if g.score is None else g.score) for g in result.score_curve
+        (g.at_seconds, float(g.tokens), g.usd if priced else math.nan, math.nan if g.score is None else g.score)
+        for g in result.score_curve
     ]
     if not points and result.score is not None:
         spend = result.spend
-        points.append((spend.wall_seconds, float(spend.usage.total), spend.usd, result.score))
+        usd = spend.cost_usd if spend.cost_usd is not None else math.nan
+        points.append((spend.wall_seconds, float(spend.usage.total), usd, result.score))
     return points
 
 
@@ -496,7 +500,13 @@ def _task_plot(section: TaskSection) -> tuple[Markup | None, str]:
             ax.set_xlim(left=0)  # after every row is drawn: the columns share their x axis
         figure_legend(fig, key=lambda label: (not label.startswith("seed"), label))
         svg = figure_svg(fig, section.anchor, f"Score curves of {section.task}")
+    unpriced = sorted({m for e in section.runs if e.result for m in e.result.spend.unpriced})
     note = "" if any_usd else "No dollar spend recorded for this task (scripted models cost nothing): no dollar axis."
+    if unpriced:
+        note = (
+            f"The dollars of {', '.join(unpriced)} are unknown (no price in labkube's table; give one in the "
+            "campaign's prices): their runs have no dollar axis."
+        )
     return svg, note
 
 
@@ -515,7 +525,7 @@ def _gaia_sections(entries: list[RunEntry]) -> list[GaiaSection]:
             cell.finished += e.row.status == "Finished"
             cell.passed += e.row.status == "Finished" and (e.row.score or 0.0) >= 1.0
             cell.failed += e.row.status == "Failed"
-            cell.cost_usd += e.row.cost_usd
+            cell.cost_usd = total_cost([cell.cost_usd, e.row.cost_usd])
             cell.tokens += e.row.tokens_total
         section = GaiaSection(dataset, "gaia-" + html_id(dataset), levels, models, cells)
         section.svg = _gaia_plot(section)

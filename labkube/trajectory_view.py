@@ -24,6 +24,7 @@ from typing import Any, Literal
 from markupsafe import Markup
 
 from labkube.agent.transcript import iter_jsonl
+from labkube.budgets import total_cost
 from labkube.html_report import (
     BASELINE_COLOR,
     SOTA_COLOR,
@@ -113,7 +114,7 @@ class ModelCallView:
     output_tokens: int
     reasoning_tokens: int
     cached_tokens: int
-    cost_usd: float
+    cost_usd: float | None  # None: the model has no price
     duration_s: float
     backoff_s: float
     attempts: int
@@ -142,11 +143,11 @@ class StepView:
     input_tokens: int = 0
     output_tokens: int = 0
     reasoning_tokens: int = 0
-    cost_usd: float = 0.0
+    cost_usd: float | None = 0.0  # None (unknown) once a call of the step has no price
     model_seconds: float = 0.0
     tool_seconds: float = 0.0
     cum_tokens: int = 0
-    cum_cost: float = 0.0
+    cum_cost: float | None = 0.0
     flags: list[int] = field(default_factory=list)
     failed_tools: int = 0
     tools: list[str] = field(default_factory=list)
@@ -265,7 +266,8 @@ def build_trajectory(records: list[dict[str, Any]]) -> Trajectory:
     current: StepView | None = None
     pending: list[EventView] = []  # hand-offs and context drops: they belong to the step whose call follows
     executed: set[str] = set()
-    cum_tokens, cum_cost = 0, 0.0
+    cum_tokens = 0
+    cum_cost: float | None = 0.0
     last_step = 0
 
     def close_step() -> None:
@@ -299,10 +301,10 @@ def build_trajectory(records: list[dict[str, Any]]) -> Trajectory:
                 current.input_tokens += item.input_tokens
                 current.output_tokens += item.output_tokens
                 current.reasoning_tokens += item.reasoning_tokens
-                current.cost_usd += item.cost_usd
+                current.cost_usd = total_cost([current.cost_usd, item.cost_usd])
                 current.model_seconds += item.duration_s
                 cum_tokens += item.input_tokens + item.output_tokens
-                cum_cost += item.cost_usd
+                cum_cost = total_cost([cum_cost, item.cost_usd])
             else:
                 call = _tool_call(record)
                 executed.add(call.call_id)
@@ -347,7 +349,7 @@ def _model_call(record: dict[str, Any]) -> ModelCallView:
         output_tokens=int(usage.get("output", 0) or 0),
         reasoning_tokens=int(usage.get("reasoning", 0) or 0),
         cached_tokens=int(usage.get("cached", 0) or 0),
-        cost_usd=float(record.get("cost_usd", 0.0) or 0.0),
+        cost_usd=None if record.get("cost_usd", 0.0) is None else float(record.get("cost_usd") or 0.0),
         duration_s=float(record.get("duration_s", 0.0) or 0.0),
         backoff_s=float(record.get("backoff_s", 0.0) or 0.0),
         attempts=int(record.get("attempts", 1) or 1),

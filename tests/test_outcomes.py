@@ -126,3 +126,43 @@ def test_status_says_the_last_grading_failed_while_the_run_goes_on(tmp_path: Pat
     status = read_model(rd.status_json, RunStatus)
     assert status is not None and status.phase is RunPhase.running
     assert status.message == "last grading failed (the run goes on): grader exited 4: no result.txt yet"
+
+
+def test_a_judge_that_cannot_be_reached_is_a_judge_error_left_out_of_pass_at_k(tmp_path: Path) -> None:
+    """ARE's soft judge on an endpoint that refuses connections (nothing listens on port 9): the real world
+    process, the real ARE judge through LiteLLM; the agent is a replay whose email words differ from the
+    oracle's, so the soft check has to ask the model."""
+    send = {
+        "recipients": ["dana.whitfield@northwind.example"],
+        "cc": ["marco.bianchi@northwind.example"],
+        "subject": "Q3 budget final",
+        "content": "Reworded.",
+    }
+    calls = [("EmailClientV2__send_email", send), ("AgentUserInterface__send_message_to_user", {"content": "Sent."})]
+    plan = tmp_path / "plan.jsonl"
+    plan.write_text(
+        "".join(
+            json.dumps({"type": "model_call", "message": {"tool_calls": [{"name": n, "arguments": a}]}}) + "\n"
+            for n, a in calls
+        )
+    )
+    out = tmp_path / "c"
+    judge = "openai-compatible:http://127.0.0.1:9/v1#judge"
+    proc = labkube(
+        "run", "gaia2/execution_budget_email", "--model", f"replay:{plan}", "--seeds", "2", "--judge-model", judge,
+        "--out", str(out), cwd=tmp_path,
+    )  # fmt: skip
+
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if " judge_error: " in line]
+    assert len(lines) == 2 and all("ARE's judge failed:" in x and "Connection error" in x for x in lines), proc.stderr
+    rows = json.loads(labkube("report", str(out), "--format", "json", cwd=tmp_path).stdout)
+    assert [r["outcome"] for r in rows] == ["judge_error", "judge_error"]
+    assert all(r["score"] is None and r["status"] == "Failed" for r in rows)
+    verdict = json.loads((out / "runs" / rows[0]["run_id"] / "result.json").read_text())["details"]["gaia2"]
+    assert verdict["soft_checks"].startswith("failed") and "Connection error" in verdict["exception"]
+
+    table = labkube("report", str(out), cwd=tmp_path).stdout
+    (execution,) = [line for line in table.splitlines() if line.startswith("│ execution")]
+    cells = [c.strip() for c in execution.strip("│").split("│")]
+    assert cells[3] == "unknown" and cells[-1] == "2"  # pass@1 unknown, 2 attempts excluded: not two failures
