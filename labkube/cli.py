@@ -126,7 +126,7 @@ def run_campaign(spec: CampaignSpec, out: Path, ray_address: str | None, metrics
     for r in failed:
         what = r.outcome.value if r.outcome else "failed"
         why = escape(one_line(r.error or str(r.stop_reason)))
-        err_console.print(f"[red]run {r.run_id} {what}:[/] {why}", highlight=False)
+        err_console.print(f"[red]run {r.run_id} {what}:[/] {why}", highlight=False, soft_wrap=True)
     if held:
         err_console.print(
             f"[yellow]{len(held)} run(s) not started:[/] {escape(held[0].message.removeprefix(HELD))}; "
