@@ -192,3 +192,9 @@ def test_a_run_reports_a_score_per_primary_group_in_every_format(tmp_path: Path)
     header, body = text.split("┡", 1)
     assert "primary" in header and "groups" in header  # the column is there only for such a task
     assert "Alpha 3.500" in body and "Zeta —" in body  # one group a line
+
+    page = tmp_path / "r.html"
+    assert labkube("report", str(out), "--format", "html", "--out", str(page), cwd=tmp_path).returncode == 0
+    html = page.read_text()
+    assert html.count('data-group="Alpha">Alpha 3.500<') == 2  # the run's row and its task's aggregate
+    assert html.count('data-group="Zeta">Zeta —<') == 2
