@@ -69,9 +69,24 @@ def plan_campaign(spec: CampaignSpec, out: Path) -> tuple[CampaignDir, list[RunS
         if ref.provider == "replay":
             check_replay(m, Path(ref.name).expanduser())
     runs = expand_runs(spec, cards)
+    check_dollar_budgets(runs, spec.prices)
     cdir = CampaignDir(out)
     cdir.check_compatible(spec)
     return cdir, runs, cards
+
+
+def check_dollar_budgets(runs: list[RunSpec], prices: dict[str, tuple[float, ...]]) -> None:
+    """A dollar budget on a model with no price could be neither kept nor reported: refused unless the campaign
+    gives the price."""
+    from labkube.agent.pricing import has_price
+
+    for run in runs:
+        if run.budgets.usd is not None and not has_price(run.model, prices):
+            raise CampaignError(
+                f"model {run.model}: labkube's price table does not know it, so a dollar budget cannot be kept: "
+                f'give its price in a campaign file (prices: {{"{run.model}": [input, output, cached input]}}, USD '
+                "per million tokens; labkube campaign run FILE) or drop the dollar budget (--budget-usd, budgets.usd)"
+            )
 
 
 def check_replay(model: str, transcript: Path) -> None:
