@@ -181,7 +181,17 @@ def test_one_campaign_compares_rg_agent_and_ares_agent_on_the_same_model(tmp_pat
     assert results["rg-agent"]["score"] == 1.0 and results["are-default"]["score"] == 0.0
     report = labkube("report", str(out), cwd=tmp_path)
     assert report.returncode == 0, report.stderr
-    rows = [line for line in report.stdout.splitlines() if line.startswith("│ execution ")]  # by capability
+    rows: list[str] = []  # by capability; a long model name folds onto the next line (the table is 150 wide)
+    current: int | None = None
+    for line in report.stdout.splitlines():
+        continuation = line.startswith("│ ") and line.split("│")[1].strip() == ""
+        if line.startswith("│ execution "):
+            rows.append(line)
+            current = len(rows) - 1
+        elif continuation and current is not None:
+            rows[current] += line
+        else:
+            current = None
     assert any("(are-default)" in r and re.search(r"\b0\.000\b", r) for r in rows), report.stdout
     assert any("(are-default)" not in r and re.search(r"\b1\.000\b", r) for r in rows), report.stdout
 
