@@ -39,7 +39,7 @@ from labkube.agent.registry import make_api_provider
 from labkube.agent.tool import Tool, ToolError
 from labkube.agent.tools import ToolContext, research_tools
 from labkube.agent.workspace import Workspace
-from labkube.campaign import CampaignSpec, expand_runs
+from labkube.campaign import MAX_SEEDS, CampaignSpec, expand_runs
 from labkube.cli import UsageFailure, load_campaign_file
 from labkube.model_ref import API_PROVIDERS, KNOWN, ModelRef, UnknownModel, parse_model
 from labkube.operator import k8s_models as km
@@ -566,12 +566,22 @@ def test_nan_price_is_rejected_so_a_campaign_can_always_resume() -> None:
         CampaignSpec.model_validate({"tasks": ["t"], "prices": {"oracle": [float("nan"), 1.0]}})
 
 
-def test_huge_seed_count_is_rejected() -> None:
-    try:
-        spec = CampaignSpec.model_validate({"tasks": ["t"], "seeds": 10**20})
-    except ValidationError:
-        return
-    assert spec.seed_list
+@pytest.mark.parametrize(
+    ("seeds", "message"),
+    [
+        (10**20, f"seeds must be between 1 and {MAX_SEEDS}"),
+        (MAX_SEEDS + 1, f"seeds must be between 1 and {MAX_SEEDS}"),
+        (list(range(MAX_SEEDS + 1)), f"at most {MAX_SEEDS} seeds"),
+    ],
+)
+def test_huge_seed_count_is_rejected(seeds: int | list[int], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        CampaignSpec.model_validate({"tasks": ["t"], "seeds": seeds})
+
+
+def test_largest_seed_count_is_accepted() -> None:
+    spec = CampaignSpec.model_validate({"tasks": ["t"], "seeds": MAX_SEEDS})
+    assert spec.seed_list == list(range(MAX_SEEDS))
 
 
 # Through the CLI: a bad campaign file exits 2 with one line on stderr and leaves an existing
