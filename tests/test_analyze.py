@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 from analyze_synth import (
     BASELINE,
-    BUDGET,
     GAIA2,
     GAIA2_MODEL,
     MODELS,
@@ -98,18 +97,32 @@ def test_time_to_best_and_plateau_equal_the_planted_curves(analysis: Analysis, p
     assert [planted[e.run_id].best_frac for e in analysis.efficiency if not e.plateaued] == [0.9]
 
 
+# Worked by hand from tests/analyze_synth.py: grades every tenth of the run, the score rising linearly to the final
+# score at best_frac of the run. At 25% of the one-hour wall budget (900 s) a 3600 s run's last grade is at 720 s,
+# i.e. 0.2 of the run; at 50% (1800 s) it is 0.5; at 75% (2700 s) it is 0.7. The share is min(1, that / best_frac).
+# Token and dollar spend stay under 25% of their budgets (at most 108,000 of 1,000,000 tokens, $0.90 of $10), so
+# every grade counts there and the share is 1.
+WALL_SHARES_BY_BEST_FRAC = {
+    0.3: {"25%": 2 / 3, "50%": 1.0, "75%": 1.0},
+    0.5: {"25%": 0.4, "50%": 1.0, "75%": 1.0},
+    0.7: {"25%": 2 / 7, "50%": 5 / 7, "75%": 1.0},
+    0.9: {"25%": 2 / 9, "50%": 5 / 9, "75%": 7 / 9},
+}
+ALL_REACHED = {"25%": 1.0, "50%": 1.0, "75%": 1.0}
+
+
 def test_share_of_final_at_budget_fractions(analysis: Analysis, planted: dict[str, Planted]) -> None:
-    limits = {"wall": BUDGET.wall_seconds, "tokens": BUDGET.tokens, "usd": BUDGET.usd}
+    assert len(analysis.efficiency) == len(planted) == 12
     for e in analysis.efficiency:
         r = planted[e.run_id]
-        assert set(e.share_of_final) == set(limits)
-        for kind, limit in limits.items():
-            for f in (0.25, 0.5, 0.75):
-                # the budget fraction as a share of this run's own length, on the axis of that budget
-                totals = {"wall": r.wall_s, "tokens": 1200 * r.tool_calls, "usd": 0.01 * r.tool_calls}
-                at = [t for t in r.grade_times() if t / r.wall_s * totals[kind] <= f * limit + 1e-9]
-                expected = (r.score_at(at[-1]) if at else 0.0) / r.score
-                assert e.share_of_final[kind][f"{f:.0%}"] == pytest.approx(expected, abs=1e-9), (e.run_id, kind, f)
+        # the two early stops ran 1200 s: by 900 s they had reached their best (at 600 s)
+        wall = ALL_REACHED if r.wall_s == 1200.0 else WALL_SHARES_BY_BEST_FRAC[r.best_frac]
+        expected = {"wall": wall, "tokens": ALL_REACHED, "usd": ALL_REACHED}
+        assert set(e.share_of_final) == set(expected), e.run_id
+        for kind, row in expected.items():
+            assert e.share_of_final[kind] == pytest.approx(row, abs=1e-9), (e.run_id, kind)
+    shares_at_quarter = sorted(e.share_of_final["wall"]["25%"] or 0.0 for e in analysis.efficiency)
+    assert shares_at_quarter == pytest.approx([2 / 9, 2 / 7] + [0.4] * 7 + [2 / 3] + [1.0] * 2, abs=1e-9)
 
 
 # -- 3. behaviour ------------------------------------------------------------------------------------------------
