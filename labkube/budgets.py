@@ -13,9 +13,9 @@ class Budgets(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    wall_hours: float | None = Field(default=None, gt=0)
+    wall_hours: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     tokens: int | None = Field(default=None, gt=0)
-    usd: float | None = Field(default=None, gt=0)
+    usd: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     steps: int | None = Field(default=None, gt=0)
 
     def merged(self, override: Budgets | None) -> Budgets:

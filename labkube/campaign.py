@@ -43,9 +43,9 @@ class CampaignSpec(BaseModel):
     seeds: int | list[int] = Field(default=1, description="A count (0..N-1) or explicit seeds.")
     budgets: Budgets = Field(default_factory=Budgets)
     concurrency: int = Field(default=4, ge=1, le=10_000)
-    gpu_hours_cap: float | None = Field(default=None, gt=0)
+    gpu_hours_cap: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     idea_hint: bool = False
-    grade_interval_s: float | None = Field(default=None, gt=0)
+    grade_interval_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     prices: dict[str, tuple[float, ...]] = Field(default_factory=dict)
     backend: str = Field(default="local", pattern="^(local|k8s)$")
     context_threshold: int | None = Field(
@@ -63,12 +63,17 @@ class CampaignSpec(BaseModel):
         default=None, description="Gaia2: model for the agent2agent app agents (default: the run's model)."
     )
     think_time_s: float | None = Field(
-        default=None, ge=0, description="Gaia2: simulated seconds charged per model call (default: as measured)."
+        default=None,
+        ge=0,
+        allow_inf_nan=False,
+        description="Gaia2: simulated seconds charged per model call (default: as measured).",
     )
-    model_timeout_s: float = Field(default=900.0, gt=0, description="Per model call; a time-out is retried.")
+    model_timeout_s: float = Field(
+        default=900.0, gt=0, allow_inf_nan=False, description="Per model call; a time-out is retried."
+    )
     judge_model: str | None = Field(default=None, description=JUDGE_MODEL_HELP)
     inspector_model: str | None = Field(default=None, description=INSPECTOR_MODEL_HELP)
-    inspector_budget_usd: float = Field(default=1.0, gt=0, description=INSPECTOR_BUDGET_HELP)
+    inspector_budget_usd: float = Field(default=1.0, gt=0, allow_inf_nan=False, description=INSPECTOR_BUDGET_HELP)
     api_key_env: dict[str, str] = Field(
         default_factory=dict, description="Model string -> environment variable holding its API key."
     )

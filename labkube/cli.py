@@ -27,19 +27,30 @@ from rich.table import Table
 
 from labkube.budgets import Budgets
 from labkube.campaign import CampaignSpec, resolve_local_paths
+from labkube.cli_checks import (
+    FrontDoor,
+    UsageFailure,
+    check_finite_positive,
+    check_output_dir,
+    check_output_file,
+    check_port_free,
+    check_ray_address,
+    err_console,
+    write_output_file,
+)
 from labkube.integrity_report import IntegrityReport
 from labkube.model_ref import UnknownModel
 from labkube.passk import Attempt, capability_scores, macro_average
 from labkube.report import aggregate, comparison_order, report_rows
 from labkube.result import RunResult
 from labkube.run_spec import RunSpec, RunStatus, scaffold_label, slug
-from labkube.store import CampaignDir, CampaignLocked, StoreError
+from labkube.store import CampaignDir, CampaignLocked, RunDir, StoreError, mark_stopped
 from labkube.task_card import LabkubeYaml, TaskCard
+from labkube.tasks import TaskError
 from labkube.views import aggregate_table, report_table, status_table
 
 # Wide tables when output goes to a file or a pipe, the terminal's width otherwise.
 console = Console(width=None if sys.stdout.isatty() else 150)
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 150)
 
 SCHEMAS: dict[str, type[BaseModel]] = {
     "task-card": TaskCard,
@@ -53,16 +64,6 @@ SCHEMAS: dict[str, type[BaseModel]] = {
 }
 
 
-class UsageFailure(click.ClickException):
-    """Bad input: one line on stderr, exit 2."""
-
-    exit_code = 2
-
-    def show(self, file: object = None) -> None:
-        message = " ".join(self.message.split())  # one line, whatever the message holds
-        err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
-
-
 def first_validation_error(exc: ValidationError, what: str) -> str:
     err = exc.errors()[0]
     where = ".".join(str(p) for p in err["loc"]) or "(top level)"
@@ -70,7 +71,7 @@ def first_validation_error(exc: ValidationError, what: str) -> str:
     return f"{what}: {where}: {msg}"
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=FrontDoor, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="labkube")
 def main() -> None:
     """labkube: run research agents on ResearchGym tasks and Gaia2 worlds, locally or on Kubernetes."""
@@ -83,11 +84,14 @@ def run_campaign(spec: CampaignSpec, out: Path, ray_address: str | None, metrics
     from labkube.operator import CampaignError, DriverError, TaskError, launch, plan_campaign
     from labkube.operator.driver import HELD
 
+    check_output_dir(out)
     spec = campaign_here(spec, CampaignDir(out))
     try:
         plan_campaign(spec, out)
     except (TaskError, CampaignError, StoreError, UnknownModel, ValueError) as exc:
         raise UsageFailure(str(exc)) from None
+    check_port_free(metrics_port)
+    check_ray_address(ray_address)
 
     cdir = CampaignDir(out)
     progress = Progress(
@@ -118,6 +122,15 @@ def run_campaign(spec: CampaignSpec, out: Path, ray_address: str | None, metrics
         console.print()
     except CampaignLocked as exc:
         raise UsageFailure(str(exc)) from None
+    except KeyboardInterrupt:
+        stopped = mark_stopped(cdir)
+        err_console.print(
+            f"[yellow]interrupted:[/] {stopped} unfinished run(s) marked stopped in {cdir.root}; "
+            f"to resume them, run the same command again (or: labkube campaign run FILE --out {cdir.root})",
+            highlight=False,
+            soft_wrap=True,
+        )
+        sys.exit(130)
     except DriverError as exc:
         raise UsageFailure(f"{exc} (results so far are kept in {out})") from None
     failed = [r for r in results if r.status.value == "Failed"]
@@ -158,7 +171,13 @@ def budgets_from(hours: float | None, usd: float | None, tokens: int | None, ste
     try:
         return Budgets(wall_hours=hours, usd=usd, tokens=tokens, steps=steps)
     except ValidationError as exc:
-        raise UsageFailure(first_validation_error(exc, "budget")) from None
+        field = str(exc.errors()[0]["loc"][0])
+        flag, value, kind = {
+            "wall_hours": ("--budget-hours", hours, "a finite number"),
+            "usd": ("--budget-usd", usd, "a finite number"),
+            "tokens": ("--budget-tokens", tokens, "a whole number"),
+        }.get(field, ("--budget-steps", steps, "a whole number"))
+        raise UsageFailure(f"{flag} {value}: give {kind} above 0") from None
 
 
 @main.command()
@@ -547,7 +566,8 @@ def status(directory: Path, watch: bool) -> None:
     "out_file",
     type=click.Path(path_type=Path, dir_okay=False),
     default=None,
-    help="With --format html: the file to write (default DIR/report.html).",
+    help="Write the report to this file (its folder is created) instead of the terminal; with --format html, "
+    "default DIR/report.html.",
 )
 @click.option("--exclude-suspicious", is_flag=True, help="Leave out runs the integrity audit found SUSPICIOUS.")
 @click.option(
@@ -565,17 +585,20 @@ def report(directory: Path, fmt: str, out_file: Path | None, exclude_suspicious:
         from labkube.html_report import render_report_html
 
         target = out_file or cdir.root / "report.html"
+        check_output_file(target)
         gaia2 = gaia2_scores(cdir, exclude_suspicious)
         html = render_report_html(cdir.root, exclude_suspicious=exclude_suspicious, gaia2=gaia2)
-        target.write_text(html, encoding="utf-8")
+        write_output_file(target, html)
         console.print(f"report written: {target}")
         return
+    if out_file is not None:
+        check_output_file(out_file)
     rows = comparison_order(report_rows(cdir))
     if exclude_suspicious:
         rows = [r for r in rows if r.integrity_verdict != "SUSPICIOUS"]
     records: list[BaseModel] = [*aggregate(rows)] if by == "scaffold" else [*rows]
     if fmt == "json":
-        click.echo(json.dumps([r.model_dump(mode="json") for r in records], indent=2))
+        text = json.dumps([r.model_dump(mode="json") for r in records], indent=2) + "\n"
     elif fmt == "csv":
         buf = io.StringIO()
         fields = list(records[0].model_dump().keys()) if records else []
@@ -584,13 +607,29 @@ def report(directory: Path, fmt: str, out_file: Path | None, exclude_suspicious:
         for r in records:  # a mapping (per primary group) goes in one cell, as JSON
             row = r.model_dump(mode="json")
             writer.writerow({k: json.dumps(v) if isinstance(v, dict) else v for k, v in row.items()})
-        click.echo(buf.getvalue(), nl=False)
+        text = buf.getvalue()
     else:
-        console.print(report_table(rows, f"campaign {cdir.load_spec().name} ({cdir.root})"))
-        console.print(aggregate_table(aggregate(rows)))
+        tables = [
+            report_table(rows, f"campaign {cdir.load_spec().name} ({cdir.root})"),
+            aggregate_table(aggregate(rows)),
+        ]
         capability_table = gaia2_table(cdir, exclude_suspicious)
         if capability_table is not None:
-            console.print(capability_table)
+            tables.append(capability_table)
+        if out_file is None:
+            for table in tables:
+                console.print(table)
+            return
+        written = io.StringIO()
+        plain = Console(file=written, width=150, no_color=True, force_terminal=False)
+        for table in tables:
+            plain.print(table)
+        text = written.getvalue()
+    if out_file is None:
+        click.echo(text, nl=False)
+        return
+    write_output_file(out_file, text)
+    console.print(f"report written: {out_file}")
 
 
 @main.command()
@@ -606,12 +645,14 @@ def view(run_dir: Path, out_file: Path | None) -> None:
     """Write a self-contained HTML trajectory viewer for one run."""
     from labkube.trajectory_view import render_run_html
 
+    if out_file is not None:
+        check_output_file(out_file)
     try:
         html = render_run_html(run_dir)
     except StoreError as exc:
         raise UsageFailure(str(exc)) from None
     target = out_file or run_dir / "view.html"
-    target.write_text(html, encoding="utf-8")
+    write_output_file(target, html)
     console.print(f"trajectory viewer written: {target}")
 
 
@@ -1124,13 +1165,25 @@ def audit(
         if given is not None:
             click.echo(f"warning: labkube audit {old} is deprecated; use {new} (the integrity inspector's)", err=True)
     inspector_model = inspector_model or judge_model
+    check_finite_positive(inspector_budget_usd, "--inspector-budget-usd")
+    check_finite_positive(judge_budget_usd, "--judge-budget-usd")
+    spec = RunDir(run_dir).spec()
     if inspector_model:
+        from labkube.operator.campaign_run import CampaignError, check_api_keys
+
         try:
             parse_model(inspector_model)
-        except UnknownModel as exc:
+            check_api_keys([inspector_model], spec.api_key_env)
+        except (UnknownModel, CampaignError) as exc:
             raise UsageFailure(str(exc)) from None
     budget = inspector_budget_usd or judge_budget_usd or 1.0
-    report = audit_run(run_dir, inspector_model, budget)
+    try:
+        report = audit_run(run_dir, inspector_model, budget)
+    except TaskError as exc:
+        raise UsageFailure(
+            f"{run_dir}: cannot read the run's task ({exc}); the audit needs the task folder where the run found it, "
+            f"{spec.task_path or spec.task}"
+        ) from None
     style = {"PASS": "green", "NEEDS_REVIEW": "yellow", "SUSPICIOUS": "bold red"}[report.verdict.value]
     console.print(
         f"[{style}]{report.verdict.value}[/] (confidence {report.confidence:.2f}); "

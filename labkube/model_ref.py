@@ -24,7 +24,7 @@ class ModelRef(BaseModel):
     provider: str
     name: str
     base_url: str | None = None
-    effort: str | None = None  # `@high` after the name: reasoning effort, or Anthropic thinking budget
+    effort: str | None = None  # `@high` after the name: reasoning effort, or Anthropic thinking budget (name or tokens)
 
     def __str__(self) -> str:
         if self.provider in SCRIPTED:
@@ -56,25 +56,38 @@ def parse_model(text: str) -> ModelRef:
         base_url, hash_, name = rest.rpartition("#")
         if not hash_ or not name or not _usable_url(base_url):
             raise UnknownModel(f"model {text!r}: write openai-compatible:http(s)://HOST[:PORT]/v1#MODEL_NAME")
-        name, effort = _split_effort(text, name)
+        name, effort = _split_effort(text, name, provider)
         return ModelRef(provider=provider, name=name, base_url=base_url, effort=effort)
     if provider == "cheat" and rest not in CHEATS:
         raise UnknownModel(f"model {text!r}: scripted cheats are {', '.join('cheat:' + c for c in CHEATS)}")
     if provider in SCRIPTED_WITH_ARG:
         return ModelRef(provider=provider, name=rest)
-    name, effort = _split_effort(text, rest)
+    name, effort = _split_effort(text, rest, provider)
     return ModelRef(provider=provider, name=name, effort=effort)
 
 
-EFFORTS = ("minimal", "low", "medium", "high")
+EFFORTS = ("minimal", "low", "medium", "high")  # OpenAI's reasoning effort names
+THINKING_EFFORTS = ("low", "medium", "high")  # Anthropic: names of thinking budgets (agent/anthropic_provider.py)
+MIN_THINKING_TOKENS = 1024  # the least thinking budget Anthropic's Messages API accepts
 
 
-def _split_effort(text: str, name: str) -> tuple[str, str | None]:
+def _split_effort(text: str, name: str, provider: str) -> tuple[str, str | None]:
+    """The name and the effort after '@': a reasoning effort name for the OpenAI APIs (which take no number), a
+    thinking budget name or token count for Anthropic."""
     name, at, effort = name.partition("@")
     if not at:
         return name, None
-    if effort not in EFFORTS and not effort.isdigit():
-        raise UnknownModel(f"model {text!r}: effort after '@' is one of {', '.join(EFFORTS)} or a token budget")
+    if provider == "anthropic":
+        if effort not in THINKING_EFFORTS and not (effort.isdigit() and int(effort) >= MIN_THINKING_TOKENS):
+            raise UnknownModel(
+                f"model {text!r}: effort after '@' is one of {', '.join(THINKING_EFFORTS)} or a thinking budget "
+                f"of at least {MIN_THINKING_TOKENS} tokens"
+            )
+    elif effort not in EFFORTS:
+        raise UnknownModel(
+            f"model {text!r}: {provider} takes a reasoning effort name after '@', one of {', '.join(EFFORTS)} "
+            "(a token budget is for anthropic: models)"
+        )
     return name, effort
 
 

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ValidationError
 
 from labkube.campaign import CampaignSpec
 from labkube.result import RunResult
-from labkube.run_spec import RunSpec, RunStatus
+from labkube.run_spec import RunPhase, RunSpec, RunStatus
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -183,6 +183,23 @@ class CampaignDir:
     def is_finished(self, run_id: str) -> bool:
         result = self.result(run_id)
         return result is not None and result.final
+
+
+STOPPED = "stopped: the campaign was interrupted; run the same command again to resume"
+
+
+def mark_stopped(cdir: CampaignDir) -> int:
+    """Mark every unfinished run of the campaign as stopped (status.json: Pending, with a message saying how to
+    resume), keeping its step and spend; the number marked."""
+    marked = 0
+    for run_id in cdir.run_ids():
+        if cdir.is_finished(run_id) or not cdir.run_dir(run_id).is_dir():
+            continue
+        status = cdir.status(run_id) or RunStatus(run_id=run_id)
+        update = {"phase": RunPhase.pending, "message": STOPPED, "updated_at": utcnow()}
+        write_model(cdir.run_dir(run_id) / "status.json", status.model_copy(update=update))
+        marked += 1
+    return marked
 
 
 class RunDir:

@@ -1,0 +1,151 @@
+"""The CLI's front door: checks of what a user typed, made before anything is started or written, and the one
+place where errors the commands meet later become one line on stderr (exit 2) instead of a traceback."""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+import socket
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import click
+from rich.console import Console
+from rich.markup import escape
+
+from labkube.store import StoreError
+from labkube.tasks import TaskError
+
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 150)
+
+RAY_CONNECT_TIMEOUT_S = 3.0
+BUG_LINE = "this is a bug in labkube: please report it with the command you ran and the traceback above"
+
+
+class UsageFailure(click.ClickException):
+    """Bad input: one line on stderr, exit 2."""
+
+    exit_code = 2
+
+    def show(self, file: object = None) -> None:
+        message = " ".join(self.message.split())  # one line, whatever the message holds
+        err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+
+
+def os_error_line(exc: OSError) -> str:
+    """`PATH: what went wrong` for an error on a file or folder."""
+    where = exc.filename if exc.filename is not None else ""
+    what = exc.strerror or type(exc).__name__
+    return f"{where}: {what}" if where else what
+
+
+class FrontDoor(click.Group):
+    """The `labkube` group: a store, task or file error a command meets is shown as one line (exit 2); any other
+    exception is a labkube bug, shown with its traceback and a line asking for a report."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort, KeyboardInterrupt, SystemExit):
+            raise
+        except (StoreError, TaskError) as exc:
+            raise UsageFailure(str(exc)) from None
+        except OSError as exc:
+            if exc.filename is None:
+                raise
+            raise UsageFailure(os_error_line(exc)) from None
+        except Exception:
+            traceback.print_exc()
+            err_console.print(f"[bold red]{BUG_LINE}[/]", highlight=False, soft_wrap=True)
+            sys.exit(1)
+
+
+def check_output_dir(out: Path, flag: str = "--out") -> None:
+    """`out` can be a directory this process creates or writes: not a file, and under a folder it may write."""
+    path = Path(os.path.abspath(out.expanduser()))
+    if path.exists():
+        if not path.is_dir():
+            raise UsageFailure(f"{flag} {out}: is a file, not a directory; choose a directory")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise UsageFailure(f"{flag} {out}: not writable by you; choose another directory")
+        return
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageFailure(f"{flag} {out}: {parent} is a file, not a directory; choose another path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageFailure(f"{flag} {out}: cannot create it ({parent} is not writable by you); choose another path")
+
+
+def check_output_file(target: Path, flag: str = "--out") -> None:
+    """`target` can be written as a file: not a directory, and its folder exists or can be created (it is)."""
+    path = Path(os.path.abspath(target.expanduser()))
+    if path.is_dir():
+        raise UsageFailure(f"{flag} {target}: is a directory; give a file name")
+    check_output_dir(path.parent, flag=f"{flag} {target}: folder")
+
+
+def write_output_file(target: Path, text: str, flag: str = "--out") -> None:
+    """Write `text` to `target`, creating its folder; a failure is one line."""
+    check_output_file(target, flag)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UsageFailure(f"{flag} {target}: {exc.strerror or exc}") from None
+
+
+def check_port_free(port: int | None, flag: str = "--metrics-port") -> None:
+    """Nothing listens on `port` (all interfaces, as the metrics server binds)."""
+    if port is None or port == 0:
+        return
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("", port))
+    except OSError as exc:
+        why = "already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+        raise UsageFailure(f"{flag} {port}: {why}; choose another port (or stop what holds it)") from None
+    finally:
+        sock.close()
+
+
+def ray_host_port(address: str) -> tuple[str, int] | None:
+    """The GCS host and port a `--ray-address` names (`IP:PORT` or `ray://HOST:PORT`), None for `auto`/`local`."""
+    if address in ("auto", "local"):
+        return None
+    parts = urlsplit(address if "://" in address else f"//{address}")
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if not parts.hostname or port is None:
+        raise UsageFailure(f"--ray-address {address}: write HOST:PORT (the Ray head's GCS) or ray://HOST:PORT")
+    return parts.hostname, port
+
+
+def check_ray_address(address: str | None, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """Something answers at the Ray address, found with one bounded connect (Ray's own client retries for minutes)."""
+    if address is None:
+        return
+    host_port = ray_host_port(address)
+    if host_port is None:
+        return
+    try:
+        with socket.create_connection(host_port, timeout=timeout_s):
+            pass
+    except OSError as exc:
+        why = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        raise UsageFailure(
+            f"--ray-address {address}: no Ray cluster answers there ({why} after at most {timeout_s:g} s); start one "
+            "with `ray start --head` and pass the address it prints, or leave --ray-address out to start one here"
+        ) from None
+
+
+def check_finite_positive(value: float | None, flag: str) -> None:
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise UsageFailure(f"{flag} {value}: give a finite number above 0")
