@@ -534,6 +534,10 @@ def open_campaign(directory: Path) -> CampaignDir:
     cdir = CampaignDir(directory)
     if not cdir.exists():
         raise UsageFailure(f"{directory}: not a campaign directory (no campaign.json); pass the --out of a run")
+    try:
+        cdir.load_spec()
+    except StoreError as exc:
+        raise UsageFailure(f"{exc}: not a campaign labkube wrote (empty or damaged); pass the --out of a run") from None
     return cdir
 
 

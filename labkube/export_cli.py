@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from pathlib import Path
 
 import click
+
+from labkube.cli_checks import check_output_dir
 
 
 class BadInput(click.ClickException):
@@ -43,7 +46,10 @@ def export(
     an error outcome are left out (and counted) unless --include-errors."""
     from labkube.export import ExportError, ExportFilter, export_campaigns
 
+    if min_score is not None and not math.isfinite(min_score):
+        raise BadInput(f"--min-score {min_score}: give a finite number (runs scoring below it are left out)")
     out = out_dir or Path(campaigns[0]) / f"export-{fmt}"
+    check_output_dir(out)
     flt = ExportFilter(exclude_suspicious, min_score, include_errors)
     try:
         runs = export_campaigns(list(campaigns), fmt, out, flt, progress=True)
@@ -61,4 +67,4 @@ def export(
             f"left out: {errors.total()} runs that ended in an error outcome ({what}); "
             "--include-errors exports them with null rewards"
         )
-    click.echo(f"written: {out}")
+    click.echo(f"written: {out}" if written else "nothing written")

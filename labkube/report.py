@@ -103,6 +103,9 @@ class Aggregate(BaseModel):
         return scaffold_label(self.agent, self.model)
 
 
+UNREADABLE_RESULT = "result.json is empty or damaged: no result; run the campaign again to finish this run"
+
+
 def report_rows(cdir: CampaignDir) -> list[ReportRow]:
     rows = []
     for run_id in cdir.run_ids():
@@ -145,6 +148,11 @@ def report_rows(cdir: CampaignDir) -> list[ReportRow]:
             )
             continue
         status = cdir.status(run_id)
+        if status is not None and (cdir.run_dir(run_id) / "result.json").exists():
+            # a result.json that cannot be read is no result (as in analyze and export): the run is not finished,
+            # whatever its last status said
+            phase = RunPhase.pending if status.phase.final else status.phase
+            status = status.model_copy(update={"phase": phase, "score": None, "message": UNREADABLE_RESULT})
         rows.append(
             ReportRow(
                 run_id=run_id,

@@ -52,6 +52,12 @@ def bundled_tasks() -> list[str]:
     return names + sorted(bundled_scenarios())
 
 
+WHAT_A_TASK_IS = (
+    "give a ResearchGym task folder, a GAIA dataset folder, a Gaia2 scenario file or folder, "
+    "or a bundled task (labkube tasks list)"
+)
+
+
 def _unknown(ref: str) -> TaskError:
     known = ", ".join(bundled_tasks()) or "none"
     return TaskError(f"unknown task {ref!r}: not a task directory and not a bundled task (bundled: {known})")
@@ -69,13 +75,23 @@ def resolve_tasks(ref: str, overlays: Mapping[str, dict[str, Any]] | None = None
     from labkube.tasks.gaia2.cards import load_gaia2
 
     path_part, _, task_id = ref.partition("#")
+    if not path_part.strip():
+        raise TaskError(f"task {ref!r} is empty: {WHAT_A_TASK_IS}")
     path = Path(path_part).expanduser()
     if path.is_dir():
         if (path / "metadata.jsonl").exists():
             return load_gaia(path, ref.split("#")[0].rstrip("/"), task_id or None)
         if (path / "task_description.md").exists():
             return [_researchgym(path, ref, overlays)]
-        return load_gaia2(ref)
+        try:
+            return load_gaia2(ref)
+        except TaskError as exc:
+            if "not an ARE scenario" not in str(exc) and "no scenarios found" not in str(exc):
+                raise  # a folder of scenarios with a broken one: that one's problem
+            raise TaskError(
+                f"{path_part}: not a task folder (no task_description.md, no metadata.jsonl, no Gaia2 scenario in "
+                f"it): {WHAT_A_TASK_IS}"
+            ) from None
     if path.is_file() and path.suffix in (".json", ".jsonl"):
         return load_gaia2(ref)
     if ref == "gaia2" or ref.startswith("gaia2/"):
