@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import os
 import weakref
@@ -35,6 +36,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from labkube.result import RunResult
 from labkube.run_spec import RunPhase, RunSpec, RunStatus
 from labkube.store import CampaignDir, read_model, utcnow, write_model
+
+log = logging.getLogger(__name__)
 
 SLOT = "labkube_run_slot"
 SUPERVISOR = "labkube_supervisor"  # a node resource: the nodes that host supervisor actors
@@ -197,6 +200,21 @@ def connect(
     return _context(not address)
 
 
+def _listening(address: str, timeout_s: float = 3.0) -> None:
+    """One bounded TCP connect to the address's host and port: Ray's own first connect retries for minutes when
+    nothing listens (GCS address) or for about 35 s (Ray Client). Raises ConnectionError when nothing answers."""
+    import socket
+
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return  # not host:port (e.g. "auto"): left to ray.init
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        raise ConnectionError(f"nothing answers at {host}:{port} ({exc.strerror or exc})") from None
+
+
 def _connect_patiently(address: str, patience_s: float) -> None:
     """Connect to an existing cluster, trying again for `patience_s` (the operator: a RayCluster head that is still
     starting, or a Ray Client server slow to start this driver's own server on a loaded node, answers with an
@@ -204,18 +222,19 @@ def _connect_patiently(address: str, patience_s: float) -> None:
     import time
 
     deadline = time.monotonic() + patience_s
-    delay = 1.0
+    delay, attempt = 1.0, 1
     while True:
         try:
+            _listening(address)
             ray.init(address=address, log_to_driver=False, logging_level="ERROR")
             return
-        except (ConnectionError, RuntimeError, TimeoutError):
-            with contextlib.suppress(Exception):
-                ray.shutdown()
+        except (ConnectionError, RuntimeError, TimeoutError) as exc:
+            ray.shutdown()  # a no-op unless the failed init left a half-open client or node behind
             if time.monotonic() + delay > deadline:
                 raise
+            log.warning("Ray at %s: attempt %d failed (%s); trying again", address, attempt, str(exc).splitlines()[0])
             time.sleep(delay)
-            delay = min(delay * 2, 10.0)
+            delay, attempt = min(delay * 2, 10.0), attempt + 1
 
 
 def shutdown(ctx: RayContext) -> None:

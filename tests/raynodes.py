@@ -128,13 +128,14 @@ class LocalRayCluster:
         head_resources: dict[str, float],
         *,
         client_port: int | None = None,
+        gcs_port: int | None = None,
         token: str | None = None,
     ) -> None:
         from labkube.operator.driver import SUPERVISOR
 
         self.token = token or os.urandom(32).hex()
         self.env = {**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token}
-        self.gcs_port, self.client_port = free_port(), client_port or free_port()
+        self.gcs_port, self.client_port = gcs_port or free_port(), client_port or free_port()
         work.mkdir(parents=True, exist_ok=True)
         # A session directory of its own: `ray start --head` records its address in <temp-dir>/ray_current_cluster,
         # which a later `ray.init()` on this machine would otherwise join. Short: Ray's socket paths live there.
