@@ -46,6 +46,7 @@ from labkube.tasks._markdown import (
     plain,
 )
 from labkube.tasks._primary import PrimaryTag, infer_primary, settle_primary_groups, unattached
+from labkube.tasks.workspace import links_outside
 
 OVERLAY_ENV = "LABKUBE_TASK_OVERLAY"  # the CLI's default `--overlay`: a labkube.yaml, or a directory of them
 ASSUMED = "assumed"  # `direction_inferred` when nothing in the task says which way is better
@@ -653,6 +654,13 @@ def load_researchgym(
     hidden = list(ALWAYS_HIDDEN) + list(extra.hidden)
     if extra.oracle:
         hidden.append(extra.oracle)
+    escaping = links_outside(task_dir, hidden)
+    if escaping:
+        link, target = escaping[0]
+        raise TaskError(
+            f"task {ref}: {link} is a symbolic link to {target}, outside the task folder, which would reach the "
+            "agent's workspace: put the file itself in the folder, remove the link, or hide it (labkube.yaml hidden:)"
+        )
     return TaskCard(
         ref=ref,
         name=extra.name or task,

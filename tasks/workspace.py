@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -29,6 +30,24 @@ def hidden_patterns(card: TaskCard, idea_hint: bool) -> list[str]:
     if idea_hint:
         hidden = [h for h in hidden if h != "idea_hint.txt"]
     return [*hidden, ".git", "__pycache__", "*/__pycache__"]
+
+
+def links_outside(task_dir: Path, hidden: list[str]) -> list[tuple[str, str]]:
+    """Symbolic links in the part of `task_dir` the agent sees that point outside it: (the link, its target).
+    Copied as links, they would hand the agent a path out of its workspace (to /etc, or to the grader's data)."""
+    root = task_dir.resolve()
+    found = []
+    for directory, dirs, files in os.walk(root):
+        rel_dir = Path(directory).relative_to(root)
+        for name in sorted([*dirs, *files]):
+            rel = (rel_dir / name).as_posix().removeprefix("./")
+            path = Path(directory) / name
+            if matches(rel, [*hidden, ".git", "__pycache__"]) or name == "__pycache__":
+                continue
+            if path.is_symlink() and not path.resolve().is_relative_to(root):
+                found.append((rel, os.readlink(path)))
+        dirs[:] = [d for d in dirs if not (Path(directory) / d).is_symlink()]
+    return found
 
 
 def prepare_workspace(card: TaskCard, dest: Path, idea_hint: bool = False) -> Path:
