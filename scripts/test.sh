@@ -7,12 +7,22 @@ cd "$(dirname "$0")/.."
 # System packages the tests use: a real Prometheus and promtool, headless Chromium and its driver.
 if ! command -v promtool >/dev/null || ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+  had_package=no
+  dpkg-query -W -f='${Status}' prometheus 2>/dev/null | grep -q "ok installed" && had_package=yes
+  # shellcheck source=scripts/prometheus_pids.sh
+  . scripts/prometheus_pids.sh
+  running_before=$(prometheus_pids)
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
     prometheus chromium chromium-driver >/dev/null
+  # Debian's package starts a Prometheus service where it can; the tests start their own. Stop only what this
+  # install started: the packaged unit (when this script installed the package), and new processes by pid;
+  # a Prometheus that was running before is the user's and is left alone.
+  if [ "$had_package" = no ] && command -v systemctl >/dev/null && systemctl is-active --quiet prometheus 2>/dev/null; then
+    $SUDO systemctl stop prometheus || true
+  fi
+  stop_new_prometheus "$running_before"
 fi
-# Debian's package starts a Prometheus service where it can; the tests start their own.
-pkill -x prometheus 2>/dev/null || true
 
 VENV=${LABKUBE_TEST_VENV:-.venv-test}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
