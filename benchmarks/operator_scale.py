@@ -2,8 +2,9 @@
 
 The Kubernetes API is `tests/k8s/fakekube.py` (kmock, extended) served from this process, and
 `tests/k8s/kubelet.py` is the node: it schedules every pod and moves it Pending -> Running ->
-Succeeded, but runs no agent: a simulated agent writes the run's status.json twice and a final
-result.json into the run directory on the "shared volume" (a local directory). The operator is
+Succeeded, but runs no agent: a simulated agent writes the run's status.json twice into the run
+directory on the "shared volume" (a local directory), and the grading pod the operator starts after it
+writes the final result.json and its termination report. The operator is
 the real command (`labkube operator --config ... --kube-context ...`) in its own process, with its
 own embedded Ray, so its memory is its own.
 
@@ -48,9 +49,10 @@ from tinytask import make_tiny_task  # noqa: E402
 
 from labkube.budgets import Spend, StopReason, Usage  # noqa: E402
 from labkube.operator.crds import API_VERSION  # noqa: E402
-from labkube.result import RunResult  # noqa: E402
+from labkube.operator.k8s_grading import LABEL_FINALIZE  # noqa: E402
+from labkube.result import RunResult, termination_report  # noqa: E402
 from labkube.run_spec import RunPhase, RunStatus  # noqa: E402
-from labkube.store import utcnow, write_model  # noqa: E402
+from labkube.store import read_model, utcnow, write_model  # noqa: E402
 
 PODS: ResKey = ("", "v1", "pods")
 RUNS: ResKey = ("labkube.dev", "v1alpha1", "runs")
@@ -65,9 +67,30 @@ def free_port() -> int:
 
 
 def simulated_agent(run_seconds: float) -> Any:
-    async def run(pod: dict[str, Any], run_dir: Path | None) -> int:
+    """The agent (status.json twice over `run_seconds` ±20%), and the grading pod that follows it (result.json and
+    its termination report, at once)."""
+
+    async def run(pod: dict[str, Any], run_dir: Path | None, termination: Path) -> int:
         assert run_dir is not None
         run_id = run_dir.name
+        meta = pod["metadata"]
+        if LABEL_FINALIZE in meta["labels"]:
+            status = read_model(run_dir / "status.json", RunStatus)
+            spend = status.spend if status is not None else Spend()
+            result = RunResult(
+                run_id=run_id,
+                task=meta["annotations"]["labkube.dev/task"],
+                model=meta["annotations"]["labkube.dev/model"],
+                seed=int(meta["annotations"]["labkube.dev/seed"]),
+                status=RunPhase.finished,
+                stop_reason=StopReason.done,
+                score=0.6,
+                spend=spend,
+                finished_at=utcnow(),
+            )
+            write_model(run_dir / "result.json", result)
+            termination.write_text(termination_report(result))
+            return 0
         length = run_seconds * random.uniform(0.8, 1.2)
         spend = Spend(steps=1, usage=Usage(input=900, output=100), usd=0.01, wall_seconds=length / 2)
         write_model(run_dir / "status.json", RunStatus(run_id=run_id, phase=RunPhase.running, updated_at=utcnow()))
@@ -76,20 +99,7 @@ def simulated_agent(run_seconds: float) -> Any:
         write_model(run_dir / "status.json", status)
         await asyncio.sleep(length / 2)
         spend = spend.model_copy(update={"steps": 2, "wall_seconds": length})
-        meta = pod["metadata"]["annotations"]
-        result = RunResult(
-            run_id=run_id,
-            task=meta["labkube.dev/task"],
-            model=meta["labkube.dev/model"],
-            seed=int(meta["labkube.dev/seed"]),
-            status=RunPhase.finished,
-            stop_reason=StopReason.done,
-            score=0.6,
-            spend=spend,
-            finished_at=utcnow(),
-        )
-        write_model(run_dir / "result.json", result)
-        write_model(run_dir / "status.json", status.model_copy(update={"phase": RunPhase.finished, "spend": spend}))
+        write_model(run_dir / "status.json", status.model_copy(update={"phase": RunPhase.grading, "spend": spend}))
         return 0
 
     return run

@@ -3,18 +3,19 @@
 The Ray campaign driver (`driver.drive`) hands every supervisor the run directory and a
 `K8sBackend`; `supervise_pod` then drives the run to a final state:
 
-1. read the `Run` resource (its status is the memory across operator restarts: `attempts`,
-   `podName`) and the run's pods (label `labkube.dev/run`);
+1. read the `Run` resource: its status is the record across operator restarts and failovers (`attempts`,
+   `podName`, `podTimes`, and once final the result's report); a final status ends supervision at once;
 2. adopt the newest pod of the run if there is one, else create `<run>-<attempt>` with
    `pod_manifest.build_pod_manifest` (a create that answers 409 adopts the existing pod, so a
    supervisor that died between the create and the status patch never makes a second pod);
 3. follow the pod through one shared watch per process (`PodWatcher`) and the run's
    `status.json` on the shared runs volume, patching `Run.status` (phase, score, tokens, dollars,
    GPU-hours, conditions) whenever something changed;
-4. when the pod ends: a final `result.json` ends the run; an evicted, preempted, deleted or killed
-   pod is replaced by one that resumes from the checkpoint (`--resume`), at most
-   `max_attempts` pods; a pod past its `activeDeadlineSeconds`, or the last failed attempt, gets a
-   finalize pod (`labkube agent --finalize time|killed`) that grades what is there.
+4. when the agent's pod ends: exit code 0 or 1, a deadline, or the last allowed attempt is followed by a
+   grading pod (`k8s_grading`: `labkube agent --finalize REASON` in a pod of its own, without keys) whose
+   termination message is the run's result; anything else (an eviction, a preemption, a deletion, an OOM
+   kill) is replaced by a pod that resumes from the checkpoint (`--resume`), at most `max_attempts` crashes;
+5. the result goes into the Run's status first, and only then are the run's ended pods deleted.
 
 Problems that keep a pod from starting become conditions with the kubelet's or scheduler's reason:
 `Scheduled=False` (`Unschedulable`, `SchedulingGated` for Kueue), `ImagePulled=False`
@@ -23,13 +24,11 @@ The same reason goes into the run's `status.json` `message`, which `labkube stat
 
 What the operator learns of a run, and from where (docs/kubernetes.md, "Storage"):
 
-- the outcome: the agent container's termination message (`labkube.result.termination_report`), in
-  every namespace and workspace mode; `result.json` itself when the operator shares the pod's volume
-  (`runs.workspace.existingClaim` in the operator's own namespace, where the operator mounts that
-  claim at its runs root and each pod mounts only `<namespace>/<campaign>/runs/<run-id>` of it);
+- the outcome: the grading pod's termination message (`labkube.result.termination_report`), in every
+  namespace and workspace mode; never anything the agent's own pod says beyond its exit code (`k8s_grading`);
 - live score, tokens and dollars: the run's `status.json`, only when the volume is shared;
-- GPU time: pod start and finish times as the API reports them (`PodLedger`, in the operator's
-  own `<campaign>/pods/`), never a file the run can write;
+- GPU time: pod start and finish times as the API reports them (`k8s_ledger.PodLedger`, recorded in the
+  Run's `status.podTimes` and cached in the operator's own `<campaign>/pods/`), never a file the run can write;
 - what to build the pod from: the admitted spec (`admission`), never the Run resource.
 """
 
@@ -37,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import heapq
 import itertools
 import json
@@ -48,9 +46,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from functools import partial
-from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -59,6 +55,18 @@ from labkube.agent.entrypoint import DISK_FULL_EXIT
 from labkube.budgets import StopReason
 from labkube.operator.admission import read_admitted
 from labkube.operator.crds import GROUP, LABEL_CAMPAIGN, VERSION, run_name
+from labkube.operator.k8s_grading import (
+    GRADE_CONTAINER,
+    LABEL_FINALIZE,
+    agent_ended_reason,
+    container_terminated,
+    graded_result,
+    grading_manifest,
+    is_grading_pod,
+    report_of,
+    result_from_status,
+)
+from labkube.operator.k8s_ledger import PodLedger, ledger_path, pod_time, restore_ledger
 from labkube.operator.k8s_models import (
     Condition,
     ConditionStatus,
@@ -67,7 +75,7 @@ from labkube.operator.k8s_models import (
     RunStatus,
     set_condition,
 )
-from labkube.operator.kube import KubeTarget, answered, api_client, parse_time
+from labkube.operator.kube import KubeTarget, answered, api_client
 from labkube.operator.pod_manifest import (
     LABEL_ATTEMPT,
     LABEL_COMPONENT,
@@ -75,7 +83,7 @@ from labkube.operator.pod_manifest import (
     build_pod_manifest,
     build_pvc_manifest,
 )
-from labkube.result import RunResult, result_from_report
+from labkube.result import RunResult
 from labkube.run_spec import RunPhase
 from labkube.run_spec import RunStatus as StoreStatus
 from labkube.store import RunDir, read_model, utcnow, write_model
@@ -87,7 +95,7 @@ __all__ = [
     "K8sBackend",
     "PodLedger",
     "PodWatcher",
-    "finalize_manifest",
+    "ledger_path",
     "pod_conditions",
     "pod_exit_code",
     "raw_json",
@@ -97,7 +105,6 @@ __all__ = [
 
 log = logging.getLogger("labkube.operator.k8s")
 
-LABEL_FINALIZE = "labkube.dev/finalize"
 RUN_SELECTOR = f"app.kubernetes.io/managed-by=labkube-operator,{LABEL_COMPONENT}=run"
 IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
 # Waiting reasons that are normal on the way to Running.
@@ -105,58 +112,6 @@ _STARTING_REASONS = frozenset({"ContainerCreating", "PodInitializing"})
 _TERMINAL = frozenset({"Succeeded", "Failed"})
 
 T = TypeVar("T")
-
-
-class PodTime(BaseModel):
-    start: datetime
-    end: datetime | None = None
-
-
-class PodLedger(BaseModel):
-    """When each pod of a run held its GPUs, as the API reports it (`status.startTime` to the last container's
-    `finishedAt`): the GPU-hour meter's only source on a cluster. Kept in the operator's `<campaign>/pods/`,
-    which no pod mounts."""
-
-    run_id: str
-    gpus: int = Field(default=0, ge=0)
-    pods: dict[str, PodTime] = Field(default_factory=dict)
-
-    def seconds(self, now: datetime | None = None) -> float:
-        """Pod time of every attempt so far."""
-        now = now or datetime.now(UTC)
-        return sum(max(0.0, ((t.end or now) - t.start).total_seconds()) for t in self.pods.values())
-
-    def gpu_hours(self, now: datetime | None = None) -> float:
-        return self.gpus * self.seconds(now) / 3600.0
-
-
-def ledger_path(campaign_root: Path, run_id: str) -> Path:
-    return campaign_root / "pods" / f"{run_id}.json"
-
-
-def pod_time(pod: Mapping[str, Any]) -> PodTime | None:
-    """From the pod's start (scheduled, its GPUs bound) to the end of its last container; None before it starts."""
-    status = pod.get("status") or {}
-    start = parse_time(status.get("startTime"))
-    if start is None:
-        return None
-    if status.get("phase") not in _TERMINAL:
-        return PodTime(start=start)
-    ends = [parse_time(((cs.get("state") or {}).get("terminated") or {}).get("finishedAt")) for cs in _statuses(pod)]
-    known = [e for e in ends if e is not None]
-    return PodTime(start=start, end=max(known) if known else datetime.now(UTC))
-
-
-def _agent_terminated(pod: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The agent container's `state.terminated`, once it ended."""
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        if cs.get("name") == "agent":
-            return (cs.get("state") or {}).get("terminated")
-    return None
-
-
-def agent_termination_message(pod: Mapping[str, Any]) -> str | None:
-    return (_agent_terminated(pod) or {}).get("message")
 
 
 class K8sBackend(BaseModel):
@@ -198,19 +153,6 @@ class K8sBackend(BaseModel):
 # -- plain functions over manifests and pods (tested without a cluster) --------------------------
 
 
-def finalize_manifest(pod: dict[str, Any], reason: StopReason, deadline_s: int) -> dict[str, Any]:
-    """The same pod, turned into one that only grades the stopped run (`--finalize REASON`)."""
-    pod = copy.deepcopy(pod)
-    agent = next(c for c in pod["spec"]["containers"] if c["name"] == "agent")
-    agent["command"] = [a for a in agent["command"] if a != "--resume"] + ["--finalize", reason.value]
-    # Grading needs no Gaia2 world (the verdict is in the checkpoint), and a world that failed would fail it too.
-    pod["spec"]["initContainers"] = [c for c in pod["spec"].get("initContainers", []) if c["name"] != "world"]
-    agent["env"] = [e for e in agent.get("env", []) if e["name"] != "LABKUBE_WORLD_URL"]
-    pod["spec"]["activeDeadlineSeconds"] = max(60, deadline_s)
-    pod["metadata"]["labels"][LABEL_FINALIZE] = reason.value
-    return pod
-
-
 def _statuses(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
     status = pod.get("status") or {}
     return [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
@@ -240,8 +182,8 @@ def failed_init_container(pod: Mapping[str, Any]) -> str | None:
 
 
 def pod_exit_code(pod: Mapping[str, Any]) -> int | None:
-    """The agent container's exit code, once it terminated."""
-    terminated = _agent_terminated(pod)
+    """The main container's exit code (the agent's, or a grading pod's `grade`), once it terminated."""
+    terminated = container_terminated(pod, GRADE_CONTAINER if is_grading_pod(pod) else "agent")
     return int(terminated.get("exitCode", -1)) if terminated is not None else None
 
 
@@ -783,7 +725,6 @@ class PodRun:
         """Delete the run's ended pods once its result is recorded (their GPU time is in the ledger): a finished
         campaign leaves no pod behind, and the pod caches stay small."""
         for pod in self.watcher.of_run(self.name):
-            self.track(pod)
             if (pod.get("status") or {}).get("phase") in _TERMINAL:
                 await self.delete_pod(pod["metadata"]["name"])
 
@@ -814,14 +755,52 @@ class PodRun:
     def store_status(self) -> StoreStatus | None:
         return read_model(self.rd.status_json, StoreStatus) if self.backend.shared else None
 
-    def final_result(self) -> RunResult | None:
-        """A final `result.json` in the operator's run directory: the pod's own (a shared volume), or one the
-        operator recorded from a termination message before a restart."""
-        result = read_model(self.rd.result_json, RunResult)
-        return result if result is not None and result.final and result.run_id == self.spec.run_id else None
+    def recorded_result(self) -> RunResult | None:
+        """The run's result when its Run status is final (the API is the record; a file on the runs volume is
+        not: in shared-claim mode the agent could have written it). The copy on disk is used when it is the
+        one the status records (the same `finished_at`: it holds the score curve), else the status's report."""
+        if not self.status.phase.final:
+            return None
+        reported = result_from_status(self.status, self.spec.run_id)
+        cached = read_model(self.rd.result_json, RunResult)
+        mine = cached is not None and cached.final and cached.run_id == self.spec.run_id
+        if cached is not None and mine and (reported is None or cached.finished_at == reported.finished_at):
+            return cached
+        if reported is not None:
+            return reported
+        return RunResult(  # recorded by an operator that kept no report in the status
+            run_id=self.spec.run_id,
+            task=self.spec.task,
+            model=self.spec.model,
+            agent=self.spec.agent,
+            seed=self.spec.seed,
+            status=self.status.phase,
+            stop_reason=self.status.stop_reason,
+            outcome=self.status.outcome,
+            score=self.status.score,
+            error="only the Run's status is known of this result (recorded by an earlier operator version)",
+        )
+
+    def graded(self, end: PodEnd) -> RunResult | None:
+        """The result of a grading pod that ended (its termination message, which only the grading pod the
+        operator started can write), recorded in the operator's run directory. With a shared volume the grading
+        pod's own `result.json`, which it wrote after every agent process of the run was gone, is taken when it
+        is the one reported."""
+        if end.pod is None:
+            return None
+        result = graded_result(end.pod, self.spec.run_id)
+        if result is None:
+            return None
+        if self.backend.shared:
+            full = read_model(self.rd.result_json, RunResult)
+            if full is not None and full.final and full.run_id == result.run_id:
+                return full if full.finished_at == result.finished_at else result
+            return result
+        write_model(self.rd.result_json, result)
+        return result
 
     def track(self, pod: Mapping[str, Any] | None) -> None:
-        """Record the pod's GPU time in the ledger and the status."""
+        """Record the pod's GPU time in the ledger and the status (`podTimes`: the ledger's record)."""
         if pod is not None:
             name = pod["metadata"]["name"]
             seen = pod_time(pod)
@@ -829,6 +808,7 @@ class PodRun:
                 self.ledger.pods[name] = seen
                 write_model(self.ledger_file, self.ledger)
         self.status.gpu_hours = round(self.ledger.gpu_hours(), 6)
+        self.status.pod_times = self.ledger.to_status()
 
     def note(self, message: str) -> None:
         """Put `message` into status.json while no agent writes it (the pod has not started)."""
@@ -851,6 +831,8 @@ class PodRun:
     def refresh(self, pod: dict[str, Any] | None) -> None:
         store = self.store_status()
         self.status.phase = live_phase(pod, store)
+        if pod is not None and is_grading_pod(pod) and self.status.phase is RunPhase.running:
+            self.status.phase = RunPhase.grading
         if store is not None:
             self.status.score = store.score
             self.status.tokens = store.spend.usage.total
@@ -863,8 +845,10 @@ class PodRun:
                 self.note(problem_message(self.status.conditions))
 
     async def finish(self, result: RunResult) -> RunResult:
-        if self.backend.delete_finished_pods:
-            await self.delete_pods()
+        """Record `result` in the Run's status, then (once the API has it) delete the run's ended pods: a new
+        leader learns the result from the status, or from the grading pod that is still there."""
+        for pod in self.watcher.of_run(self.name):
+            self.track(pod)
         self.status.phase = result.status
         self.status.score = result.score
         self.status.tokens = result.spend.usage.total
@@ -875,7 +859,10 @@ class PodRun:
         if result.is_error and result.outcome is not None:  # what `kubectl describe` and `labkube run` show
             last = (result.error or "").strip().splitlines()[-1:] or [result.outcome.value]
             self.condition("Measured", False, result.outcome.value, last[0][-300:])
+        self.status.report = report_of(result)
         await self.publish()
+        if self.backend.delete_finished_pods and self.published == self._status_body():
+            await self.delete_pods()
         return result
 
     async def fail(self, message: str) -> RunResult:
@@ -901,7 +888,7 @@ class PodRun:
             spent_wall_seconds=self.ledger.seconds(),  # the API's pod times, not the run's own account
         )
         if finalize is not None:
-            pod = finalize_manifest(pod, finalize, self.backend.runs.deadline_grace_seconds)
+            pod = grading_manifest(pod, finalize, self.backend.runs.deadline_grace_seconds)
         return pod
 
     async def start_pod(self, attempt: int, finalize: StopReason | None) -> str:
@@ -911,7 +898,8 @@ class PodRun:
                 raise RunGone(self.name)
         await self.ensure_claim()
         name = await self.create_pod(self.manifest(attempt, finalize))
-        self.status.attempts = attempt + 1
+        if finalize is None:  # a grading pod is no attempt of the agent's
+            self.status.attempts = attempt + 1
         self.status.pod_name = name
         self.status.phase = RunPhase.starting
         await self.publish(name)
@@ -967,31 +955,6 @@ class PodRun:
             return kind, f"pod {name} failed before the agent started: {failed}"
         return "lost", f"pod {name} ended ({status.get('phase')}, exit code {code}) without a result"
 
-    def reported_result(self, end: PodEnd) -> RunResult | None:
-        """Without a shared volume: the result in the agent's termination message, recorded in the operator's
-        run directory; a pod that wrote none tells only its exit code (0 finished, 1 failed)."""
-        if self.backend.shared or end.pod is None:
-            return None
-        result = result_from_report(agent_termination_message(end.pod))
-        if result is not None and result.run_id == self.spec.run_id and result.final:
-            write_model(self.rd.result_json, result)
-            return result
-        code = pod_exit_code(end.pod)
-        if code not in (0, 1):
-            return None
-        result = RunResult(
-            run_id=self.spec.run_id,
-            task=self.spec.task,
-            model=self.spec.model,
-            agent=self.spec.agent,
-            seed=self.spec.seed,
-            status=RunPhase.finished if code == 0 else RunPhase.failed,
-            error=None if code == 0 else "the agent reported a failed run; its result.json stays on the pod's volume",
-            finished_at=utcnow(),
-        )
-        write_model(self.rd.result_json, result)
-        return result
-
     # -- the whole run --------------------------------------------------------------------------
 
     async def run(self) -> RunResult:
@@ -1001,51 +964,67 @@ class PodRun:
         self.owner = run
         self.generation = (run.get("metadata") or {}).get("generation")
         self.status = RunStatus.model_validate(run.get("status") or {})
+        root = self.rd.root.parent.parent
+        self.ledger = restore_ledger(root, self.spec.run_id, self.spec.gpus, self.status)
         self.published = None
-        done = self.final_result()
+        done = self.recorded_result()
         if done is not None:
             return await self.finish(done)
 
         await self.watcher.synced.wait()
         pods = sorted(self.watcher.of_run(self.name), key=pod_attempt)
         current = pods[-1]["metadata"]["name"] if pods else None
-        finalizing: StopReason | None = None
-        if pods and LABEL_FINALIZE in pods[-1]["metadata"].get("labels", {}):
-            finalizing = StopReason(pods[-1]["metadata"]["labels"][LABEL_FINALIZE])
+        grading: StopReason | None = None  # set: the current (or next) pod grades the stopped run
+        if pods and is_grading_pod(pods[-1]):
+            grading = StopReason(pods[-1]["metadata"]["labels"][LABEL_FINALIZE])
         next_attempt = max(self.status.attempts, pod_attempt(pods[-1]) + 1 if pods else 0)
         if current is not None:
-            self.status.attempts, self.status.pod_name = next_attempt, current
+            self.status.pod_name = current
+            if grading is None:
+                self.status.attempts = next_attempt
         limit, disruptions = self.backend.max_attempts, self.backend.max_disruptions
         while True:
             if current is None:
-                if finalizing is None and (self.status.crashes >= limit or self.status.disruptions > disruptions):
-                    finalizing = StopReason.killed
-                current = await self.start_pod(next_attempt, finalizing)
+                if grading is None and (self.status.crashes >= limit or self.status.disruptions > disruptions):
+                    grading = StopReason.killed
+                current = await self.start_pod(next_attempt, grading)
                 next_attempt += 1
             end = await self.follow(current)
             self.track(end.pod)
-            done = self.reported_result(end) or self.final_result()
-            if done is not None:
-                return await self.finish(done)
             if end.gave_up is not None:
                 return await self.fail(end.gave_up)
             kind, why = self.outcome(end)
-            if finalizing is not None:
+            if grading is not None:  # the pod that ended graded the run: its report is the result
+                done = self.graded(end)
+                if done is not None:
+                    return await self.finish(done)
+                if kind == "disrupted" and self.status.disruptions < disruptions:
+                    self.status.disruptions += 1
+                    self.condition("Resumed", True, _reason_of(end), f"{why}; grading the run again")
+                    current = None
+                    continue
                 return await self.fail(f"{why}; grading the stopped run did not produce a result (see logs/)")
             if kind == "disk_full":
                 from labkube.operator.supervisor import last_error_line
 
                 return await self.fail(last_error_line(self.rd) or why)
+            ended = agent_ended_reason(pod_exit_code(end.pod)) if end.pod is not None and kind == "lost" else None
+            if ended is not None and not (end.pod or {}).get("status", {}).get("reason"):
+                # The agent's loop ended (exit 0 or 1). What its pod says about the result is its own word: the
+                # run is graded in a pod of its own.
+                grading = ended
+                current = None
+                continue
             how = "resuming from the checkpoint" if self.resume_for(next_attempt) else "starting over"
             if kind == "deadline":
-                finalizing = StopReason.time
+                grading = StopReason.time
                 self.condition("Resumed", False, "DeadlineExceeded", f"{why}; grading the run as it stands")
             elif kind == "disrupted":
                 # Evictions, preemptions and reclaimed nodes are not the run's fault: they do not use up crash
                 # attempts; a larger cap of their own (and the time budget) bounds them.
                 self.status.disruptions += 1
                 if self.status.disruptions > disruptions:
-                    finalizing = StopReason.killed
+                    grading = StopReason.killed
                     self.condition(
                         "Resumed", False, "DisruptionsExhausted", f"{why}; {disruptions} disruptions, grading the run"
                     )
@@ -1061,7 +1040,7 @@ class PodRun:
                 self.status.crashes += 1
                 if self.status.crashes >= limit:
                     # a Gaia2 world that never came up is the world's failure, not a run killed from outside
-                    finalizing = StopReason.world_error if kind == "world" else StopReason.killed
+                    grading = StopReason.world_error if kind == "world" else StopReason.killed
                     self.condition(
                         "Resumed", False, "AttemptsExhausted", f"{why}; {limit} pods failed, grading the run"
                     )

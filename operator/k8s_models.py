@@ -43,6 +43,7 @@ __all__ = [
     "OperatorConfig",
     "PodOptions",
     "PodSettings",
+    "PodTimeStatus",
     "RunCounts",
     "RunResourceSpec",
     "RunStatus",
@@ -210,6 +211,16 @@ class _Status(BaseModel):
         return self.model_dump(mode="json")
 
 
+class PodTimeStatus(BaseModel):
+    """One pod of a run: from `status.startTime` to its last container's `finishedAt` (none while it runs)."""
+
+    model_config = _KUBE_STATUS
+
+    pod: str = Field(min_length=1, max_length=253)
+    start: datetime
+    end: datetime | None = None
+
+
 class RunStatus(_Status):
     """`Run.status`, written by the operator."""
 
@@ -225,6 +236,17 @@ class RunStatus(_Status):
     stop_reason: StopReason | None = None
     outcome: Outcome | None = Field(
         default=None, description="scored, no_value, or an error outcome (grader_error, judge_error, ...)."
+    )
+    pod_times: list[PodTimeStatus] = Field(
+        default_factory=list,
+        description="When each pod of the run held its resources, as the API reported it: the GPU-hour meter's "
+        "record, which a new leader rebuilds its ledger from.",
+    )
+    report: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="The grading pod's termination report (the run's result), once final: the record a new "
+        "leader with an empty runs root reads the result from.",
     )
     observed_generation: int | None = Field(default=None, ge=0)
     conditions: list[Condition] = Field(default_factory=list)
@@ -477,3 +499,12 @@ class OperatorConfig(BaseModel):
     metrics_port: int = Field(default=8080, ge=1, le=65535)
     health_port: int = Field(default=8081, ge=1, le=65535, description="Serves /healthz (kopf liveness).")
     runs: PodOptions
+
+    @model_validator(mode="after")
+    def _graded_apart_from_the_agent(self) -> OperatorConfig:
+        if self.runs.workspace.mode == "emptyDir":
+            raise ValueError(
+                "runs.workspace.mode emptyDir: a run is graded in a pod of its own after its agent's pod ends, and "
+                "an emptyDir ends with that pod; set runs.workspace.mode to pvc (a claim per run, or existingClaim)"
+            )
+        return self

@@ -12,8 +12,9 @@
   `Campaign.status` (phase, runs by phase, progress, GPU-hours) current and ends when every run is
   final (or held by the cap).
 - **Restart safety**: stopping the operator cancels the daemons and kills the Ray supervisors; the
-  pods keep running. On start, every daemon begins again: finished runs (a final `result.json`)
-  are skipped, and each supervisor adopts its run's newest pod (`Run.status.podName`/`attempts`,
+  pods keep running. On start, every daemon begins again: runs whose Run status is final are skipped
+  and their results and GPU ledgers rebuilt from the statuses (`k8s_record`: the runs root may be empty), and
+  each supervisor adopts its run's newest pod (`Run.status.podName`/`attempts`,
   and the pods' `labkube.dev/run` label) instead of creating one. Pod names are
   `<run>-<attempt>`, so a create that races a restart answers 409 and is adopted too.
 - **Deletion**: kopf's finalizer on a Campaign runs `campaign_deleted`, which deletes its Runs, their
@@ -60,7 +61,9 @@ from labkube.operator.crds import (
     validate_resource,
 )
 from labkube.operator.driver import HELD, DriverError, RayContext, drive
-from labkube.operator.k8s_backend import K8sBackend, PodLedger, ledger_path, raw_json, retrying
+from labkube.operator.k8s_backend import K8sBackend, raw_json, retrying
+from labkube.operator.k8s_grading import report_of
+from labkube.operator.k8s_ledger import PodLedger, ledger_path
 from labkube.operator.k8s_models import (
     POLICY_PLURALS,
     CampaignPhase,
@@ -73,6 +76,7 @@ from labkube.operator.k8s_models import (
     RunStatus,
     set_condition,
 )
+from labkube.operator.k8s_record import restore_from_statuses
 from labkube.operator.kube import KubeError, KubeTarget, answered, api_client, connection_info
 from labkube.operator.leader import LeaseElector
 from labkube.operator.pod_manifest import LABEL_RUN, pvc_name
@@ -455,10 +459,12 @@ async def run_campaign(
         await fail("Forbidden", f"Campaign {name}: " + "; ".join(refused))
         return
     cdir = CampaignDir(runtime.campaign_root(namespace, name))
+    shared = runtime.backend(namespace).shared
+    recorded = await api.runs_of(namespace, name)  # the API is the record; the campaign directory a cache
     try:
         cdir.check_compatible(spec)
-        finished = frozenset(r.run_id for r in runs if cdir.is_finished(r.run_id))
-        cdir.write_campaign(spec, runs, keep=finished)
+        finished = restore_from_statuses(cdir, runs, recorded, shared=shared)
+        cdir.write_campaign(spec, runs, keep=frozenset(i for i in finished if cdir.run_spec(i) is not None))
         write_admitted(cdir.root, admitted)
     except (StoreError, OSError) as exc:
         await fail("ResultsStoreConflict", f"Campaign {name}: {exc}")
@@ -535,7 +541,8 @@ async def run_campaign(
         )
         raise kopf.TemporaryError(f"campaign {name}: {exc}", delay=30) from None
     await asyncio.gather(*marks, return_exceptions=True)
-    await _publish_final_results(api, namespace, name, runs, cdir)
+    if not shared:  # a shared volume's result.json may be an agent's: only a grading pod's report is final there
+        await _publish_final_results(api, namespace, name, runs, cdir)
     final = await refresh(done=True)
     logger.info(f"campaign {name}: finished ({final.progress} runs final); results in {cdir.root}")
 
@@ -577,9 +584,10 @@ async def _create_runs(
 async def _publish_final_results(
     api: ClusterApi, namespace: str, campaign: str, runs: list[RunSpec], cdir: CampaignDir
 ) -> None:
-    """A Run whose result is final on the runs volume but whose status is not (its supervisor's last
-    status patch was lost: the API kept refusing it, or the operator stopped right after the result)
-    gets its final status from the result, as `PodRun.finish` would have written it."""
+    """A Run whose result the operator recorded (from its grading pod's report) but whose status is not final (its
+    supervisor's last status patch was lost: the API kept refusing it, or the operator stopped right after the
+    result) gets its final status from the result, as `PodRun.finish` would have written it. Only without a
+    shared volume, where the operator's run directory is its own."""
     from labkube.operator.crds import run_name
 
     objs = {o["metadata"]["name"]: o for o in await api.runs_of(namespace, campaign)}
@@ -600,6 +608,9 @@ async def _publish_final_results(
                 "cost_usd": round(result.spend.usd, 6),
                 "gpu_hours": round(ledger.gpu_hours(), 6) if ledger is not None else status.gpu_hours,
                 "stop_reason": result.stop_reason,
+                "outcome": result.outcome,
+                "report": report_of(result),
+                "pod_times": ledger.to_status() if ledger is not None else status.pod_times,
             }
         )
         log.warning("run %s: its final status was not published; publishing it from result.json", run.run_id)

@@ -493,8 +493,6 @@ def test_claims_are_allowed_only_when_the_operator_creates_them(chart: helm_pyth
     assert per_run[("", "persistentvolumeclaims")] == {"create", "delete", "get", "list", "watch"}
     shared = {"runs": {"workspace": {"mode": "pvc", "existingClaim": "labkube-runs"}}}
     assert ("", "persistentvolumeclaims") not in rules_of(operator_role(render(chart, shared)))
-    scratch = {"runs": {"workspace": {"mode": "emptyDir"}}}
-    assert ("", "persistentvolumeclaims") not in rules_of(operator_role(render(chart, scratch)))
 
 
 def test_namespaced_rbac_uses_a_role_per_watched_namespace(chart: helm_python.Chart) -> None:
@@ -590,6 +588,11 @@ def test_values_that_violate_the_schema_are_rejected(
         (
             {"runs": {"workspace": {"mode": "emptyDir", "existingClaim": "shared"}}},
             r'runs\.workspace\.existingClaim is "shared"',
+        ),
+        # a run is graded in a pod of its own after its agent's pod ends: its workspace must outlive that pod
+        (
+            {"runs": {"workspace": {"mode": "emptyDir"}}},
+            r"runs\.workspace\.mode is emptyDir: .* set runs\.workspace\.mode to pvc",
         ),
         ({"runs": {"env": {"HF_TOKEN": "hf_x"}}}, r"runs\.env\.HF_TOKEN looks like a secret"),
         ({"serviceAccount": {"create": False}}, r"serviceAccount\.name"),

@@ -52,13 +52,14 @@ class Cluster:
         world: WorldOptions | None = None,
         tenancy: Tenancy | None = None,
         run_policies: list[dict[str, Any]] | None = None,
+        workspace: dict[str, Any] | None = None,
         **overrides: Any,
     ) -> OperatorRuntime:
         """The operator's configuration; `world` is the chart's `runs.world` (Gaia2 runs need it), `tenancy` what
-        Campaigns may choose (default: nothing)."""
+        Campaigns may choose (default: nothing), `workspace` the runs' (default: the shared claim)."""
         runs = PodOptions(
             default_image="labkube:test",
-            workspace={"mode": "pvc", "existingClaim": CLAIM, "accessModes": ["ReadWriteMany"]},
+            workspace=workspace or {"mode": "pvc", "existingClaim": CLAIM, "accessModes": ["ReadWriteMany"]},
             termination_grace_period_seconds=5,
             deadline_grace_seconds=60,
             world=world,
@@ -121,6 +122,14 @@ class Cluster:
             for verb, plural, _, name in self.api.audit
             if verb == "create" and plural == "pods" and name.startswith(f"{campaign}-")
         ]
+
+    def agent_pods_created(self, campaign: str) -> list[str]:
+        """The pods the agents ran in, in order (not the grading pods, `<run>-<attempt>-grade`)."""
+        return [name for name in self.pods_created(campaign) if not name.endswith("-grade")]
+
+    def grading_pods_created(self, campaign: str) -> list[str]:
+        """The pods that graded the campaign's runs after their agents' pods ended (`k8s_grading`)."""
+        return [name for name in self.pods_created(campaign) if name.endswith("-grade")]
 
     def campaign_dir(self, name: str, namespace: str = NAMESPACE) -> Path:
         return self.volume / namespace / name

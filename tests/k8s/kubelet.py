@@ -6,7 +6,8 @@
 - Images: a container whose image is in `unpullable` waits with `ErrImagePull`, then
   `ImagePullBackOff`, and the pod stays `Pending`. A container without a `command` runs its image's
   entrypoint from `entrypoints` (image -> argv; `args` are appended); an unknown one fails to start.
-- Containers: init containers in order, then the `agent` container, run as local processes. The
+- Containers: init containers in order, then the pod's one container (`agent`, or a grading pod's
+  `grade`), run as local processes. The
   pod's volumes become local directories: a `persistentVolumeClaim` is `claims[claimName]` (the
   "shared volume"), an `emptyDir` a fresh directory; each mount's `subPath` is honoured, and paths
   under a mount point in the command, environment and working directory are rewritten.
@@ -61,9 +62,9 @@ after the grace period; the kernel then kills the rest of its PID namespace). Na
 refused (the pod fails with a `StartError` naming the container): a pod's containers would need one
 shared network namespace, and exec probes would have to run inside the sidecar's namespaces.
 
-`simulate` replaces the agent process (the benchmark): an async function of the pod and its local
-run directory that returns the exit code. Then no process runs at all: init containers succeed and
-sidecars start at once.
+`simulate` replaces the agent process (the benchmark): an async function of the pod, its local
+run directory and its container's termination-message file that returns the exit code. Then no
+process runs at all: init containers succeed and sidecars start at once.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ from fakekube import FakeKube, ResKey, now_rfc3339
 PODS: ResKey = ("", "v1", "pods")
 NODES: ResKey = ("", "v1", "nodes")
 NODE_NAME = "fake-node"
-Simulate = Callable[[dict[str, Any], Path | None], Awaitable[int]]
+Simulate = Callable[[dict[str, Any], Path | None, Path], Awaitable[int]]  # (pod, run dir, termination file)
 WORLD_PORT_ENV = "LABKUBE_WORLD_PORT"
 WORLD_URL_ENV = "LABKUBE_WORLD_URL"
 _ENDED: weakref.WeakSet[asyncio.subprocess.Process] = weakref.WeakSet()  # process groups already killed
@@ -297,7 +298,7 @@ class FakeKubelet:
         pod = state.pod
         spec = pod["spec"]
         inits = spec.get("initContainers", [])
-        agent = next(c for c in spec["containers"] if c["name"] == "agent")
+        agent = spec["containers"][0]  # the run's one container: `agent`, or a grading pod's `grade`
         state.start_time = now_rfc3339()  # activeDeadlineSeconds counts from here, init containers included
         state.init_statuses = {c["name"]: _container(c, {"waiting": {"reason": "PodInitializing"}}) for c in inits}
         state.agent_status = _container(agent, {"waiting": {"reason": "PodInitializing"}})
@@ -648,12 +649,14 @@ class FakeKubelet:
     async def _exec(self, state: PodState, container: dict[str, Any], volumes: dict[str, Path]) -> int:
         """Run the container to its end: its exit code (128 + signal when killed)."""
         proc = await self._spawn(state, container, volumes)
+        main = container is state.pod["spec"]["containers"][0]
         if proc is None:  # no processes at all: init containers succeed, the agent is simulated
-            if container["name"] != "agent" or self.simulate is None:
+            if not main or self.simulate is None:
                 return 0
             run_dir = self._env(state, container, self._local(container, volumes)).get("LABKUBE_RUN_DIR")
-            return await self.simulate(state.pod, Path(run_dir) if run_dir else None)
-        if container["name"] == "agent":
+            termination = self._termination_file(state, container)
+            return await self.simulate(state.pod, Path(run_dir) if run_dir else None, termination)
+        if main:
             state.proc = proc
         try:
             await proc.wait()

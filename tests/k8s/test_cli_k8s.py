@@ -131,7 +131,7 @@ async def test_run_with_the_k8s_backend_carries_the_overlay_to_the_pods(cluster:
     assert campaign["spec"]["task_overlays"] == {"overlaid": overlay} and "overlay" not in campaign["spec"]
     (run,) = cluster.runs("overlaid")
     assert run["spec"]["task_overlay"] == overlay and run["spec"]["budgets"]["steps"] == 40
-    (pod_name,) = cluster.pods_created("overlaid")
+    (pod_name,) = cluster.agent_pods_created("overlaid")
     pod = cluster.created_pod(pod_name)
     envs = [e for c in pod["spec"].get("initContainers", []) + pod["spec"]["containers"] for e in c.get("env", [])]
     (spec_json,) = {e["value"] for e in envs if e["name"] == "LABKUBE_RUN_SPEC"}

@@ -84,7 +84,8 @@ def running_mid_step(cluster: Cluster, name: str, count: int) -> bool:
 
 
 def assert_completed(cluster: Cluster, name: str, runs: int) -> None:
-    """The campaign finished as if nothing had happened: every Run Finished and scored by one pod."""
+    """The campaign finished as if nothing had happened: every Run Finished, its agent in one pod, scored by one
+    grading pod."""
     campaign = cluster.get_campaign(name)
     assert campaign is not None
     assert campaign["status"]["phase"] == "Finished" and campaign["status"]["progress"] == f"{runs}/{runs}"
@@ -97,7 +98,9 @@ def assert_completed(cluster: Cluster, name: str, runs: int) -> None:
         assert status["score"] == pytest.approx(0.6) and status["tokens"] > 0 and status["attempts"] == 1
         assert run["metadata"]["ownerReferences"][0]["uid"] == campaign["metadata"]["uid"]
     created = cluster.pods_created(name)
-    assert sorted(created) == sorted(r["status"]["podName"] for r in objs), f"pods created: {created}"
+    expected = [p for r in objs for p in (f"{r['metadata']['name']}-0", f"{r['metadata']['name']}-1-grade")]
+    assert sorted(created) == sorted(expected), f"pods created: {created}"
+    assert all(r["status"]["podName"].endswith("-1-grade") for r in objs)
     cdir = CampaignDir(cluster.campaign_dir(name))
     assert sorted(cdir.run_ids()) == sorted(r["spec"]["run_id"] for r in objs)
     for run_id in cdir.run_ids():
@@ -284,7 +287,8 @@ async def test_a_pod_evicted_five_times_resumes_each_time_and_finishes(cluster: 
     status = run["status"]
     assert status["phase"] == "Finished" and status["stopReason"] == "done"
     assert status["attempts"] == 6 and status["disruptions"] == 5 and status["crashes"] == 0
-    created = cluster.pods_created("evictions")
+    created = cluster.agent_pods_created("evictions")
+    assert cluster.grading_pods_created("evictions") == [run["status"]["podName"]]
     assert len(created) == 6 and len(set(created)) == 6 and set(created[:5]) == seen
     for name in created[1:]:
         assert "--resume" in cluster.created_pod(name)["spec"]["containers"][0]["command"]

@@ -17,6 +17,7 @@ from fakekube import FakeKube
 from kubelet import FakeKubelet
 
 from labkube.operator.k8s_models import WorldOptions
+from labkube.operator.pod_manifest import pod_name
 from labkube.store import CampaignDir
 from labkube.tasks.gaia2 import setup_world_env
 
@@ -84,7 +85,7 @@ def gone(pgid: int) -> bool:
 
 def assert_used_its_sidecar(cluster: Cluster, cdir: CampaignDir, run: dict) -> int:
     """The run's agent talked to its pod's world sidecar (and started no world of its own): its port."""
-    pod = run["status"]["podName"]
+    pod = pod_name(run["metadata"]["name"], 0)  # the agent's pod (the grading pod that followed it has no world)
     listening = re.fullmatch(r"LISTENING (\d+)\n", cluster.kubelet.log(pod, "world"))
     assert listening, f"the world sidecar of {pod} never listened: {cluster.kubelet.log(pod, 'world', 'err')[-2000:]}"
     port = int(listening[1])
@@ -105,7 +106,7 @@ async def test_oracle_campaign_runs_each_world_as_its_pods_sidecar(cluster: Clus
         await until_done(cluster, "g2")
 
     runs = cluster.runs("g2")
-    assert len(runs) == 2 and len(cluster.pods_created("g2")) == 2
+    assert len(runs) == 2 and len(cluster.agent_pods_created("g2")) == 2
     cdir = CampaignDir(cluster.campaign_dir("g2"))
     ports = set()
     for run in runs:

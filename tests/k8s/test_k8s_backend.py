@@ -4,22 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from labkube.budgets import StopReason
 from labkube.operator.k8s_backend import (
-    LABEL_FINALIZE,
     K8sBackend,
     failed_init_container,
-    finalize_manifest,
     live_phase,
     pod_conditions,
     pod_exit_code,
     stuck_condition,
 )
-from labkube.operator.k8s_models import PodOptions, RunResourceSpec, WorldOptions
+from labkube.operator.k8s_models import PodOptions, RunResourceSpec
 from labkube.operator.kube import KubeTarget
 from labkube.operator.pod_manifest import build_pod_manifest
 from labkube.run_spec import RunPhase, RunStatus
-from labkube.task_card import TaskFamily
 
 OWNER = {
     "apiVersion": "labkube.dev/v1alpha1",
@@ -51,26 +47,6 @@ def test_the_operator_shares_the_volume_only_in_its_own_namespace() -> None:
     other = mine.model_copy(update={"namespace": "team-b"})
     per_run = mine.model_copy(update={"runs": PodOptions(default_image="img", workspace={"mode": "pvc"})})
     assert mine.shared and not other.shared and not per_run.shared
-
-
-def test_a_finalize_pod_only_grades() -> None:
-    final = finalize_manifest(pod(), StopReason.time, 900)
-    agent = final["spec"]["containers"][0]
-    assert agent["command"] == ["labkube", "agent", "--run-dir", "/runs/r", "--finalize", "time"]
-    assert final["spec"]["activeDeadlineSeconds"] == 900
-    assert final["metadata"]["labels"][LABEL_FINALIZE] == "time"
-
-
-def test_a_gaia2_finalize_pod_has_no_world() -> None:
-    run = RunResourceSpec(
-        run_id="r", campaign="c", task="t", task_path="/t", model="oracle", seed=0, family=TaskFamily.gaia2
-    )
-    options = PodOptions(default_image="img", world=WorldOptions(image="world:1"))
-    gaia2 = build_pod_manifest(run, options, owner=OWNER)
-    assert [c["name"] for c in gaia2["spec"]["initContainers"]] == ["prepare", "world"]
-    final = finalize_manifest(gaia2, StopReason.world_error, 900)
-    assert [c["name"] for c in final["spec"]["initContainers"]] == ["prepare"]
-    assert "LABKUBE_WORLD_URL" not in {e["name"] for e in final["spec"]["containers"][0]["env"]}
 
 
 def test_a_crash_looping_sidecar_is_stuck_and_a_failed_init_container_is_named() -> None:

@@ -78,7 +78,8 @@ async def test_kueue_admits_runs_by_quota_and_a_preempted_run_requeues_as_itself
     assert status["attempts"] == 2 and status["disruptions"] == 1 and status["crashes"] == 0, status
     resumed = next(c for c in status["conditions"] if c["type"] == "Resumed")
     assert resumed["reason"] == "StoppedByKueue"
-    second = cluster.created_pod(status["podName"])
+    second = cluster.created_pod(f"{preempted['metadata']['name']}-1")
+    assert status["podName"] == f"{preempted['metadata']['name']}-2-grade"
     assert second["metadata"]["labels"][QUEUE_LABEL] == "gpu"  # the same LocalQueue: requeued as itself
     assert (
         second["metadata"]["labels"]["labkube.dev/run"]

@@ -49,7 +49,11 @@ async def test_campaign_of_two_tasks_and_three_seeds_completes(cluster: Cluster)
         assert status["phase"] == "Finished" and status["stopReason"] == "done"
         assert status["score"] == pytest.approx(0.6) and status["tokens"] > 0 and status["attempts"] == 1
         assert run["metadata"]["ownerReferences"][0]["uid"] == campaign["metadata"]["uid"]
-    assert len(cluster.pods_created("two-by-three")) == 6
+    assert len(cluster.agent_pods_created("two-by-three")) == 6
+    # every run graded once, in a pod of its own after its agent's pod ended
+    assert sorted(cluster.grading_pods_created("two-by-three")) == sorted(
+        f"{r['metadata']['name']}-1-grade" for r in runs
+    )
     # Results land in the campaign directory on the runs volume, in the local layout.
     cdir = CampaignDir(cluster.campaign_dir("two-by-three"))
     assert sorted(cdir.run_ids()) == sorted(r["spec"]["run_id"] for r in runs)
@@ -84,8 +88,9 @@ async def test_operator_restart_adopts_running_pods_and_creates_no_duplicate(clu
         await eventually(lambda: phase(cluster, "restart") == "Finished", 90, what="the campaign to finish")
 
     runs = cluster.runs("restart")
-    assert {r["metadata"]["name"]: r["status"]["podName"] for r in runs} == before
-    assert sorted(cluster.pods_created("restart")) == sorted(before.values()), "a pod was created twice"
+    assert {r["metadata"]["name"]: r["status"]["podName"] for r in runs} == {name: f"{name}-1-grade" for name in before}
+    assert sorted(cluster.agent_pods_created("restart")) == sorted(before.values()), "a pod was created twice"
+    assert len(cluster.grading_pods_created("restart")) == 3
     for run in runs:
         assert run["status"]["phase"] == "Finished" and run["status"]["attempts"] == 1
     cdir = CampaignDir(cluster.campaign_dir("restart"))
@@ -117,7 +122,8 @@ async def test_evicted_pod_is_replaced_by_one_that_resumes_from_the_checkpoint(c
     assert "disruption 1 of at most 20; crashes 0 of 3" in resumed["message"]
     assert run["status"]["disruptions"] == 1 and run["status"]["crashes"] == 0
     created = cluster.pods_created("evict")
-    assert created == [first, run["status"]["podName"]]
+    assert created == [first, created[1], run["status"]["podName"]]
+    assert run["status"]["podName"] == f"{run['metadata']['name']}-2-grade"
     second = cluster.created_pod(created[1])
     assert "--resume" in second["spec"]["containers"][0]["command"]
     # Both pods were deleted once the result was recorded; their GPU time is in the ledger.
@@ -253,7 +259,7 @@ async def test_gpu_hour_cap_stops_new_runs_and_marks_them(cluster: Cluster) -> N
     for run in runs[1:]:
         held = condition(run, "Started")
         assert held is not None and held["reason"] == "GpuHoursCapReached"
-    assert len(cluster.pods_created("capped")) == 1
+    assert len(cluster.agent_pods_created("capped")) == 1
     assert campaign["status"]["gpuHoursUsed"] > 0.0001
     cdir = CampaignDir(cluster.campaign_dir("capped"))
     held_status = cdir.status(runs[1]["spec"]["run_id"])

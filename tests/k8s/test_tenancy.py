@@ -124,12 +124,13 @@ async def test_same_campaign_name_in_two_namespaces_finishes_with_separate_resul
         assert [p.name for p in claim.iterdir()] == [ns]
         # GPU-hours come from the pod's start and finish as the API reports them.
         ledger = read_model(ledger_path(cdir.root, run_id), PodLedger)
-        assert ledger is not None and len(ledger.pods) == 1 and ledger.gpus == 1
+        assert ledger is not None and len(ledger.pods) == 2 and ledger.gpus == 1  # the agent's and the grading pod
         assert status["gpuHours"] == pytest.approx(ledger.gpu_hours(), abs=1e-6) and status["gpuHours"] > 0
         assert cluster.api.objects(PODS, ns, "labkube.dev/campaign=sweep") == []  # deleted once recorded
-        (name,) = [
+        (name, _grading) = [
             n for verb, plural, where, n in cluster.api.audit if verb == "create" and plural == "pods" and where == ns
         ]
+        assert _grading == f"{name[: -len('-0')]}-1-grade"
         pod = cluster.last_pod_state(name, ns)
         window = ledger.pods[name]
         assert window.start.isoformat().replace("+00:00", "Z") == pod["status"]["startTime"]
@@ -344,7 +345,7 @@ async def test_pods_are_built_from_the_admitted_campaign_not_from_an_edited_run(
         await eventually(lambda: phase(cluster, "default", "edited") == "Finished", 90, what="the campaign")
     assert cluster.pods("edited") == []  # deleted once the result was recorded
     pods = [cluster.created_pod(name) for name in cluster.pods_created("edited")]
-    assert len(pods) == 2
+    assert len(pods) == 3  # two attempts of the agent (one evicted) and the grading pod
     for pod in pods:
         assert pod["spec"]["priorityClassName"] == "research"
         assert {c["image"] for c in pod["spec"]["containers"]} == {"labkube:test"}

@@ -152,6 +152,9 @@ Checks values.schema.json cannot express. Every message names the key and the ba
 {{- if and .Values.runs.workspace.existingClaim (ne .Values.runs.workspace.mode "pvc") }}
 {{- fail (printf "runs.workspace.existingClaim is %q but runs.workspace.mode is %q: set mode to pvc" .Values.runs.workspace.existingClaim .Values.runs.workspace.mode) }}
 {{- end }}
+{{- if eq .Values.runs.workspace.mode "emptyDir" }}
+{{- fail "runs.workspace.mode is emptyDir: a run is graded in a pod of its own after its agent's pod ends, and an emptyDir ends with that pod; set runs.workspace.mode to pvc (a claim per run, or existingClaim)" }}
+{{- end }}
 {{- range $name, $_ := .Values.runs.env }}
 {{- if regexMatch "(?i)(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)" $name }}
 {{- fail (printf "runs.env.%s looks like a secret: put it in a Secret and list it in runs.apiKeys" $name) }}

@@ -1,0 +1,130 @@
+"""Result intake on a cluster: a run's result comes from a grading pod, never from the agent's own pod.
+
+The agent's shell commands run as the same user, in the same container, as whatever writes that container's
+termination message and the run's `result.json`: anything the agent's pod reports is the agent's word. So the
+operator reads only the agent pod's exit code and the cluster's own conditions (an eviction, a deadline) from it:
+
+- exit code 0 or 1 (the agent says its loop ended): the operator starts a grading pod;
+- the pod's `activeDeadlineSeconds` passed: a grading pod (`time`);
+- anything else (137 for an OOM kill, a planted termination message included): a crash or a disruption, and
+  the next pod resumes; when the attempts run out, a grading pod (`killed`).
+
+The grading pod (`<run>-<attempt>-grade`, label `labkube.dev/finalize`) starts after the agent's pod has ended,
+so none of the agent's processes are left. It mounts the run's volume, re-writes `run.json` from the spec the
+operator admitted (the `prepare` init container), and runs `labkube agent --finalize REASON` in a container
+named `grade` that the agent never ran in: the task's pristine grader (protected files restored), the final
+grade, the integrity audit, `result.json`. It has no API keys, no model gateway and no Gaia2 world. Its
+termination message is the run's result; the operator accepts it only from the grading pod it created.
+
+A workspace must outlive the agent's pod for this: `runs.workspace.mode: pvc` (a claim per run, or the shared
+claim). An `emptyDir` workspace is refused (`OperatorConfig`, and the chart's `labkube.validateConfig`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from labkube.budgets import StopReason
+from labkube.operator.crds import dns_label
+from labkube.operator.k8s_models import RunStatus
+from labkube.operator.pod_manifest import GATEWAY_MOUNT
+from labkube.result import RunResult, result_from_report, termination_report
+
+__all__ = [
+    "GRADE_CONTAINER",
+    "LABEL_FINALIZE",
+    "agent_ended_reason",
+    "container_terminated",
+    "graded_result",
+    "grading_manifest",
+    "grading_pod_name",
+    "is_grading_pod",
+    "result_from_status",
+]
+
+LABEL_FINALIZE = "labkube.dev/finalize"
+GRADE_CONTAINER = "grade"
+# Variables of the agent container that a grading pod does not get: the gateway's and the world's addresses, the
+# key hand-over, and the metrics port (nothing scrapes a grading pod).
+_AGENT_ONLY_ENV = frozenset(
+    {"LABKUBE_WORLD_URL", "LABKUBE_GATEWAY_URL", "LABKUBE_GATEWAY_TOKEN_FILE", "LABKUBE_STDIN_VARS"}
+)
+# Sidecars the agent talked to: a grading pod has neither (no key, no world; Gaia2's verdict is in the checkpoint).
+_AGENT_SIDECARS = frozenset({"world", "gateway"})
+
+
+def grading_pod_name(run: str, attempt: int) -> str:
+    return dns_label(f"{run}-{attempt}-grade")
+
+
+def is_grading_pod(pod: Mapping[str, Any]) -> bool:
+    return LABEL_FINALIZE in (((pod.get("metadata") or {}).get("labels")) or {})
+
+
+def grading_manifest(pod: dict[str, Any], reason: StopReason, deadline_s: int) -> dict[str, Any]:
+    """The agent pod `pod` (as built for this attempt) turned into the pod that grades the stopped run."""
+    pod = copy.deepcopy(pod)
+    spec = pod["spec"]
+    agent = next(c for c in spec["containers"] if c["name"] == "agent")
+    command = [a for a in agent["command"] if a != "--resume"] + ["--finalize", reason.value]
+    env = [
+        e
+        for e in agent.get("env", [])
+        if e["name"] not in _AGENT_ONLY_ENV and "secretKeyRef" not in (e.get("valueFrom") or {})
+    ]
+    mounts = [m for m in agent.get("volumeMounts", []) if m["mountPath"] != GATEWAY_MOUNT]
+    grade = {**agent, "name": GRADE_CONTAINER, "command": command, "env": env, "volumeMounts": mounts}
+    grade.pop("ports", None)
+    spec["containers"] = [grade]
+    spec["initContainers"] = [c for c in spec.get("initContainers", []) if c["name"] not in _AGENT_SIDECARS]
+    spec["volumes"] = [v for v in spec.get("volumes", []) if v["name"] != "gateway"]
+    spec["activeDeadlineSeconds"] = max(60, deadline_s)
+    meta = pod["metadata"]
+    attempt = int(meta["labels"].get("labkube.dev/attempt", 0))
+    run = meta["labels"]["labkube.dev/run"]
+    meta["name"] = grading_pod_name(run, attempt)
+    meta["labels"][LABEL_FINALIZE] = reason.value
+    return pod
+
+
+def container_terminated(pod: Mapping[str, Any], name: str) -> dict[str, Any] | None:
+    """Container `name`'s `state.terminated`, once it ended."""
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") == name:
+            return (cs.get("state") or {}).get("terminated")
+    return None
+
+
+def agent_ended_reason(code: int | None) -> StopReason | None:
+    """What an agent pod's exit code asks for: grading (0 or 1: its loop ended), or None (a crash: resume)."""
+    if code == 0:
+        return StopReason.done
+    if code == 1:
+        return StopReason.error
+    return None
+
+
+def graded_result(pod: Mapping[str, Any], run_id: str) -> RunResult | None:
+    """The result in a grading pod's termination message (the `grade` container's); None from any other pod, or
+    when the message is not a final result of this run."""
+    if not is_grading_pod(pod):
+        return None
+    result = result_from_report((container_terminated(pod, GRADE_CONTAINER) or {}).get("message"))
+    if result is None or result.run_id != run_id or not result.final:
+        return None
+    return result
+
+
+def result_from_status(status: RunStatus, run_id: str) -> RunResult | None:
+    """The result a Run's final status records (its grading report), for a leader that has no copy on disk."""
+    if not status.phase.final or not status.report:
+        return None
+    result = result_from_report(status.report)
+    return result if result is not None and result.run_id == run_id and result.final else None
+
+
+def report_of(result: RunResult) -> str:
+    """`result` as the Run status records it (the termination report: at most 4096 bytes)."""
+    return termination_report(result)

@@ -1,0 +1,94 @@
+"""A run's pod time on a cluster: when each of its pods held its GPUs, as the API reports it.
+
+The GPU-hour meter's only source (never a file a run can write). Its record is the Run's status
+(`status.podTimes`, written with every status patch, before any pod is deleted); the operator's
+`<campaign>/pods/<run-id>.json` is a cache of it, which a new leader with an empty runs root rebuilds from the
+Run statuses (`ledger_from_status`) before it drives the campaign, so `gpuHours` and the cap meter carry on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from labkube.operator.k8s_models import PodTimeStatus, RunStatus
+from labkube.operator.kube import parse_time
+from labkube.store import read_model, write_model
+
+__all__ = ["PodLedger", "PodTime", "ledger_from_status", "ledger_path", "pod_time", "restore_ledger"]
+
+_TERMINAL = frozenset({"Succeeded", "Failed"})
+
+
+class PodTime(BaseModel):
+    start: datetime
+    end: datetime | None = None
+
+
+class PodLedger(BaseModel):
+    """When each pod of a run held its GPUs, as the API reports it (`status.startTime` to the last container's
+    `finishedAt`): the GPU-hour meter's only source on a cluster. Kept in the operator's `<campaign>/pods/`,
+    which no pod mounts, and in the Run's `status.podTimes`."""
+
+    run_id: str
+    gpus: int = Field(default=0, ge=0)
+    pods: dict[str, PodTime] = Field(default_factory=dict)
+
+    def seconds(self, now: datetime | None = None) -> float:
+        """Pod time of every attempt so far."""
+        now = now or datetime.now(UTC)
+        return sum(max(0.0, ((t.end or now) - t.start).total_seconds()) for t in self.pods.values())
+
+    def gpu_hours(self, now: datetime | None = None) -> float:
+        return self.gpus * self.seconds(now) / 3600.0
+
+    def to_status(self) -> list[PodTimeStatus]:
+        """The ledger as `Run.status.podTimes`."""
+        return [PodTimeStatus(pod=name, start=t.start, end=t.end) for name, t in sorted(self.pods.items())]
+
+
+def ledger_path(campaign_root: Path, run_id: str) -> Path:
+    return campaign_root / "pods" / f"{run_id}.json"
+
+
+def ledger_from_status(run_id: str, gpus: int, status: RunStatus) -> PodLedger:
+    """The ledger a Run's status records (`status.podTimes`)."""
+    pods = {p.pod: PodTime(start=p.start, end=p.end) for p in status.pod_times}
+    return PodLedger(run_id=run_id, gpus=gpus, pods=pods)
+
+
+def restore_ledger(campaign_root: Path, run_id: str, gpus: int, status: RunStatus) -> PodLedger:
+    """The run's ledger: the cached file merged with what its Run status records (the status wins for a pod
+    both know, a pod only the cache knows is kept); the cache is rewritten when the status knew more."""
+    path = ledger_path(campaign_root, run_id)
+    cached = read_model(path, PodLedger)
+    recorded = ledger_from_status(run_id, gpus, status)
+    if cached is None:
+        ledger = recorded
+    else:
+        ledger = cached.model_copy(update={"gpus": gpus, "pods": {**cached.pods, **recorded.pods}})
+    if cached is None or ledger.pods != cached.pods:
+        write_model(path, ledger)
+    return ledger
+
+
+def _statuses(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
+    status = pod.get("status") or {}
+    return [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+
+
+def pod_time(pod: Mapping[str, Any]) -> PodTime | None:
+    """From the pod's start (scheduled, its GPUs bound) to the end of its last container; None before it starts."""
+    status = pod.get("status") or {}
+    start = parse_time(status.get("startTime"))
+    if start is None:
+        return None
+    if status.get("phase") not in _TERMINAL:
+        return PodTime(start=start)
+    ends = [parse_time(((cs.get("state") or {}).get("terminated") or {}).get("finishedAt")) for cs in _statuses(pod)]
+    known = [e for e in ends if e is not None]
+    return PodTime(start=start, end=max(known) if known else datetime.now(UTC))

@@ -1,0 +1,170 @@
+"""Result intake without a cluster: a run's result comes only from the grading pod the operator started, and a
+new leader rebuilds what it knows from the Run statuses (the API is the record)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes_validate import validate
+
+from labkube.budgets import StopReason
+from labkube.operator.k8s_grading import (
+    GRADE_CONTAINER,
+    LABEL_FINALIZE,
+    agent_ended_reason,
+    graded_result,
+    grading_manifest,
+    result_from_status,
+)
+from labkube.operator.k8s_ledger import PodLedger, PodTime, ledger_path
+from labkube.operator.k8s_models import (
+    ApiKeySecret,
+    OperatorConfig,
+    PodOptions,
+    RunResourceSpec,
+    RunStatus,
+    WorldOptions,
+)
+from labkube.operator.k8s_record import restore_from_statuses
+from labkube.operator.pod_manifest import build_pod_manifest
+from labkube.result import RunResult, termination_report
+from labkube.run_spec import RunPhase, RunSpec
+from labkube.store import CampaignDir, read_model
+from labkube.task_card import TaskFamily
+
+OWNER = {
+    "apiVersion": "labkube.dev/v1alpha1",
+    "kind": "Run",
+    "metadata": {"name": "c-r", "namespace": "ns", "uid": "u"},
+}
+KEYS = [ApiKeySecret(env="OPENAI_API_KEY", secret_name="keys", key="openai")]
+
+
+def run_spec(**fields: Any) -> RunResourceSpec:
+    return RunResourceSpec(run_id="r", campaign="c", task="t", task_path="/t", model="oracle", seed=0, **fields)
+
+
+def result(score: float = 1.0, run_id: str = "r") -> RunResult:
+    return RunResult(
+        run_id=run_id,
+        task="t",
+        model="oracle",
+        seed=0,
+        status=RunPhase.finished,
+        stop_reason=StopReason.done,
+        score=score,
+        finished_at=datetime(2025, 1, 1, tzinfo=UTC),
+    )
+
+
+def ended(manifest: dict[str, Any], container: str, message: str, code: int = 0) -> dict[str, Any]:
+    """`manifest` as the API shows it after its container ended with `message`."""
+    terminated = {"exitCode": code, "message": message, "finishedAt": "2025-01-01T00:10:00Z"}
+    status = {
+        "phase": "Succeeded" if code == 0 else "Failed",
+        "startTime": "2025-01-01T00:00:00Z",
+        "containerStatuses": [{"name": container, "state": {"terminated": terminated}}],
+    }
+    return {**manifest, "status": status}
+
+
+@pytest.mark.parametrize("agent", ["rg-agent", "claude-code"])
+@pytest.mark.parametrize("family", [TaskFamily.researchgym, TaskFamily.gaia2])
+def test_a_grading_pod_grades_without_keys_gateway_or_world(agent: str, family: TaskFamily) -> None:
+    options = PodOptions(default_image="img", api_keys=KEYS, world=WorldOptions(image="world:1"))
+    pod = build_pod_manifest(run_spec(agent=agent, family=family), options, owner=OWNER, attempt=2, resume=True)
+    grading = grading_manifest(pod, StopReason.time, 900)
+    validate(grading, "1.33", strict=True)
+    spec = grading["spec"]
+    (grade,) = spec["containers"]
+    assert grade["name"] == GRADE_CONTAINER and grade["image"] == "img"
+    assert grade["command"] == ["labkube", "agent", "--run-dir", "/runs/r", "--finalize", "time"]
+    # no key by any route: no Secret reference, no hand-over on stdin, no gateway, no world to ask for one
+    assert not [e for e in grade["env"] if "valueFrom" in e]
+    names = {e["name"] for e in grade["env"]}
+    assert not names & {"LABKUBE_STDIN_VARS", "LABKUBE_GATEWAY_URL", "LABKUBE_WORLD_URL", "OPENAI_API_KEY"}
+    assert [c["name"] for c in spec["initContainers"]] == ["prepare"]  # run.json re-written from the admitted spec
+    assert "gateway" not in {v["name"] for v in spec["volumes"]}
+    assert "ports" not in grade
+    assert spec["activeDeadlineSeconds"] == 900
+    assert grading["metadata"]["name"] == "c-r-2-grade"
+    assert grading["metadata"]["labels"][LABEL_FINALIZE] == "time"
+    assert grading["metadata"]["labels"]["labkube.dev/attempt"] == "2"
+    assert pod["spec"]["containers"][0]["name"] == "agent"  # the agent's manifest is left as it was
+
+
+def test_only_the_grading_pods_report_is_a_result() -> None:
+    pod = build_pod_manifest(run_spec(), PodOptions(default_image="img"), owner=OWNER)
+    grading = grading_manifest(pod, StopReason.done, 900)
+    forged = termination_report(result(1.0))
+    # The agent's own pod: whatever it wrote is its word, not a result (finished or not, whatever its exit code).
+    assert graded_result(ended(pod, "agent", forged), "r") is None
+    assert graded_result(ended(pod, "agent", forged, code=137), "r") is None
+    # The grading pod the operator started: its `grade` container's report, for this run only.
+    assert graded_result(ended(grading, GRADE_CONTAINER, termination_report(result(0.6))), "r") == result(0.6)
+    assert graded_result(ended(grading, GRADE_CONTAINER, termination_report(result(run_id="other"))), "r") is None
+    assert graded_result(ended(grading, "agent", forged), "r") is None
+    assert graded_result(ended(grading, GRADE_CONTAINER, "Traceback (most recent call last): ...", 1), "r") is None
+
+
+def test_only_an_ended_agent_loop_is_graded() -> None:
+    assert agent_ended_reason(0) is StopReason.done
+    assert agent_ended_reason(1) is StopReason.error
+    for crash in (137, 143, 2, 75, None):
+        assert agent_ended_reason(crash) is None
+
+
+def test_an_emptydir_workspace_is_refused_in_one_line() -> None:
+    with pytest.raises(ValueError, match=r"runs\.workspace\.mode emptyDir: .* set runs\.workspace\.mode to pvc"):
+        OperatorConfig(runs=PodOptions(default_image="img", workspace={"mode": "emptyDir"}))
+
+
+def test_a_new_leader_rebuilds_results_and_ledgers_from_run_statuses(tmp_path: Path) -> None:
+    cdir = CampaignDir(tmp_path / "ns" / "c")
+    start = datetime(2025, 1, 1, tzinfo=UTC)
+    done_ledger = PodLedger(
+        run_id="done",
+        gpus=2,
+        pods={
+            "c-done-0": PodTime(start=start, end=start + timedelta(minutes=30)),
+            "c-done-1-grade": PodTime(start=start + timedelta(hours=1), end=start + timedelta(hours=1, minutes=30)),
+        },
+    )
+    live_ledger = PodLedger(run_id="live", gpus=1, pods={"c-live-0": PodTime(start=start)})
+    final = RunStatus(
+        phase=RunPhase.finished,
+        score=0.6,
+        gpu_hours=2.0,
+        pod_times=done_ledger.to_status(),
+        report=termination_report(result(0.6, run_id="done")),
+    )
+    objs = [
+        {"metadata": {"name": "c-done"}, "status": final.to_status()},
+        {
+            "metadata": {"name": "c-live"},
+            "status": RunStatus(phase=RunPhase.running, pod_times=live_ledger.to_status()).to_status(),
+        },
+        {"metadata": {"name": "c-new"}, "status": RunStatus().to_status()},
+    ]
+    runs = [
+        RunSpec(run_id=i, campaign="c", task="t", task_path="/t", model="oracle", seed=0, gpus=g)
+        for i, g in (("done", 2), ("live", 1), ("new", 0))
+    ]
+    finished = restore_from_statuses(cdir, runs, objs, shared=False)
+    assert finished == {"done"}
+    restored = read_model(ledger_path(cdir.root, "done"), PodLedger)
+    assert restored == done_ledger and restored.gpu_hours() == pytest.approx(2.0)
+    assert read_model(ledger_path(cdir.root, "live"), PodLedger) == live_ledger
+    assert cdir.result("done") == result(0.6, run_id="done")
+    assert cdir.result("live") is None
+    # A status without a report (an earlier version's) is still final, and nothing is made up for it.
+    bare = final.model_copy(update={"report": None})
+    assert result_from_status(bare, "done") is None
+    fresh = CampaignDir(tmp_path / "other" / "c")
+    assert restore_from_statuses(
+        fresh, runs[:1], [{"metadata": {"name": "c-done"}, "status": bare.to_status()}], shared=False
+    ) == {"done"}
+    assert fresh.result("done") is None
