@@ -125,8 +125,8 @@ def run_campaign(spec: CampaignSpec, out: Path, ray_address: str | None, metrics
     except KeyboardInterrupt:
         stopped = mark_stopped(cdir)
         err_console.print(
-            f"[yellow]interrupted:[/] {stopped} unfinished run(s) marked stopped in {cdir.root}; "
-            f"to resume them, run the same command again (or: labkube campaign run FILE --out {cdir.root})",
+            f"[yellow]interrupted:[/] {stopped} unfinished run(s) marked stopped in {cdir.root}; to resume them, "
+            f"run the same command again (the same tasks, models and seeds, --out {cdir.root})",
             highlight=False,
             soft_wrap=True,
         )
