@@ -69,8 +69,6 @@ CAMPAIGN = 'campaign=~"$campaign"'
 RUNS = 'campaign=~"$campaign", task=~"$task", model=~"$model"'
 RUN = 'campaign=~"$campaign", run_id="$run_id"'
 
-# Series that the dashboards use before labkube exports them (see docs/monitoring.md, "Gaia2").
-PENDING_SERIES = {"labkube_run_gaia2_passed"}
 # NVIDIA's DCGM exporter on a cluster's GPU nodes (docs/monitoring.md, "GPUs on a cluster"): percent and MiB. Its
 # `pod` label names the pod using the GPU, or, where Prometheus keeps the exporter pod's own `pod` target label
 # (no honorLabels), `exported_pod` does; the queries take whichever is there and join on the run pod's `pod`.

@@ -32,6 +32,9 @@ RULES_TEST = DASHBOARDS / "rules_test.yaml"
 OPERATOR_JOB = "labkube-operator"  # the scrape job the operator alerts name
 
 CAMPAIGN = "monitoring"
+# A Gaia2 scenario (in ARE's world, judged by ARE) beside the paper task: the Gaia2 dashboard's series.
+GAIA2_TASK = "gaia2/execution_budget_email"
+GAIA2_CAPABILITY = "execution"
 # Every step sleeps, so that the two runs (one at a time: one fake GPU) last about ten seconds each.
 # Seed 0 edits the grader (the integrity audit finds it SUSPICIOUS); seed 1 kills its own agent process
 # once (the supervisor resumes it from its checkpoint: resumes and restarts); a read of a missing file
@@ -63,8 +66,9 @@ def free_port() -> int:
 
 
 def make_campaign(root: Path) -> tuple[Path, Path]:
-    """A tiny task that needs a GPU, has every budget, and is graded every 2 s; a campaign file running
-    it with two seeds, a price for the oracle (so it costs money) and a GPU-hour cap. Returns (task, file)."""
+    """A tiny task that needs a GPU, has every budget, and is graded every 2 s, and a Gaia2 scenario; a campaign
+    file running both with two seeds, a price for the oracle (so it costs money) and a GPU-hour cap. Concurrency 3:
+    the one fake GPU runs the paper task's seeds one at a time, beside the Gaia2 runs. Returns (task, file)."""
     task = make_tiny_task(
         root,
         PLAN,
@@ -74,10 +78,10 @@ def make_campaign(root: Path) -> tuple[Path, Path]:
     )
     spec = {
         "name": CAMPAIGN,
-        "tasks": [str(task)],
+        "tasks": [str(task), GAIA2_TASK],
         "models": ["oracle"],
         "seeds": 2,
-        "concurrency": 2,
+        "concurrency": 3,
         "gpu_hours_cap": 1.0,
         "prices": {"oracle": [100.0, 100.0]},
     }

@@ -28,6 +28,8 @@ import yaml
 from monitoring_helpers import (
     CAMPAIGN,
     DASHBOARDS,
+    GAIA2_CAPABILITY,
+    GAIA2_TASK,
     OPERATOR_JOB,
     REPO,
     RULES,
@@ -87,22 +89,10 @@ def known_series() -> set[str]:
 
 
 def pending_reason(expr: str) -> str | None:
-    """Why a query cannot return data yet: it reads a series labkube does not export yet, or one only a cluster's
-    DCGM exporter exports (its join is checked by test_dcgm_series_join_to_run_pods)."""
+    """Why a query cannot return data here: it reads a series only a cluster's DCGM exporter exports (its join is
+    checked by test_dcgm_series_join_to_run_pods)."""
     if any(name in expr for name in BUILD.DCGM_SERIES):
         return "DCGM exporter series exist only on a cluster's GPU nodes; the join is tested with promtool"
-    missing = series_names(expr) & BUILD.PENDING_SERIES
-    for name in sorted(missing):
-        if name not in RUN_METRICS:
-            return (
-                f"{name} is not exported yet (not in labkube/metrics.py RUN_METRICS); the panel is designed on "
-                "it (gauge, labels campaign, run_id, task, model, capability) and its query is still checked "
-                "to be valid PromQL"
-            )
-        return (
-            f"{name} exists but the live campaign here has no Gaia2 run (ARE is not installed in the test "
-            "environment); the query is still checked to be valid PromQL"
-        )
     return None
 
 
@@ -180,10 +170,10 @@ def test_dashboard_structure(name: str) -> None:
 
 
 def test_dashboards_read_only_series_that_exist() -> None:
-    """DESIGN.md: dashboards query only series that exist (labkube/metrics.py, our recording rules),
-    plus the Gaia2 series the issue designs ahead of it; every recording rule serves a dashboard."""
+    """DESIGN.md: dashboards query only series that exist (labkube/metrics.py, our recording rules); every
+    recording rule serves a dashboard."""
     records = set(recording_rules())
-    allowed = known_series() | records | BUILD.PENDING_SERIES
+    allowed = known_series() | records
     used: set[str] = set()
     for name, board in BOARDS.items():
         for p, t in queries(board):
@@ -201,10 +191,8 @@ def test_dashboards_read_only_series_that_exist() -> None:
 
 
 def test_the_gaia2_series_is_designed_as_the_panels_expect() -> None:
-    for name in BUILD.PENDING_SERIES:
-        if name in RUN_METRICS:  # once labkube exports it, it must be the series the panels were designed on
-            kind, _doc, extra = RUN_METRICS[name]
-            assert kind == "gauge" and extra == ("capability",), RUN_METRICS[name]
+    kind, _doc, extra = RUN_METRICS["labkube_run_gaia2_passed"]
+    assert kind == "gauge" and extra == ("capability",), RUN_METRICS["labkube_run_gaia2_passed"]
     gaia2 = [t["expr"] for _p, t in queries(BOARDS["gaia2.json"])]
     assert gaia2 and all("labkube_run_gaia2_passed" in e and "capability" in e for e in gaia2)
     assert RUN_LABELS == ("campaign", "run_id", "task", "model")
@@ -268,6 +256,7 @@ class Live:
     end: float  # the last moment Prometheus scraped the campaign successfully
     values: dict[str, str]  # template variables as Grafana would send them
     campaign_log: Path
+    task: str  # the paper task's path (the other task is GAIA2_TASK)
 
 
 @pytest.fixture(scope="module")
@@ -315,14 +304,15 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         assert suspicious, "the seed that edits grading/grade.sh is SUSPICIOUS"
         values = {
             "campaign": grafana_regex_escape(CAMPAIGN),
-            "task": grafana_regex_escape(str(task)),
+            # both tasks selected: Grafana joins a multi-value variable's escaped values as (a|b)
+            "task": f"({grafana_regex_escape(str(task))}|{grafana_regex_escape(GAIA2_TASK)})",
             "model": grafana_regex_escape("oracle"),
             "run_id": suspicious[0]["metric"]["run_id"],  # a single-value variable: not escaped
             "__range": f"{math.ceil(end - start) + 5}s",
             "__rate_interval": "10s",
             "__interval": "1s",
         }
-        yield Live(prom, scraper.scrapes, start, end, values, root / "campaign.log")
+        yield Live(prom, scraper.scrapes, start, end, values, root / "campaign.log", str(task))
     finally:
         scraper.halt.set()
         if campaign is not None:  # Ctrl-C first, so the campaign shuts its Ray down
@@ -352,8 +342,7 @@ def test_promtool_check_metrics_on_a_live_scrape(live: Live) -> None:
         proc = promtool("check", "metrics", stdin=text)
         assert proc.returncode == 0 and not (proc.stdout + proc.stderr).strip(), proc.stdout + proc.stderr
     exported = {m.group(1) for m in re.finditer(r"^# TYPE (\S+) ", "\n".join(live.scrapes), re.M)}
-    # The live campaign runs paper tasks only; Gaia2 runs (which need ARE's environment) export the rest.
-    declared = {*RUN_METRICS, *CAMPAIGN_METRICS} - {"labkube_run_gaia2_passed"}
+    declared = {*RUN_METRICS, *CAMPAIGN_METRICS}
     assert declared <= exported, f"series the live campaign never exported: {declared - exported}"
 
 
@@ -386,8 +375,10 @@ def test_template_variables_offer_the_campaigns_values(live: Live, name: str) ->
         found = {s.get(label) for s in live.prometheus.series(selector, live.start, live.end)}
         if pending_reason(m.group(1)):
             continue
-        if label == "task":
-            assert len(found) == 1 and next(iter(found)), found  # the task's path, as the campaign names it
+        if label == "task":  # the tasks as the campaign names them: the paper task's path, the Gaia2 reference
+            assert found and found <= {live.task, GAIA2_TASK}, found
+            if name == "gaia2.json":
+                assert found == {GAIA2_TASK}, found
         else:
             assert raw[label] in found, (var["name"], found)
 
@@ -405,6 +396,21 @@ def test_every_rule_evaluates_without_error(live: Live) -> None:
     assert set(rules) == set(recording_rules()) | set(alerting_rules())
     broken = {name: r.get("lastError") for name, r in rules.items() if r.get("health") != "ok"}
     assert not broken, broken
+
+
+@slow
+def test_gaia2_panels_show_the_judges_verdicts(live: Live) -> None:
+    """ARE's judge passes the oracle on both seeds: one series per run with the scenario's capability, value 1,
+    and the pass-rate panel's query gives 1 for that capability."""
+    passed = live.prometheus.instant("labkube_run_gaia2_passed", live.end)
+    assert sorted((r["metric"]["task"], r["metric"]["capability"], r["value"][1]) for r in passed) == [
+        (GAIA2_TASK, GAIA2_CAPABILITY, "1"),
+        (GAIA2_TASK, GAIA2_CAPABILITY, "1"),
+    ], passed
+    assert len({r["metric"]["run_id"] for r in passed}) == 2
+    (pass_rate,) = [t["expr"] for p, t in queries(BOARDS["gaia2.json"]) if p["title"] == "Pass rate by capability"]
+    result = live.prometheus.instant(substitute(pass_rate, live.values), live.end)
+    assert [(r["metric"]["capability"], r["value"][1]) for r in result] == [(GAIA2_CAPABILITY, "1")], result
 
 
 @slow
