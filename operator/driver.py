@@ -384,8 +384,9 @@ async def drive(
             try:
                 run_dir = str(campaign_root / "runs" / run.run_id)
                 run_env = env
-                if backend is None and run.gpus and pg is not None:  # locally: the run sees only its own GPUs
-                    run_env = {**(env or {}), "CUDA_VISIBLE_DEVICES": await allocated_gpus(pg, run.gpus)}
+                if backend is None:  # locally: the run sees only its own GPUs, and none when it asked for none
+                    own = await allocated_gpus(pg, run.gpus) if run.gpus and pg is not None else ""
+                    run_env = {**(env or {}), "CUDA_VISIBLE_DEVICES": own}
                 data = await supervise_on(actors, i % n_actors, run_dir, run_env, backend, stopping, ctx)
             finally:
                 if pg is not None:

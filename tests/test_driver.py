@@ -103,6 +103,17 @@ def test_two_one_gpu_runs_each_see_their_own_gpu(ray_local, tmp_path: Path) -> N
     assert b_start < a_end, "the two runs did not overlap, so the test proves nothing"
 
 
+def test_a_run_that_asks_for_no_gpu_sees_none(ray_local, tmp_path: Path) -> None:
+    """On a machine with GPUs, a CPU run must not use the GPUs Ray gave other runs: CUDA_VISIBLE_DEVICES is set
+    and empty (unset, CUDA would see every GPU of the machine)."""
+    show = {"tool": "bash", "args": {"command": 'echo -n "[${CUDA_VISIBLE_DEVICES-unset}]" > cuda.txt'}}
+    task = make_tiny_task(tmp_path, [WRITE, show])
+    spec = CampaignSpec(name="cpu", tasks=[str(task)], models=["oracle"], seeds=1)
+    (result,) = launch(spec, tmp_path / "out", ray_ctx=ray_local)
+    assert result.status.value == "Finished"
+    assert (tmp_path / "out" / "runs" / result.run_id / "workspace" / "cuda.txt").read_text() == "[]"
+
+
 def test_the_local_head_runs_without_the_autoscaler_and_log_monitors(ray_local) -> None:
     """A head started on this machine never scales and its workers' logs go to nobody (`log_to_driver=False`): the
     two monitors would be 160 MiB of the operator pod's memory for nothing. Checked on the processes of this
