@@ -203,7 +203,7 @@ def test_a_401_run_fails_with_reason_auth(leak_run: LeakRun) -> None:
     import json
 
     assert leak_run.returncode == 1, leak_run.stderr
-    assert f"run {AUTH_FAIL} failed" in leak_run.stderr and "authentication failed" in leak_run.stderr
+    assert f"run {AUTH_FAIL} model_error:" in leak_run.stderr and "authentication failed" in leak_run.stderr
     result = json.loads((leak_run.out / "runs" / AUTH_FAIL / "result.json").read_text())
     assert result["status"] == "Failed" and result["stop_reason"] == "auth"
     status = json.loads((leak_run.out / "runs" / AUTH_FAIL / "status.json").read_text())
