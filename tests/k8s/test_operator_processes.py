@@ -5,10 +5,12 @@ Ray, against the fake API and kubelet of this process:
   twice, mid-campaign;
 - two replicas started at once (leader election on a Lease): one drives, the other stands by; the leader is killed
   and the standby takes the campaign over;
+- the chart's default storage (a claim per run, each replica's runs root an empty directory of its own) with the
+  leader killed and replaced twice: the Run statuses are the record (no finished run re-runs, the GPU meter holds);
 - a Ray worker node of a multi-node Ray cluster (`raynodes.LocalRayCluster`: `ray start --head` and two
   `ray start --address` nodes, reached through Ray Client as a KubeRay head service is) killed mid-campaign.
 
-Each ends with every Run Finished, one pod per Run (none created twice), and no orphan: no process of a stopped
+Each ends with every Run Finished, one agent pod per Run (none created twice) and its grading pod, and no orphan: no process of a stopped
 operator outlives it, and no supervisor actor is left on any Ray node.
 """
 
@@ -37,6 +39,8 @@ from operator_process import (
 from raynodes import LocalRayCluster
 
 from labkube.operator.crds import API_VERSION
+from labkube.operator.k8s_ledger import PodLedger
+from labkube.store import read_model
 
 pytestmark = pytest.mark.slow
 Fault = Callable[[str, str, str], object]
@@ -57,18 +61,21 @@ class Fake:
     kubeconfig: Path
     work: Path
 
-    def config(self, **extra: Any) -> tuple[Path, int]:
+    def config(self, workspace: dict[str, Any] | None = None, **extra: Any) -> tuple[Path, int]:
+        """A replica's config: the shared claim by default; `workspace` `{"mode": "pvc"}` is the chart's default
+        (a claim per run)."""
         runs = {
             "defaultImage": "labkube:test",
-            "workspace": {"mode": "pvc", "existingClaim": CLAIM, "accessModes": ["ReadWriteMany"]},
+            "workspace": workspace or {"mode": "pvc", "existingClaim": CLAIM, "accessModes": ["ReadWriteMany"]},
             "terminationGracePeriodSeconds": 5,
         }
         return operator_config(self.work, runs=runs, leaderElection=FAST_LEASE, **extra)
 
-    async def operator(self, config: Path, name: str, **kwargs: Any) -> OperatorProcess:
+    async def operator(self, config: Path, name: str, runs_root: Path | None = None, **kwargs: Any) -> OperatorProcess:
+        """A replica; its runs root is the shared claim unless `runs_root` (e.g. an empty one: the chart's emptyDir)."""
         env = {"LABKUBE_OPERATOR_NAMESPACE": OPERATOR_NAMESPACE, **kwargs.pop("env", {})}
         return await OperatorProcess.start(
-            config, self.kubeconfig, self.volume, self.work / f"{name}.log", env=env, **kwargs
+            config, self.kubeconfig, runs_root or self.volume, self.work / f"{name}.log", env=env, **kwargs
         )
 
     def campaign(self, name: str, task: Path, seeds: int) -> None:
@@ -103,8 +110,11 @@ class Fake:
             raise AssertionError(f"{exc}\n" + "\n".join(op.said(2500) for op in operators)) from None
 
     def assert_one_pod_per_run(self, campaign: str, runs: int) -> None:
+        """One agent pod per run, and one grading pod after it (`k8s_grading`)."""
         created = self.pods_created(campaign)
-        assert len(created) == len(set(created)) == runs, f"pods created: {created}"
+        agents = [n for n in created if not n.endswith("-grade")]
+        assert len(agents) == len(set(agents)) == runs, f"pods created: {created}"
+        assert len(created) == len(set(created)) == 2 * runs, f"pods created: {created}"
         objs = self.api.objects(RUNS, NAMESPACE, f"labkube.dev/campaign={campaign}")
         assert len(objs) == runs
         for run in objs:
@@ -264,3 +274,99 @@ async def test_a_ray_worker_node_killed_mid_campaign_loses_no_run(fake: Fake, fa
     finally:
         await asyncio.to_thread(ray_cluster.stop)
     assert ray_cluster.leftovers() == []
+
+
+async def test_fresh_leaders_with_empty_runs_roots_rerun_nothing_and_keep_the_gpu_meter(
+    fake: Fake, fault: Fault
+) -> None:
+    fault(
+        "the leader replaced twice by a replica with an empty runs root (the chart's default storage)",
+        "two replicas, leader election on, a claim per run and each replica's runs root an empty directory of its "
+        "own (the chart's emptyDir); one run finishes, then the leader is SIGKILLed while the other runs, the "
+        "standby takes over, a fresh replica joins, and the new leader is SIGKILLed too",
+        "the Run statuses are the record: the finished run is never started again (no pod), its gpuHours and pod "
+        "times are unchanged and each new leader's ledger is rebuilt from them; the running pod is adopted (one "
+        "agent pod per run); the campaign finishes",
+    )
+    quick = tiny_task(fake.work, "quick", [WRITE, READ], resources={"gpus": 1})
+    slow = tiny_task(
+        fake.work, "slow", [WRITE, {"tool": "bash", "args": {"command": "sleep 30"}}, READ], resources={"gpus": 1}
+    )
+    roots = {name: fake.work / f"root-{name}" for name in "abc"}
+    for root in roots.values():
+        root.mkdir()
+    per_run = {"mode": "pvc"}
+    configs = {name: fake.config(workspace=per_run) for name in "abc"}
+    ops = dict(
+        zip(
+            "ab",
+            await asyncio.gather(*(fake.operator(configs[n][0], n, runs_root=roots[n]) for n in "ab")),
+            strict=True,
+        )
+    )
+    said = {n: await wait_healthy(ops[n], configs[n][1]) for n in "ab"}
+    leader = next(n for n, text in said.items() if "standing by" not in text)
+    spec = {"tasks": [str(quick), str(slow)], "models": ["oracle"], "seeds": 1, "concurrency": 2}
+    body = {"apiVersion": API_VERSION, "kind": "Campaign", "metadata": {"name": "failover"}, "spec": spec}
+    fake.api.create_object(CAMPAIGNS, NAMESPACE, body)
+
+    def run_of(task: str) -> dict[str, Any]:
+        return next(
+            r
+            for r in fake.api.objects(RUNS, NAMESPACE, "labkube.dev/campaign=failover")
+            if r["spec"]["task"].endswith(task)
+        )
+
+    def quick_done_and_slow_running() -> bool:
+        runs = fake.api.objects(RUNS, NAMESPACE, "labkube.dev/campaign=failover")
+        if len(runs) != 2:
+            return False
+        return run_of("quick")["status"]["phase"] == "Finished" and fake.running("failover") == 1
+
+    await eventually(quick_done_and_slow_running, 120, every=0.3, what="the quick run finished, the slow one running")
+    recorded = run_of("quick")["status"]
+    assert recorded["gpuHours"] > 0 and len(recorded["podTimes"]) == 2 and recorded["report"]
+    quick_pods = [n for n in fake.pods_created("failover") if n.startswith(run_of("quick")["metadata"]["name"])]
+    slow_run = run_of("slow")["metadata"]["name"]
+
+    def holder() -> str:
+        lease = fake.api.read_object(LEASES, OPERATOR_NAMESPACE, "labkube-operator") or {}
+        return str((lease.get("spec") or {}).get("holderIdentity") or "")
+
+    for round_ in (1, 2):
+        before = holder()
+        await ops[leader].kill()
+        survivor = next(n for n in ops if n != leader and ops[n].returncode is None)
+        if round_ == 1:  # a fresh replica joins, as the Deployment replaces the dead pod
+            ops["c"] = await fake.operator(configs["c"][0], "c", runs_root=roots["c"])
+            await wait_healthy(ops["c"], configs["c"][1])
+        await eventually(lambda b=before: holder() not in ("", b), 60, what="the standby to take the lease")
+        leader = survivor
+        ledger = roots[leader] / NAMESPACE / "failover" / "pods"
+        quick_id = run_of("quick")["spec"]["run_id"]
+        # the new leader rebuilt the finished run's ledger from its Run status (its runs root was empty)
+        await eventually(lambda p=ledger / f"{quick_id}.json": p.exists(), 60, what="the ledger rebuilt")
+        assert run_of("slow")["status"]["phase"] != "Finished", "the slow run ended before the second failover"
+    await fake.finished("failover", [ops[leader]])
+    for name, op in ops.items():
+        if op.returncode is None:
+            code, leftovers = await op.stop()
+            assert code == 0 and leftovers == [], (name, code, leftovers, op.said())
+
+    after = run_of("quick")["status"]
+    assert [n for n in fake.pods_created("failover") if n.startswith(run_of("quick")["metadata"]["name"])] == (
+        quick_pods
+    ), "the finished run was started again"
+    assert after["gpuHours"] == recorded["gpuHours"] and after["podTimes"] == recorded["podTimes"]
+    slow_pods = [n for n in fake.pods_created("failover") if n.startswith(slow_run)]
+    assert slow_pods == [f"{slow_run}-0", f"{slow_run}-1-grade"], f"pods created: {slow_pods}"
+    assert run_of("slow")["status"]["phase"] == "Finished" and run_of("slow")["status"]["attempts"] == 1
+    campaign = fake.api.read_object(CAMPAIGNS, NAMESPACE, "failover")
+    assert campaign is not None
+    used = campaign["status"]["gpuHoursUsed"]
+    assert used == pytest.approx(after["gpuHours"] + run_of("slow")["status"]["gpuHours"], abs=1e-5)
+    rebuilt = read_model(roots[leader] / NAMESPACE / "failover" / "pods" / f"{quick_id}.json", PodLedger)
+    assert rebuilt is not None and rebuilt.gpu_hours() == pytest.approx(recorded["gpuHours"], abs=1e-6)
+    # the final leader's campaign directory holds both results, the finished run's from its Run status
+    results = sorted((roots[leader] / NAMESPACE / "failover" / "runs").glob("*/result.json"))
+    assert len(results) == 2
