@@ -19,6 +19,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -188,6 +189,18 @@ class Prometheus:
         if self.proc is not None:
             stop_group(self.proc, ((signal.SIGTERM, 10),))
 
+    def wait_for_rules_evaluated_after(self, moment: float, timeout_s: float = 15) -> None:
+        """Until every rule group has been evaluated after `moment` (a Unix time), or the deadline."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            groups = self.api("rules")["groups"]
+            evaluated = [_unix_time(g["lastEvaluation"]) for g in groups]
+            if groups and min(evaluated) > moment:
+                return
+            if time.monotonic() > deadline:
+                raise PrometheusError(f"rules not all evaluated {timeout_s:g} s after {moment}: {evaluated}")
+            time.sleep(0.2)
+
     def api(self, path: str, **params: str | float | list[str]) -> Any:
         query = urllib.parse.urlencode(params, doseq=True)
         try:
@@ -211,6 +224,12 @@ class Prometheus:
         params: dict[str, str | float | list[str]] = {"match[]": [match], "start": start, "end": end}
         found: list[dict[str, str]] = self.api("series", **params)
         return found
+
+
+def _unix_time(rfc3339: str) -> float:
+    """Prometheus's RFC 3339 times carry nanoseconds; Python's parser takes at most microseconds."""
+    whole, _, fraction = rfc3339.removesuffix("Z").partition(".")
+    return datetime.fromisoformat(whole).replace(tzinfo=UTC).timestamp() + float(f"0.{fraction or 0}")
 
 
 def has_finite_value(result: list[dict[str, Any]]) -> bool:

@@ -22,7 +22,7 @@ import sys, time
 from labkube.store import CampaignDir
 with CampaignDir(sys.argv[1]).lock():
     print("locked", flush=True)
-    time.sleep(600)
+    time.sleep(600)  # the scenario: a process holding the lock until the test kills it
 """
 
 

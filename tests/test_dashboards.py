@@ -292,10 +292,11 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             rc = campaign.wait(timeout=120)
         except subprocess.TimeoutExpired:
             pytest.fail(f"the campaign did not finish in 120 s:\n{tail(root / 'campaign.log')}")
+        exited = time.time()
         scraper.halt.set()
         scraper.join()
         assert rc == 0, f"the campaign exited {rc}:\n{tail(root / 'campaign.log')}"
-        time.sleep(2)  # the last rule evaluations after the last scrape
+        prom.wait_for_rules_evaluated_after(exited)  # the last rule evaluations after the last scrape
         up = prom.range(f'up{{job="{OPERATOR_JOB}"}}', start, time.time())
         scraped = [float(ts) for s in up for ts, value in s["values"] if value == "1"]
         assert scraped, f"Prometheus never scraped the campaign:\n{tail(prom.log)}"

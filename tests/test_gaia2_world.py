@@ -158,12 +158,12 @@ async def test_scheduled_event_arrives_with_its_simulated_timestamp_without_wait
 async def test_clock_pause_charges_the_think_time_asked_for(client: WorldClient):
     await client.load_scenario(bundled_source("execution_budget_email"))
     before = await client.pause_clock()
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # the scenario: real time passes while paused, and a fixed charge ignores it
     assert (await client.time()).paused
     resumed = await client.resume_clock("fixed", 42)
     assert resumed.charged == 42 and resumed.time == pytest.approx(before + 42, abs=0.5)
     again = await client.pause_clock()
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.2)  # the scenario: the think time a measured resume charges
     measured = await client.resume_clock("measured")
     assert 0.15 < measured.charged < 2 and measured.time == pytest.approx(again + measured.charged, abs=0.2)
 

@@ -299,14 +299,14 @@ async def test_api_turns_let_status_patches_go_before_pod_creations() -> None:
 
     async with turns.take(OTHER_CALLS):  # held while the others queue
         doomed = asyncio.create_task(call("cancelled", STATUS_FIRST))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one turn of the loop, not a wait: the task queues before the others
         waiters = [
             asyncio.create_task(call("create-a", OTHER_CALLS)),
             asyncio.create_task(call("create-b", OTHER_CALLS)),
             asyncio.create_task(call("status-a", STATUS_FIRST)),
             asyncio.create_task(call("status-b", STATUS_FIRST)),
         ]
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one turn of the loop: the waiters queue while the turn is held
     doomed.cancel()  # handed the turn as the block ended, cancelled before it ran: it passes the turn on
     await asyncio.gather(*waiters)
     assert order == ["status-a", "status-b", "create-a", "create-b"]

@@ -33,14 +33,18 @@ if os.fork() == 0:
         for fd in (0, 1, 2):
             os.dup2(null, fd)
         open('double.pid', 'w').write(str(os.getpid()))
-        time.sleep(600)
+        time.sleep(600)  # the escapee: lives until the run's cleanup ends it
     os._exit(0)
-time.sleep(0.5)
+while not os.path.exists('double.pid') or not os.path.getsize('double.pid'):  # the escape is done
+    time.sleep(0.01)
 """
 ESCAPES = [
     {
         "tool": "bash",
-        "args": {"command": "setsid nohup bash -c 'echo $$ > setsid.pid; exec sleep 600' >/dev/null 2>&1 & sleep 0.5"},
+        "args": {
+            "command": "setsid nohup bash -c 'echo $$ > setsid.pid; exec sleep 600' >/dev/null 2>&1 & "
+            "until [ -s setsid.pid ]; do sleep 0.01; done"
+        },
     },
     {"tool": "python", "args": {"code": DAEMON}},
     {
@@ -167,9 +171,11 @@ def test_kill_9_of_the_harness_leaves_nothing_once_the_run_resumes(tmp_path: Pat
         harness.wait(timeout=10)
     finally:
         with_harness_gone(harness)
-    time.sleep(0.5)
-    survivors = {name: pid for name, pid in pids.items() if alive(pid) and name != "job.pid"}
-    assert set(survivors) == {"setsid.pid", "double.pid", "job-escapee.pid"}, "what escaped the harness lives on"
+    escaped = {"setsid.pid", "double.pid", "job-escapee.pid"}
+    deadline = time.monotonic() + 10
+    while (survivors := {n for n, pid in pids.items() if alive(pid) and n != "job.pid"}) != escaped:
+        assert time.monotonic() < deadline, f"{survivors} alive 10 s after the kill: what escaped the harness lives on"
+        time.sleep(0.05)
     (run_dir / "workspace" / "go").touch()  # the resumed agent's plan ends
     result = asyncio.run(supervise_run(str(run_dir)))
     assert result.final and result.resumes == 1 and result.stop_reason == "done"

@@ -46,6 +46,13 @@ def step_of(run_dir: Path) -> int:
         return 0
 
 
+def wall_seconds_now(run_dir: Path) -> float:
+    """The run's wall-clock spend as of now: what status.json recorded, plus the time since it was written."""
+    path = run_dir / "status.json"
+    written_at, status = path.stat().st_mtime, json.loads(path.read_text())
+    return float(status["spend"]["wall_seconds"]) + time.time() - written_at
+
+
 def model_steps(run_dir: Path) -> list[int]:
     lines = (run_dir / "transcript.jsonl").read_text().splitlines()
     return [r["step"] for r in map(json.loads, lines) if r["type"] == "model_call"]
@@ -87,7 +94,7 @@ def test_sigterm_at_the_time_budget_grades_with_reason_time(tmp_path: Path, faul
         )
         proc = agent(run_dir, env={"OPENAI_BASE_URL": server.base_url + "/v1", "OPENAI_API_KEY": "sk-x"})
         wait_for(lambda: step_of(run_dir) >= 1)
-        time.sleep(2.5)
+        wait_for(lambda: wall_seconds_now(run_dir) > 2.2)  # the budget is spent while the model call hangs
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
     result = json.loads((run_dir / "result.json").read_text())
