@@ -29,7 +29,7 @@ from typing import Any
 from labkube.budgets import StopReason
 from labkube.operator.crds import dns_label
 from labkube.operator.k8s_models import RunStatus
-from labkube.operator.pod_manifest import GATEWAY_MOUNT
+from labkube.operator.pod_manifest import GATEWAY_MOUNT, GATEWAY_TMP
 from labkube.result import RunResult, result_from_report, termination_report
 
 __all__ = [
@@ -79,7 +79,7 @@ def grading_manifest(pod: dict[str, Any], reason: StopReason, deadline_s: int) -
     grade.pop("ports", None)
     spec["containers"] = [grade]
     spec["initContainers"] = [c for c in spec.get("initContainers", []) if c["name"] not in _AGENT_SIDECARS]
-    spec["volumes"] = [v for v in spec.get("volumes", []) if v["name"] != "gateway"]
+    spec["volumes"] = [v for v in spec.get("volumes", []) if v["name"] not in ("gateway", GATEWAY_TMP)]
     spec["activeDeadlineSeconds"] = max(60, deadline_s)
     meta = pod["metadata"]
     attempt = int(meta["labels"].get("labkube.dev/attempt", 0))

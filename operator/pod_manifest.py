@@ -238,6 +238,7 @@ def build_pod_manifest(
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": _memory(_shm_gb(run))}},
             *([{"name": "task-envs", "emptyDir": {}}] if task_env else []),
             *([{"name": "gateway", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}] if gateway else []),
+            *([{"name": GATEWAY_TMP, "emptyDir": {"sizeLimit": "1Gi"}}] if gateway else []),
         ],
     }
     wall = run.budgets.wall_seconds
@@ -401,6 +402,7 @@ WORLD_PROBE = "import socket, sys; socket.create_connection(('127.0.0.1', int(sy
 
 GATEWAY_PORT = 8484
 GATEWAY_MOUNT = "/gateway"
+GATEWAY_TMP = "gateway-tmp"  # the gateway's own /tmp and HOME: no other container mounts it
 
 
 def _gateway_container(
@@ -408,7 +410,12 @@ def _gateway_container(
 ) -> dict[str, Any]:
     """The run's model gateway as a native sidecar (docs/third-party-agents.md): it alone holds the API keys (no
     other container of the pod can read its environment), listens on the pod's loopback, writes the run token to a
-    volume shared with the agent container only, and appends its model calls to the run's transcript."""
+    volume the agent container mounts read-only, and appends its model calls to the run's transcript.
+
+    Nothing the agent can write is code to it: its HOME and /tmp are a volume of its own (`gateway-tmp`, which the
+    agent never mounts), and Python runs without user site-packages (`PYTHONNOUSERSITE`, as `-s`) and without the
+    script's directory or the working directory on its path (`PYTHONSAFEPATH`, as `-P`). The run's directory is
+    the one writable volume both mount: the gateway appends the transcript there and imports nothing from it."""
     return {
         "name": "gateway",
         "image": options.default_image,
@@ -419,13 +426,15 @@ def _gateway_container(
             *("--port", str(GATEWAY_PORT), "--token-file", f"{GATEWAY_MOUNT}/token"),
         ],
         "env": [
-            {"name": "HOME", "value": "/tmp"},
+            {"name": "HOME", "value": "/tmp"},  # its own /tmp (gateway-tmp), not the agent's
+            {"name": "PYTHONNOUSERSITE", "value": "1"},
+            {"name": "PYTHONSAFEPATH", "value": "1"},
             {"name": "PYTHONUNBUFFERED", "value": "1"},
             *({"name": k, "value": v} for k, v in sorted(options.env.items())),
             *keys,
         ],
         "startupProbe": {
-            "exec": {"command": ["python", "-c", WORLD_PROBE, str(GATEWAY_PORT)]},
+            "exec": {"command": ["python", "-s", "-c", WORLD_PROBE, str(GATEWAY_PORT)]},
             "periodSeconds": 1,
             "failureThreshold": 60,
         },
@@ -433,7 +442,7 @@ def _gateway_container(
         "securityContext": _secure(True),
         "volumeMounts": [
             _runs_mount(run, options, namespace),
-            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": GATEWAY_TMP, "mountPath": "/tmp"},
             {"name": "gateway", "mountPath": GATEWAY_MOUNT},
         ],
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -555,3 +556,79 @@ def test_a_vendor_cli_in_a_gaia2_pod_has_the_world_and_a_gateway_that_stops_its_
     world_url = "http://127.0.0.1:8765"
     assert env_of(containers(pod)["gateway"])["LABKUBE_WORLD_URL"]["value"] == world_url  # pause/resume its clock
     assert env_of(containers(pod)["agent"])["LABKUBE_WORLD_URL"]["value"] == world_url  # the CLI's MCP bridge
+
+
+def _writable_mounts(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+    """mountPath -> volume name of what `container` can write (a read-only mount or a read-only source is not)."""
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    return {
+        m["mountPath"]: m["name"]
+        for m in container["volumeMounts"]
+        if not m.get("readOnly") and "configMap" not in volumes[m["name"]] and "secret" not in volumes[m["name"]]
+    }
+
+
+@pytest.mark.parametrize("family", [TaskFamily.researchgym, TaskFamily.gaia2])
+def test_the_gateway_shares_no_writable_volume_with_the_agent_but_the_run_directory(family: TaskFamily) -> None:
+    """Object by object: every volume the agent can write, the gateway either does not mount or is the run's
+    directory (the gateway appends the transcript there, and imports nothing from it); the gateway's HOME and /tmp
+    are a volume only it mounts; its Python has no user site-packages and no script or working directory on its
+    path. Before this, the two shared /tmp (the gateway's HOME), where the agent could plant a user site."""
+    run = make_run(family=family).model_copy(update={"agent": "claude-code"})
+    pod = build_pod_manifest(run, make_options(world=WorldOptions(image="world:1")), owner=OWNER)
+    check_pod(pod)
+    by_name = containers(pod)
+    gateway, agent = by_name["gateway"], by_name["agent"]
+    agent_writes = set(_writable_mounts(pod, agent).values())
+    shared = set(_writable_mounts(pod, gateway).values()) & agent_writes
+    assert shared == {"runs"}, shared
+    gateway_mounts = {m["mountPath"]: m["name"] for m in gateway["volumeMounts"]}
+    home = env_of(gateway)["HOME"]["value"]
+    home_volume = next(name for path, name in gateway_mounts.items() if home == path or home.startswith(path + "/"))
+    users = [c["name"] for c in by_name.values() if home_volume in {m["name"] for m in c["volumeMounts"]}]
+    assert users == ["gateway"], f"the gateway's HOME ({home}, volume {home_volume}) is mounted by {users}"
+    assert gateway_mounts["/tmp"] == home_volume
+    assert env_of(gateway)["PYTHONNOUSERSITE"]["value"] == "1" and env_of(gateway)["PYTHONSAFEPATH"]["value"] == "1"
+    assert gateway["startupProbe"]["exec"]["command"][:2] == ["python", "-s"]
+
+
+def test_a_planted_user_site_never_runs_in_the_gateway(tmp_path: Path) -> None:
+    """A hostile agent plants `usercustomize.py`, `sitecustomize.py` and a `.pth` file, as user site-packages,
+    under HOME and at the top of every path it can write; then Python starts with the gateway container's
+    environment and mounts (each volume a directory here, shared volumes the same directory). Nothing planted
+    runs. The same start with the agent container's environment runs the plant: the planting works, so the test
+    can fail. The interpreter is the base one, not the test venv's (a venv turns user site-packages off; an
+    image's Python has them on)."""
+    import subprocess
+    import sys
+
+    run = make_run().model_copy(update={"agent": "claude-code"})
+    pod = build_pod_manifest(run, make_options(), owner=OWNER)
+    by_name = containers(pod)
+    marker = tmp_path / "planted-code-ran"
+    volumes = {v["name"]: tmp_path / "volumes" / v["name"] for v in pod["spec"]["volumes"]}
+    user_site = f".local/lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
+    plant = f"open({str(marker)!r}, 'a').write('ran\\n')\n"
+    for path in _writable_mounts(pod, by_name["agent"]).values():
+        for where in (volumes[path], volumes[path] / user_site):
+            where.mkdir(parents=True, exist_ok=True)
+            (where / "usercustomize.py").write_text(plant)
+            (where / "sitecustomize.py").write_text(plant)
+            (where / "planted.pth").write_text(f"import os; {plant.strip()}\n")
+
+    def start_python(container: dict[str, Any]) -> None:
+        mounts = {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}
+        env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+        for name, value in env.items():
+            for path, local in mounts.items():
+                if value == path or value.startswith(path + "/"):
+                    env[name] = str(local) + value[len(path) :]
+        cwd = mounts.get(container.get("workingDir", ""), tmp_path)
+        python = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+        clean = {"PATH": "/usr/bin:/bin", **env}
+        subprocess.run([str(python), "-c", "pass"], env=clean, cwd=cwd, check=True, timeout=60)
+
+    start_python(by_name["gateway"])
+    assert not marker.exists(), "planted code ran in the gateway"
+    start_python(by_name["agent"])
+    assert marker.exists(), "the plant never ran, even with the agent's own environment: the test proves nothing"
