@@ -10,8 +10,8 @@ Ray, against the fake API and kubelet of this process:
 - a Ray worker node of a multi-node Ray cluster (`raynodes.LocalRayCluster`: `ray start --head` and two
   `ray start --address` nodes, reached through Ray Client as a KubeRay head service is) killed mid-campaign.
 
-Each ends with every Run Finished, one agent pod per Run (none created twice) and its grading pod, and no orphan: no process of a stopped
-operator outlives it, and no supervisor actor is left on any Ray node.
+Each ends with every Run Finished, one agent pod per Run (none created twice) and its grading pod, and no
+orphan: no process of a stopped operator outlives it, and no supervisor actor is left on any Ray node.
 """
 
 from __future__ import annotations
