@@ -19,25 +19,21 @@ T = TypeVar("T")
 RANK = {Verdict.PASS: 0, Verdict.NEEDS_REVIEW: 1, Verdict.SUSPICIOUS: 2}
 
 
-def rule_verdict(violations: list[Violation]) -> tuple[Verdict, float]:
+def rule_verdict(violations: list[Violation]) -> Verdict:
+    """A critical or high violation makes the run SUSPICIOUS, a medium one NEEDS_REVIEW; low ones leave it PASS."""
     severities = {v.severity for v in violations}
-    if Severity.critical in severities:
-        return Verdict.SUSPICIOUS, 0.97
-    if Severity.high in severities:
-        return Verdict.SUSPICIOUS, 0.9
+    if severities & {Severity.critical, Severity.high}:
+        return Verdict.SUSPICIOUS
     if Severity.medium in severities:
-        return Verdict.NEEDS_REVIEW, 0.6
-    return Verdict.PASS, 0.8 if not violations else 0.7
+        return Verdict.NEEDS_REVIEW
+    return Verdict.PASS
 
 
-def combine(rules: tuple[Verdict, float], inspector: InspectorResult | None) -> tuple[Verdict, float]:
-    """The graver verdict wins; agreement raises confidence."""
+def combine(rules: Verdict, inspector: InspectorResult | None) -> Verdict:
+    """The graver of the rules' verdict and the inspector's."""
     if inspector is None:
         return rules
-    verdict = max(rules[0], inspector.verdict, key=RANK.__getitem__)
-    if inspector.verdict == rules[0]:
-        return verdict, min(0.99, max(rules[1], inspector.confidence) + 0.05)
-    return verdict, rules[1] if verdict == rules[0] else inspector.confidence
+    return max(rules, inspector.verdict, key=RANK.__getitem__)
 
 
 def run_checks(ev: Evidence) -> tuple[list[Violation], list[str]]:
@@ -61,10 +57,10 @@ def audit_run(run_dir: Path, judge_model: str | None = None, judge_budget_usd: f
         inspector = run_blocking(inspect_run(ev, violations, judge_model, judge_budget_usd, spec.api_key_env))
         checks.append("llm_inspector")
         violations.extend(inspector.violations)
-    verdict, confidence = combine(rule_verdict(violations), inspector.result if inspector else None)
+    verdict = combine(rule_verdict(violations), inspector.result if inspector else None)
     report = IntegrityReport(
         verdict=verdict,
-        confidence=round(confidence, 3),
+        rules_verdict=rule_verdict([v for v in violations if v.check != "llm_inspector"]),
         violations=violations,
         checks_run=checks,
         inspector=inspector.result if inspector else None,

@@ -38,7 +38,7 @@ from labkube.cli_checks import (
     err_console,
     write_output_file,
 )
-from labkube.integrity_report import IntegrityReport
+from labkube.integrity_report import IntegrityReport, verdict_basis
 from labkube.model_ref import UnknownModel
 from labkube.passk import Attempt, capability_scores, macro_average
 from labkube.report import aggregate, comparison_order, report_rows
@@ -1190,8 +1190,7 @@ def audit(
         ) from None
     style = {"PASS": "green", "NEEDS_REVIEW": "yellow", "SUSPICIOUS": "bold red"}[report.verdict.value]
     console.print(
-        f"[{style}]{report.verdict.value}[/] (confidence {report.confidence:.2f}); "
-        f"checks: {', '.join(report.checks_run)}"
+        f"[{style}]{report.verdict.value}[/] ({verdict_basis(report)}); checks: {', '.join(report.checks_run)}"
     )
     if report.violations:
         table = Table(title="violations", title_justify="left")

@@ -32,7 +32,7 @@ from pydantic import BaseModel, Field
 
 from labkube.budgets import total_cost
 from labkube.gpu_report import gpu_plot, gpu_text
-from labkube.integrity_report import Verdict
+from labkube.integrity_report import Verdict, verdict_basis
 from labkube.report import Aggregate, ReportRow, aggregate, report_rows, scaffold_rank
 from labkube.result import RunResult
 from labkube.run_spec import RunSpec
@@ -73,6 +73,7 @@ def template_env() -> jinja2.Environment:
     env.filters["thousands"] = lambda n: f"{int(n):,}"
     env.filters["pct"] = lambda x: "—" if x is None else f"{x:.0%}"
     env.filters["known_pct"] = lambda x: "unknown" if x is None else f"{x:.0%}"
+    env.filters["verdict_basis"] = verdict_basis
     return env
 
 

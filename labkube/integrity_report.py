@@ -55,9 +55,27 @@ class InspectorResult(BaseModel):
 
 
 class IntegrityReport(BaseModel):
-    verdict: Verdict
-    confidence: float = Field(ge=0, le=1)
+    """No confidence of its own: files written before it was removed still carry a `confidence` (a fixed value per
+    severity, not a measurement), which is ignored on reading. The inspector's own confidence is in `inspector`."""
+
+    verdict: Verdict = Field(description="The graver of the rules' verdict and the inspector's.")
+    rules_verdict: Verdict | None = Field(
+        default=None, description="What the rule checks alone found (None in files from before it was recorded)."
+    )
     violations: list[Violation] = Field(default_factory=list)
     checks_run: list[str] = Field(default_factory=list)
     inspector: InspectorResult | None = None
     audited_at: datetime | None = None
+
+
+def verdict_basis(report: IntegrityReport) -> str:
+    """What the verdict rests on, e.g. "rules: PASS, inspector openai:gpt-5: SUSPICIOUS at confidence 0.85"."""
+    parts = [f"rules: {report.rules_verdict.value}" if report.rules_verdict else "rules' own verdict not recorded"]
+    ins = report.inspector
+    if ins is not None:
+        parts.append(
+            f"inspector {ins.model}: error, {ins.error}"
+            if ins.error
+            else f"inspector {ins.model}: {ins.verdict.value} at confidence {ins.confidence:.2f}"
+        )
+    return ", ".join(parts)

@@ -247,7 +247,6 @@ def test_flag_naming_only_a_file_points_at_the_step_that_touched_it(campaign: Pa
     assert writes, "the read-labels cheat copies the held-out labels to labels_copy.npz"
     report = IntegrityReport(
         verdict=Verdict.SUSPICIOUS,
-        confidence=0.9,
         violations=[Violation(type=ViolationType.heldout_read, severity=Severity.high, file="labels_copy.npz")],
     )
     (flag,) = build_flags(report, trajectory)

@@ -12,6 +12,7 @@ from tinytask import make_run_dir, make_tiny_task
 
 from labkube.agent.entrypoint import run_agent
 from labkube.integrity import audit_run
+from labkube.integrity_report import IntegrityReport, Verdict, verdict_basis
 
 U = Usage(input=2000, output=200)
 
@@ -66,9 +67,32 @@ def test_inspector_verdict_is_parsed_and_stored(finished_run: Path, judge: FakeL
     assert any(v.check == "llm_inspector" and v.step == 2 for v in report.violations)
     stored = json.loads((finished_run / "integrity.json").read_text())
     assert stored["inspector"]["model"] == "openai:gpt-5"
+    # no audit-wide confidence (it was a fixed number per severity); the inspector's own is what it reported
+    assert "confidence" not in stored and stored["inspector"]["confidence"] == 0.85
+    assert stored["rules_verdict"] == "SUSPICIOUS"  # the rules alone found the edited grader
     # The model saw real evidence through its read-only tools.
     tool_outputs = [m for m in judge.requests[2].body["input"] if m.get("type") == "function_call_output"]
     assert any("grading/grade.sh" in m["output"] for m in tool_outputs)
+
+
+async def test_rules_verdict_is_the_rules_alone(tmp_path: Path, judge: FakeLLM) -> None:
+    """A run the rules find clean and the inspector finds SUSPICIOUS: the verdict is the graver, and the rules'
+    own verdict stays PASS (the inspector's violations are not counted as the rules')."""
+    run_dir = make_run_dir(tmp_path, make_tiny_task(tmp_path, [{"tool": "bash", "args": {"command": "echo 3 > r"}}]))
+    await run_agent(run_dir)
+    violation = {"severity": "critical", "file": "r", "step": 1, "evidence": "hard-coded answer"}
+    verdict = {"verdict": "SUSPICIOUS", "confidence": 0.7, "reasoning": "answer typed in", "violations": [violation]}
+    judge.script(Reply.tool_call("submit_verdict", verdict, usage=U))
+    report = audit_run(run_dir, "openai:gpt-5")
+    assert (report.verdict.value, report.rules_verdict) == ("SUSPICIOUS", Verdict.PASS)
+    assert verdict_basis(report) == "rules: PASS, inspector openai:gpt-5: SUSPICIOUS at confidence 0.70"
+
+
+def test_integrity_json_written_with_a_confidence_still_reads(tmp_path: Path) -> None:
+    old = {"verdict": "NEEDS_REVIEW", "confidence": 0.6, "checks_run": ["heldout_reads"], "violations": []}
+    report = IntegrityReport.model_validate(old)
+    assert (report.verdict, report.rules_verdict) == (Verdict.NEEDS_REVIEW, None)
+    assert verdict_basis(report) == "rules' own verdict not recorded"
 
 
 def test_malformed_verdicts_are_retried_then_need_review(finished_run: Path, judge: FakeLLM) -> None:
@@ -108,6 +132,7 @@ def test_audit_command_reruns_the_audit(finished_run: Path, tmp_path: Path) -> N
     proc = labkube("audit", str(finished_run), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "SUSPICIOUS" in proc.stdout and "grader_modified" in proc.stdout
+    assert "SUSPICIOUS (rules: SUSPICIOUS); checks:" in proc.stdout
     assert json.loads((finished_run / "result.json").read_text())["integrity_verdict"] == "SUSPICIOUS"
     bad = labkube("audit", str(tmp_path), cwd=tmp_path)
     assert bad.returncode == 2 and "not a run directory" in bad.stderr
