@@ -238,6 +238,9 @@ def _codex_world(world_url: str) -> list[str]:
         f"command = {json.dumps(command)}",
         f"args = {json.dumps(args)}",
         "startup_timeout_sec = 60",  # a cold `python -m labkube` takes seconds
+        # Required: Codex waits for the server before its first request (otherwise a slow start leaves the first
+        # turn without the world's tools) and refuses to run without it, rather than run a world it cannot touch.
+        "required = true",
     ]
 
 
