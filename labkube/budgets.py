@@ -106,3 +106,8 @@ def total_cost(costs: Iterable[float | None]) -> float | None:
 
 def format_usd(cost: float | None, digits: int = 2) -> str:
     return "unknown" if cost is None else f"{cost:.{digits}f}"
+
+
+def rounded_usd(usd: float | None) -> float | None:
+    """Dollars as statuses keep them (to the micro-dollar); None stays unknown."""
+    return None if usd is None else round(usd, 6)

@@ -52,7 +52,7 @@ from typing import Any, Literal, TypeVar, cast
 from pydantic import BaseModel, ConfigDict, Field
 
 from labkube.agent.entrypoint import DISK_FULL_EXIT
-from labkube.budgets import StopReason
+from labkube.budgets import StopReason, rounded_usd
 from labkube.operator.admission import read_admitted
 from labkube.operator.crds import GROUP, LABEL_CAMPAIGN, VERSION, run_name
 from labkube.operator.k8s_grading import (
@@ -836,7 +836,7 @@ class PodRun:
         if store is not None:
             self.status.score = store.score
             self.status.tokens = store.spend.usage.total
-            self.status.cost_usd = round(store.spend.usd, 6)
+            self.status.cost_usd = rounded_usd(store.spend.cost_usd)
         self.track(pod)
         if pod is not None:
             for type_, ok, reason, message in pod_conditions(pod):
@@ -852,7 +852,7 @@ class PodRun:
         self.status.phase = result.status
         self.status.score = result.score
         self.status.tokens = result.spend.usage.total
-        self.status.cost_usd = round(result.spend.usd, 6)
+        self.status.cost_usd = rounded_usd(result.spend.cost_usd)
         self.track(None)
         self.status.stop_reason = result.stop_reason
         self.status.outcome = result.outcome

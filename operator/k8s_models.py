@@ -231,7 +231,9 @@ class RunStatus(_Status):
     disruptions: int = Field(default=0, ge=0, description="Pods the cluster took away (evicted, preempted).")
     score: float | None = Field(default=None, description="Primary score, normalized (fraction of SOTA).")
     tokens: int = Field(default=0, ge=0, description="Input + output tokens spent.")
-    cost_usd: float = Field(default=0.0, ge=0, description="Model spend in US dollars.")
+    cost_usd: float | None = Field(
+        default=0.0, ge=0, description="Model spend in US dollars; null (unknown) when a model it called has no price."
+    )
     gpu_hours: float = Field(default=0.0, ge=0, description="GPU-hours charged to the campaign's cap.")
     stop_reason: StopReason | None = None
     outcome: Outcome | None = Field(

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from labkube.budgets import rounded_usd
 from labkube.campaign import CampaignSpec, expand_runs
 from labkube.model_ref import UnknownModel, parse_model
 from labkube.operator.admission import admission_violations, write_admitted
@@ -605,7 +606,7 @@ async def _publish_final_results(
                 "phase": result.status,
                 "score": result.score,
                 "tokens": result.spend.usage.total,
-                "cost_usd": round(result.spend.usd, 6),
+                "cost_usd": rounded_usd(result.spend.cost_usd),
                 "gpu_hours": round(ledger.gpu_hours(), 6) if ledger is not None else status.gpu_hours,
                 "stop_reason": result.stop_reason,
                 "outcome": result.outcome,

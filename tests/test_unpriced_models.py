@@ -110,3 +110,19 @@ def test_a_dollar_budget_with_the_campaigns_price_or_a_known_model_plans(
         plan_campaign(priced.model_copy(update={"prices": {}}), tmp_path / "b")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     plan_campaign(CampaignSpec(tasks=[str(task)], models=["openai:gpt-5"], budgets=budgets), tmp_path / "c")
+
+
+def test_a_run_status_on_kubernetes_keeps_an_unknown_cost_unknown() -> None:
+    """The Run resource's status (what `kubectl get lkr` and `labkube run --backend k8s` show): an unpriced
+    model's cost is null there too, and the CLI's table says unknown."""
+    from labkube.budgets import Spend, format_usd, rounded_usd
+    from labkube.operator.k8s_models import RunStatus as KubeRunStatus
+    from labkube.operator.k8s_operator import run_rows
+
+    spend = Spend(usd=0.5)
+    spend.add_cost("openai-compatible:http://h/v1#mystery", None)
+    status = KubeRunStatus(cost_usd=rounded_usd(spend.cost_usd))
+    assert status.model_dump(by_alias=True, mode="json")["costUsd"] is None
+    run = {"metadata": {"name": "r"}, "spec": {"run_id": "r"}, "status": status.model_dump(by_alias=True, mode="json")}
+    (row,) = run_rows([run])
+    assert row["cost_usd"] is None and format_usd(row["cost_usd"], digits=4) == "unknown"
