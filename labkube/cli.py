@@ -25,7 +25,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from labkube.budgets import Budgets
+from labkube.budgets import Budgets, format_usd
 from labkube.campaign import CampaignSpec, resolve_local_paths
 from labkube.cli_checks import (
     FrontDoor,
@@ -390,7 +390,7 @@ def run_on_kubernetes(spec: CampaignSpec, kube_context: str | None, namespace: s
                 row["phase"],
                 score,
                 str(row["tokens"]),
-                f"{row['cost_usd']:.4f}",
+                format_usd(row["cost_usd"], digits=4),
                 str(row["attempts"]),
                 row["message"],
             )
