@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -59,6 +60,8 @@ from labkube.task_card import TaskCard
 if TYPE_CHECKING:
     from labkube.agent.world_session import WorldSession
     from labkube.result import Grade
+
+log = logging.getLogger(__name__)
 
 # The tools a CLI's calls are recorded as (agent/cli_events.py), for the run's series from the first scrape.
 CLI_TOOL_NAMES = ("bash", "write_file", "replace", "read_file", "search", "web_browser", "web_search")
@@ -497,6 +500,18 @@ class CliRun:
         self.transcript.append({"type": "grade", "ts": now_iso(), **grade.model_dump(mode="json")})
         self.telemetry.grade(grade.score, completion_of(grade.subtasks))
 
+    async def finish_reading(self, reader: asyncio.Task[None], timeout_s: float) -> None:
+        """Wait for the reader of the CLI's events once the CLI has stopped. The run ends either way, so what stops
+        the reader is logged with the run, not raised."""
+        try:
+            await asyncio.wait_for(reader, timeout_s)
+        except TimeoutError:
+            log.warning(
+                "run %s: the agent's event stream still open %g s after it stopped", self.spec.run_id, timeout_s
+            )
+        except Exception as exc:  # the reader's own failure (a write to the raw log, a parser bug)
+            log.warning("run %s: reading the agent's events failed: %s: %s", self.spec.run_id, type(exc).__name__, exc)
+
     async def invoke(self, prompt: str, session: str | None) -> Invocation:
         """One start of the CLI: to its exit, an interrupt at the end of the wall budget, or a SIGTERM."""
         rd, agent, transcript = self.rd, self.agent, self.transcript
@@ -581,15 +596,13 @@ class CliRun:
         except asyncio.CancelledError:
             # SIGTERM to the run (preemption, a dead supervisor): the CLI stops, its session stays for the resume.
             await interrupt(proc)
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(reader, 5)
+            await self.finish_reading(reader, 5)
             self.sync(events)
             transcript.append({"type": "terminated", "ts": now_iso(), "step": self.ckpt.step})
             raise
         finally:
             kill_group(proc)
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(reader, 10)
+            await self.finish_reading(reader, 10)
             raw_log.close()
         self.sync(events, final=True)
         if isinstance(events, ClaudeCodeEvents) and events.result is not None:

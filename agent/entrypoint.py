@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import errno
 import fcntl
+import logging
 import os
 import signal
 import time
@@ -49,6 +50,8 @@ from labkube.tasks import card_for_run, grade_run, prepare_run_workspace
 from labkube.tasks.gaia2 import WorldError, WorldLLMError, world_llm
 from labkube.tasks.scoring import primary_scores
 from labkube.tasks.workspace import run_git
+
+log = logging.getLogger(__name__)
 
 
 class AgentError(RuntimeError):
@@ -407,8 +410,10 @@ async def run_agent(run_dir: Path, resume: bool = False) -> RunResult:
         transcript.append({"type": "harness_error", "ts": now_iso(), "error": error})
     finally:
         jobs.kill_all()
-        with contextlib.suppress(Exception):
+        try:
             await provider.aclose()
+        except Exception as exc:  # after the run's last call: the run's result stands, the failure is logged
+            log.warning("run %s: closing the model client failed: %s: %s", spec.run_id, type(exc).__name__, exc)
     if world is not None:
         if reason is StopReason.world_error:
             error = f"the Gaia2 world failed: {run.world_error}"

@@ -15,8 +15,8 @@ Layers, so that CI exercises all but the first with recorded readings:
 
 from __future__ import annotations
 
-import contextlib
 import json
+import logging
 import os
 import threading
 import time
@@ -28,6 +28,8 @@ from pydantic import BaseModel, Field
 from labkube.result import GPU_USE_FILE as GPU_FILE
 from labkube.result import GpuPoint, GpuUse
 from labkube.store import read_model, write_model
+
+log = logging.getLogger(__name__)
 
 REPLAY_VARIABLE = "LABKUBE_GPU_REPLAY"
 INTERVAL_VARIABLE = "LABKUBE_GPU_SAMPLE_S"
@@ -181,10 +183,15 @@ class GpuMeter:
         write_model(self.path, self.use)
 
     def _loop(self) -> None:
+        logged: set[str] = set()
         while not self.halt.is_set():
-            # A GPU that fell off the bus must not end the run; its last values stay.
-            with contextlib.suppress(Exception):
+            try:
                 self.sample()
+            except Exception as exc:  # a GPU that fell off the bus (NVMLError), a full disk: the run goes on
+                if type(exc).__name__ not in logged:  # once per kind: it samples every few seconds
+                    logged.add(type(exc).__name__)
+                    where = self.path.parent
+                    log.warning("run %s: GPU sampling failed, last values kept: %s: %s", where, type(exc).__name__, exc)
             self.halt.wait(self.interval_s)
 
     def start(self) -> GpuMeter:

@@ -73,12 +73,12 @@ async def supervise_run(run_dir: str, env: dict[str, str] | None = None, backend
 
 def card_limits(rd: RunDir) -> dict[str, float]:
     """The task card's memory and CPUs, as the run's cgroup limits (a pod gets the same as its limit and request)."""
-    from labkube.tasks import card_for_run
+    from labkube.tasks import TaskError, card_for_run
 
     spec = rd.spec()
     try:
         card = card_for_run(spec.task, spec.task_path, spec.task_id, spec.family, spec.task_overlay)
-    except Exception:  # the agent meets the same error and ends the run with it, in the run's own words
+    except (TaskError, OSError):  # the agent meets the same error and ends the run with it, in the run's own words
         return {}
     return {"memory_gb": card.resources.memory_gb, "cpus": card.resources.cpus}
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,35 @@ def test_recorded_readings_give_the_runs_series_and_its_mean_and_peak(tmp_path: 
     assert series["labkube_run_gpu_utilization_ratio"] == {"0": samples[-1][0].utilization_gpu / 100}
     assert series["labkube_run_gpu_memory_used_bytes"] == {"0": samples[-1][0].memory_used}
     assert series["labkube_run_gpu_memory_total_bytes"] == {"0": samples[-1][0].memory_total}
+
+
+class FallenOffTheBus:
+    """A GPU source whose device is gone after the first reading (NVML raises then)."""
+
+    def __init__(self) -> None:
+        self.devices, self.reads = ["0"], 0
+        self.inner = ReplaySource(RECORDED)
+
+    def read(self) -> list[GpuReading]:
+        self.reads += 1
+        if self.reads > 1:
+            raise RuntimeError("GPU is lost")
+        return self.inner.read()
+
+
+def test_a_gpu_that_fails_is_logged_once_with_the_run_and_its_last_values_stay(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    source = FallenOffTheBus()
+    meter = GpuMeter(tmp_path, source, RunTelemetry(spec()), interval_s=0.01).start()
+    deadline = time.monotonic() + 10
+    while source.reads < 5:
+        assert time.monotonic() < deadline, f"the meter stopped sampling after {source.reads} reads"
+        time.sleep(0.01)
+    use = meter.stop()
+    assert use.samples == 1
+    failures = [r.getMessage() for r in caplog.records if r.name == "labkube.agent.gpu"]
+    assert failures == [f"run {tmp_path}: GPU sampling failed, last values kept: RuntimeError: GPU is lost"]
 
 
 def test_a_resumed_run_goes_on_from_its_earlier_samples(tmp_path: Path) -> None:
