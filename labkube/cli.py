@@ -44,7 +44,7 @@ from labkube.passk import Attempt, capability_scores, macro_average
 from labkube.report import aggregate, comparison_order, report_rows
 from labkube.result import RunResult
 from labkube.run_spec import RunSpec, RunStatus, scaffold_label, slug
-from labkube.store import CampaignDir, CampaignLocked, RunDir, StoreError, mark_stopped
+from labkube.store import CampaignDir, CampaignLocked, RunDir, StoreError
 from labkube.task_card import LabkubeYaml, TaskCard
 from labkube.tasks import TaskError
 from labkube.views import aggregate_table, report_table, status_table
@@ -123,7 +123,9 @@ def run_campaign(spec: CampaignSpec, out: Path, ray_address: str | None, metrics
     except CampaignLocked as exc:
         raise UsageFailure(str(exc)) from None
     except KeyboardInterrupt:
-        stopped = mark_stopped(cdir)
+        from labkube.operator.campaign_run import stop_unfinished
+
+        stopped = stop_unfinished(cdir)
         err_console.print(
             f"[yellow]interrupted:[/] {stopped} unfinished run(s) marked stopped in {cdir.root}; to resume them, "
             f"run the same command again (the same tasks, models and seeds, --out {cdir.root})",
@@ -568,7 +570,7 @@ def status(directory: Path, watch: bool) -> None:
 @click.option(
     "--out",
     "out_file",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=click.Path(path_type=Path),  # checked by check_output_file: one line, as every other refusal
     default=None,
     help="Write the report to this file (its folder is created) instead of the terminal; with --format html, "
     "default DIR/report.html.",
@@ -641,7 +643,7 @@ def report(directory: Path, fmt: str, out_file: Path | None, exclude_suspicious:
 @click.option(
     "--out",
     "out_file",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=click.Path(path_type=Path),  # checked by check_output_file: one line, as every other refusal
     default=None,
     help="The HTML file to write (default RUN_DIR/view.html).",
 )

@@ -67,27 +67,28 @@ class FrontDoor(click.Group):
 def check_output_dir(out: Path, flag: str = "--out") -> None:
     """`out` can be a directory this process creates or writes: not a file, and under a folder it may write."""
     path = Path(os.path.abspath(out.expanduser()))
-    if path.exists():
-        if not path.is_dir():
-            raise UsageFailure(f"{flag} {out}: is a file, not a directory; choose a directory")
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise UsageFailure(f"{flag} {out}: not writable by you; choose another directory")
-        return
-    parent = path.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise UsageFailure(f"{flag} {out}: {parent} is a file, not a directory; choose another path")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageFailure(f"{flag} {out}: cannot create it ({parent} is not writable by you); choose another path")
+    if path.exists() and not path.is_dir():
+        raise UsageFailure(f"{flag} {out}: is a file, not a directory; choose a directory")
+    _check_creatable(path, f"{flag} {out}")
 
 
 def check_output_file(target: Path, flag: str = "--out") -> None:
-    """`target` can be written as a file: not a directory, and its folder exists or can be created (it is)."""
+    """`target` can be written as a file: not a directory, and its folder exists or can be created."""
     path = Path(os.path.abspath(target.expanduser()))
     if path.is_dir():
         raise UsageFailure(f"{flag} {target}: is a directory; give a file name")
-    check_output_dir(path.parent, flag=f"{flag} {target}: folder")
+    _check_creatable(path.parent, f"{flag} {target}")
+
+
+def _check_creatable(path: Path, what: str) -> None:
+    """The directory `path` exists and is writable, or the nearest folder that exists above it is."""
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageFailure(f"{what}: {existing} is a file, not a directory; choose another path")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageFailure(f"{what}: {existing} is not writable by you; choose another path")
 
 
 def write_output_file(target: Path, text: str, flag: str = "--out") -> None:

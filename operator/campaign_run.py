@@ -16,7 +16,7 @@ from labkube.operator.telemetry import CampaignTelemetry
 from labkube.report import report_rows
 from labkube.result import RunResult
 from labkube.run_spec import RunSpec
-from labkube.store import CampaignDir
+from labkube.store import CampaignDir, mark_stopped
 from labkube.task_card import TaskCard
 from labkube.tasks import resolve_campaign_tasks
 
@@ -163,6 +163,17 @@ def launch(
                 metrics.tick()
                 metrics.close()
         return [r for r in (cdir.result(x.run_id) for x in runs) if r is not None]
+
+
+def stop_unfinished(cdir: CampaignDir) -> int:
+    """After an interrupted `launch` (Ray shut down): end whatever the unfinished runs left running (their
+    containment: cgroup and run token), then mark them stopped; the number marked."""
+    from labkube.agent.containment import end_leftovers
+
+    for run_id in cdir.run_ids():
+        if cdir.run_dir(run_id).is_dir() and not cdir.is_finished(run_id):
+            end_leftovers(cdir.run_dir(run_id))
+    return mark_stopped(cdir)
 
 
 class CampaignMetrics:
