@@ -5,7 +5,9 @@ padded to about 2 kB, are analysed with `analyze_campaigns`; peak memory is Pyth
 analysis. Target: peak memory flat in transcript length (transcripts are read one line at a time), time linear
 in the total transcript size.
 
-    python benchmarks/analyze_scale.py [--runs 50] [--steps 500,2000,8000] [--many 400]
+    python benchmarks/analyze_scale.py [--runs 50] [--steps 500,2000,8000] [--many 400] [--write-docs]
+
+`--write-docs` replaces the table in docs/analyze.md (`<!-- benchmark:analyze_scale -->`) with this run's.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from analyze_synth import (
     MODELS,
@@ -31,6 +34,7 @@ from analyze_synth import (
     transcript_lines,
     write_run,
 )
+from docs_block import REPO, markdown_table, write_block
 
 from labkube.analysis import analyze_campaigns
 from labkube.store import CampaignDir
@@ -75,16 +79,25 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--steps", default="500,2000,8000")
     parser.add_argument("--many", type=int, default=400, help="a second sweep: this many runs of the shortest length")
+    parser.add_argument("--write-docs", action="store_true", help="put the table into docs/analyze.md")
+    parser.add_argument("--doc", type=Path, default=REPO / "docs" / "analyze.md", help=argparse.SUPPRESS)
     args = parser.parse_args()
     lengths = [int(s) for s in args.steps.split(",")]
+    header = ("runs", "steps per run", "transcripts (MB)", "seconds", "MB/s", "peak memory (MB)")
     table = Table(title="labkube analyze: time and peak memory", title_justify="left")
-    for col in ("runs", "steps per run", "transcripts (MB)", "seconds", "MB/s", "peak memory (MB)"):
+    for col in header:
         table.add_column(col, justify="right")
     configs = [(args.runs, n) for n in lengths] + ([(args.many, lengths[0])] if args.many else [])
+    rows = []
     for runs, steps in configs:
         mb, seconds, peak = measure(runs, steps)
-        table.add_row(str(runs), f"{steps:,}", f"{mb:,.0f}", f"{seconds:.2f}", f"{mb / seconds:,.0f}", f"{peak:.1f}")
+        rows.append((str(runs), f"{steps:,}", f"{mb:,.0f}", f"{seconds:.2f}", f"{mb / seconds:,.0f}", f"{peak:.1f}"))
+        table.add_row(*rows[-1])
     Console().print(table)
+    if args.write_docs:
+        command = f"python benchmarks/analyze_scale.py --runs {args.runs} --steps {args.steps} --many {args.many}"
+        write_block(args.doc, "analyze_scale", markdown_table(header, rows, [True] * len(header)), command)
+        print(f"written: {args.doc}")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,9 @@ tool output padded to about 2 kB, plus the conversation.jsonl the agent would ha
 does not grow with a run's length or the campaign's; an SFT line is one context epoch, held while written.
 
     python benchmarks/export_scale.py [--runs 20] [--steps 500,2000,8000] [--format atif,sft-jsonl]
+    python benchmarks/export_scale.py --cases atif:2:500,atif:100:2000,sft-jsonl:100:2000 [--write-docs]
+
+`--write-docs` replaces the table in docs/export.md (`<!-- benchmark:export_scale -->`) with this run's.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from analyze_synth import MODELS, Planted, paper_result, plant_campaign, transcript_lines, write_run
+from docs_block import REPO, markdown_table, write_block
 
 from labkube.export import ExportFilter, export_campaigns
 from labkube.store import CampaignDir
@@ -99,17 +104,30 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--steps", default="500,2000,8000")
     parser.add_argument("--format", default="atif,sft-jsonl")
+    parser.add_argument("--cases", help="FORMAT:RUNS:STEPS,... instead of --runs x --steps x --format")
+    parser.add_argument("--write-docs", action="store_true", help="put the table into docs/export.md")
+    parser.add_argument("--doc", type=Path, default=REPO / "docs" / "export.md", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.cases:
+        cases = [(f, int(r), int(n)) for f, r, n in (c.split(":") for c in args.cases.split(","))]
+        command = f"python benchmarks/export_scale.py --cases {args.cases}"
+    else:
+        steps = [int(s) for s in args.steps.split(",")]
+        cases = [(fmt, args.runs, n) for fmt in args.format.split(",") for n in steps]
+        command = f"python benchmarks/export_scale.py --runs {args.runs} --steps {args.steps} --format {args.format}"
+    header = ("format", "runs", "steps per run", "input (MB)", "seconds", "MB/s", "peak memory (MB)")
     table = Table(title="labkube export: time and peak memory", title_justify="left")
-    for col in ("format", "runs", "steps per run", "input (MB)", "seconds", "MB/s", "peak memory (MB)"):
+    for col in header:
         table.add_column(col, justify="right")
-    for fmt in args.format.split(","):
-        for steps in (int(s) for s in args.steps.split(",")):
-            mb, seconds, peak = measure(args.runs, steps, fmt)
-            table.add_row(
-                fmt, str(args.runs), str(steps), f"{mb:.1f}", f"{seconds:.2f}", f"{mb / seconds:.1f}", f"{peak:.1f}"
-            )
+    rows = []
+    for fmt, runs, n in cases:
+        mb, seconds, peak = measure(runs, n, fmt)
+        rows.append((fmt, f"{runs:,}", f"{n:,}", f"{mb:,.1f}", f"{seconds:.2f}", f"{mb / seconds:.1f}", f"{peak:.1f}"))
+        table.add_row(*rows[-1])
     Console().print(table)
+    if args.write_docs:
+        write_block(args.doc, "export_scale", markdown_table(header, rows, [False] + [True] * 6), command)
+        print(f"written: {args.doc}")
 
 
 if __name__ == "__main__":

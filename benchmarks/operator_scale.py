@@ -40,9 +40,10 @@ from rich.console import Console
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests" / "k8s"), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT / "tests" / "k8s"), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
 import kmock  # noqa: E402
+from docs_block import markdown_table, write_block  # noqa: E402
 from fakekube import FakeKube, ResKey  # noqa: E402
 from kubelet import FakeKubelet  # noqa: E402
 from tinytask import make_tiny_task  # noqa: E402
@@ -229,7 +230,7 @@ def quantiles(values: list[float]) -> tuple[str, str]:
     return f"{statistics.median(ordered) * 1000:.0f} ms", f"{p95 * 1000:.0f} ms"
 
 
-async def bench(runs: int, run_seconds: float, timeout: float, console: Console) -> Table:
+async def bench(runs: int, run_seconds: float, timeout: float, console: Console) -> list[tuple[str, str]]:
     work = Path(tempfile.mkdtemp(prefix="labkube-scale-"))
     volume = work / "volume"
     volume.mkdir()
@@ -322,25 +323,23 @@ async def bench(runs: int, run_seconds: float, timeout: float, console: Console)
 
     running_median, running_p95 = quantiles(recorder.latencies("Running", {"Running", "Grading", "Finished"}))
     done_median, done_p95 = quantiles(recorder.latencies("Succeeded", {"Finished"}))
-    table = Table(title=f"labkube operator: {runs} concurrent Runs (fake API and kubelet)", title_justify="left")
-    table.add_column("measure")
-    table.add_column("value", justify="right")
-    table.add_row("Runs finished", f"{finished}/{runs}")
-    table.add_row("pods created", str(created))
-    table.add_row("campaign wall time", f"{total:.1f} s (simulated agents run {run_seconds:g} s ±20%)")
-    table.add_row("all pods created after", f"{all_pods_at:.1f} s" if all_pods_at is not None else "—")
+    rows: list[tuple[str, str]] = []
+    rows.append(("Runs finished", f"{finished}/{runs}"))
+    rows.append(("pods created", str(created)))
+    rows.append(("campaign wall time", f"{total:.1f} s (simulated agents run {run_seconds:g} s ±20%)"))
+    rows.append(("all pods created after", f"{all_pods_at:.1f} s" if all_pods_at is not None else "—"))
     minutes = total / 60.0
-    table.add_row("API requests per Run per minute", f"{requests / runs / minutes:.2f}")
-    table.add_row("  of which (verb: count)", ", ".join(f"{verb} {n}" for verb, n in sorted(verbs.items())))
+    rows.append(("API requests per Run per minute", f"{requests / runs / minutes:.2f}"))
+    rows.append(("  of which (verb: count)", ", ".join(f"{verb} {n}" for verb, n in sorted(verbs.items()))))
     for kind, peak in memory.peak.items():
         count = memory.counts.get(kind, 1)
-        table.add_row(f"RSS peak: {kind}" + (f" ({count} processes)" if count > 1 else ""), f"{peak:.0f} MiB")
-    table.add_row("RSS peak: the control plane together", f"{memory.total:.0f} MiB")
-    table.add_row("pod Running -> Run Running: median", running_median)
-    table.add_row("pod Running -> Run Running: p95", running_p95)
-    table.add_row("pod Succeeded -> Run Finished: median", done_median)
-    table.add_row("pod Succeeded -> Run Finished: p95", done_p95)
-    return table
+        rows.append((f"RSS peak: {kind}" + (f" ({count} processes)" if count > 1 else ""), f"{peak:.0f} MiB"))
+    rows.append(("RSS peak: the control plane together", f"{memory.total:.0f} MiB"))
+    rows.append(("pod Running -> Run Running: median", running_median))
+    rows.append(("pod Running -> Run Running: p95", running_p95))
+    rows.append(("pod Succeeded -> Run Finished: median", done_median))
+    rows.append(("pod Succeeded -> Run Finished: p95", done_p95))
+    return rows
 
 
 def main() -> None:
@@ -348,10 +347,22 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1000)
     parser.add_argument("--run-seconds", type=float, default=30.0, help="How long each simulated agent runs.")
     parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--write-docs", action="store_true", help="put the table into docs/kubernetes.md")
+    parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "kubernetes.md", help=argparse.SUPPRESS)
     args = parser.parse_args()
     console = Console()
-    table = asyncio.run(bench(args.runs, args.run_seconds, args.timeout, console))
+    rows = asyncio.run(bench(args.runs, args.run_seconds, args.timeout, console))
+    table = Table(title=f"labkube operator: {args.runs} concurrent Runs (fake API and kubelet)", title_justify="left")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    for row in rows:
+        table.add_row(*row)
     console.print(table)
+    if args.write_docs:
+        command = f"python benchmarks/operator_scale.py --runs {args.runs} --run-seconds {args.run_seconds:g}"
+        body = markdown_table(("measure", f"{args.runs:,} Runs"), rows, (False, True))
+        write_block(args.doc, f"operator_scale-{args.runs}", body, command)
+        print(f"written: {args.doc}")
 
 
 if __name__ == "__main__":
