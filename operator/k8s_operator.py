@@ -37,7 +37,7 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -81,6 +81,7 @@ from labkube.operator.k8s_record import restore_from_statuses
 from labkube.operator.kube import KubeError, KubeTarget, answered, api_client, connection_info
 from labkube.operator.leader import LeaseElector
 from labkube.operator.pod_manifest import LABEL_RUN, pvc_name
+from labkube.operator.replica import ReplicaState, leader_family, serve_health
 from labkube.result import RunResult
 from labkube.run_spec import RunPhase, RunSpec
 from labkube.store import CampaignDir, StoreError, read_model
@@ -162,8 +163,9 @@ class OperatorRuntime(BaseModel):
 class OperatorMetrics:
     """Every driven campaign's series (`CampaignTelemetry`, one registry each) on one `/metrics`."""
 
-    def __init__(self) -> None:
+    def __init__(self, replica: ReplicaState | None = None) -> None:
         self.campaigns: dict[tuple[str, str], Any] = {}
+        self.replica = replica  # `labkube_operator_leader`, served by every replica, leading or not
 
     def telemetry(self, namespace: str, name: str, gpu_hours_cap: float | None) -> Any:
         from prometheus_client import CollectorRegistry
@@ -179,6 +181,8 @@ class OperatorMetrics:
         self.campaigns.pop((namespace, name), None)
 
     def collect(self) -> Any:
+        if self.replica is not None:
+            yield leader_family(self.replica)
         for telemetry in list(self.campaigns.values()):
             yield from telemetry.m.registry.collect()
 
@@ -714,23 +718,52 @@ def build_registry(
 def run_operator(
     runtime: OperatorRuntime, *, gpus: int | None = None, max_runs: int = 1000, verbose: bool = False
 ) -> None:
-    """`labkube operator`: reach the API, win the leader lease (standing by, healthy, until then), start (or join)
-    Ray, run kopf until SIGTERM/SIGINT or until the lease is lost (then exit, to stand by again)."""
+    """`labkube operator`: serve `/healthz` and `/metrics` from the start (`replica`), reach the API, win the leader
+    lease, start (or join) Ray, run kopf while leading. Losing the lease (the API unreachable past the renew
+    deadline, or another replica took it) fences this replica: kopf stops, its campaign daemons and supervisors end
+    (pods keep running), and it stands by for the lease again in the same process, healthy, so an API outage is
+    waited out rather than crashed through. SIGTERM/SIGINT: stop driving, release the lease (a standby takes it at
+    once), exit."""
     import kopf
 
-    from labkube.operator.driver import connect, shutdown
     from labkube.operator.kube import check_reachable
 
     kopf.configure(verbose=verbose or runtime.config.log_level == "debug", log_prefix=True)
-    client = api_client(runtime.kube)
-    check_reachable(client, runtime.kube)
-    check_runs_root(runtime.runs_root)
-    fenced = threading.Event()
-    # kopf waits for a threading.Event stop flag in a thread of its loop's default executor, which the loop joins
-    # when it closes: the flag must be set however kopf stops (lease lost, or SIGTERM: the cleanup below), or the
-    # process never exits.
-    stop_flag = threading.Event()
+    replica = ReplicaState()
+    metrics = OperatorMetrics(replica)
+    server = metrics.serve(runtime.config.metrics_port)
+    ctx: RayContext | None = None
+    try:
+        with serve_health(runtime.config.health_port, replica):
+            client = api_client(runtime.kube)
+            check_reachable(client, runtime.kube)
+            check_runs_root(runtime.runs_root)
+            ctx = _lead_while_leader(runtime, client, replica, metrics, gpus=gpus, max_runs=max_runs)
+    finally:
+        server.shutdown()  # type: ignore[attr-defined]
+        if ctx is not None:
+            from labkube.operator.driver import shutdown
+
+            shutdown(ctx)
+
+
+def _lead_while_leader(
+    runtime: OperatorRuntime,
+    client: Any,
+    replica: ReplicaState,
+    metrics: OperatorMetrics,
+    *,
+    gpus: int | None,
+    max_runs: int,
+) -> RayContext | None:
+    """Stand by, lead, and stand by again after every fence, until SIGTERM/SIGINT; returns the Ray context (to
+    shut down) when one was made."""
+    import kopf
+
+    from labkube.operator.driver import connect
+
     election = runtime.config.leader_election
+    elector = None
     if election.enabled:
         if runtime.namespace is None:
             raise OperatorError(
@@ -738,46 +771,89 @@ def run_operator(
                 "(the chart does), or leaderElection.enabled: false for a single replica"
             )
         elector = LeaseElector(client, runtime.namespace, runtime.identity, election)
-        with standby_health(runtime.config.health_port):
-            asyncio.run(elector.acquire())
-        threading.Thread(
-            target=lambda: asyncio.run(elector.hold(lambda: (fenced.set(), stop_flag.set()))),
-            name="labkube-lease",
-            daemon=True,
-        ).start()
-    pod_gpus = gpus if gpus is not None else cluster_gpus(client, runtime.config.runs.gpu_resource_name)
-    ctx = connect(
-        runtime.config.ray_address,
-        max_runs,
-        private=not runtime.config.ray_address,
-        pod_gpus=pod_gpus,
-        patience_s=RAY_CONNECT_PATIENCE_S,  # a RayCluster installed with the chart may still be starting
-    )
-    metrics = OperatorMetrics()
-    server = metrics.serve(runtime.config.metrics_port)
-    try:
-        registry = build_registry(runtime, ctx, metrics, fenced)
-
-        @kopf.on.cleanup(registry=registry)
-        async def release_stop_flag(**_: Any) -> None:
-            stop_flag.set()
-
-        kopf.run(
-            registry=registry,
-            standalone=True,
-            clusterwide=not runtime.config.namespaces,
-            namespaces=runtime.config.namespaces,
-            liveness_endpoint=f"http://0.0.0.0:{runtime.config.health_port}/healthz",
-            stop_flag=stop_flag,
+    terminating = threading.Event()
+    ctx: RayContext | None = None
+    while not terminating.is_set():
+        _on_signals(terminating)  # kopf's own handlers replace these while it runs, and are removed after it
+        fenced = threading.Event()
+        # kopf waits for a threading.Event stop flag in a thread of its loop's default executor, which the loop joins
+        # when it closes: the flag must be set however kopf stops (fenced, or SIGTERM: the cleanup below), or kopf.run
+        # never returns.
+        stop_flag = threading.Event()
+        done_leading = threading.Event()
+        holding = None
+        if elector is not None:
+            replica.now("standing by for the leader lease", leader=False)
+            if not asyncio.run(elector.acquire(terminating)):
+                break
+            holding = threading.Thread(
+                target=_hold, args=(elector, fenced, stop_flag, done_leading), name="labkube-lease", daemon=True
+            )
+            holding.start()
+        if ctx is None:
+            replica.now("leading; connecting to Ray", leader=True)
+            pod_gpus = gpus if gpus is not None else cluster_gpus(client, runtime.config.runs.gpu_resource_name)
+            ctx = connect(
+                runtime.config.ray_address,
+                max_runs,
+                private=not runtime.config.ray_address,
+                pod_gpus=pod_gpus,
+                patience_s=RAY_CONNECT_PATIENCE_S,  # a RayCluster installed with the chart may still be starting
+            )
+        if not fenced.is_set() and not terminating.is_set():
+            replica.now("leading", leader=True)
+            registry = build_registry(runtime, ctx, metrics, fenced)
+            kopf.on.cleanup(registry=registry, id="release_stop_flag")(_setter(stop_flag))
+            kopf.run(
+                registry=registry,
+                standalone=True,
+                clusterwide=not runtime.config.namespaces,
+                namespaces=runtime.config.namespaces,
+                stop_flag=stop_flag,
+            )
+        # kopf has stopped: every campaign daemon ended and killed its supervisors, so this replica acts no more
+        done_leading.set()
+        if holding is not None:
+            holding.join()
+        if not fenced.is_set():  # SIGTERM/SIGINT (kopf's handler took it), or kopf ended on its own
+            terminating.set()
+            if elector is not None:
+                replica.now("shutting down; releasing the leader lease", leader=False)
+                asyncio.run(elector.release())
+            break
+        log.error(
+            "%s lost the leader lease %s/%s: fenced (driving nothing); standing by until the API answers again "
+            "(the leader adopts the running pods)",
+            runtime.identity,
+            runtime.namespace,
+            election.lease_name,
         )
-    finally:
-        server.shutdown()  # type: ignore[attr-defined]
-        shutdown(ctx)
-    if fenced.is_set():
-        raise OperatorError(
-            f"{runtime.identity} lost the leader lease {runtime.namespace}/{election.lease_name}; "
-            "exiting to stand by again (the new leader adopts the running pods)"
-        )
+        replica.now("fenced: lost the leader lease; standing by", leader=False)
+    return ctx
+
+
+def _hold(elector: LeaseElector, fenced: threading.Event, stop_flag: threading.Event, done: threading.Event) -> None:
+    """The lease thread: renew until `done`; on losing the lease, fence (and stop kopf)."""
+    asyncio.run(elector.hold(lambda: (fenced.set(), stop_flag.set()), done))
+
+
+def _setter(flag: threading.Event) -> Callable[..., Any]:
+    async def set_flag(**_: Any) -> None:
+        flag.set()
+
+    return set_flag
+
+
+def _on_signals(terminating: threading.Event) -> None:
+    """SIGTERM/SIGINT while not leading: stop standing by (nothing to hand over)."""
+    import signal
+
+    def handle(*_: Any) -> None:
+        terminating.set()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
 
 
 def cluster_gpus(client: Any, resource: str) -> int | None:
@@ -796,30 +872,6 @@ def cluster_gpus(client: Any, resource: str) -> int | None:
     else:
         log.info("the cluster has no allocatable %s: GPU runs get their pods and wait for the scheduler", resource)
     return found
-
-
-@contextlib.contextmanager
-def standby_health(port: int) -> Iterator[None]:
-    """`/healthz` answers 200 while this replica stands by for the lease (kopf serves it once it leads)."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    class Healthy(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200 if self.path.startswith("/healthz") else 404)
-            self.end_headers()
-            self.wfile.write(b"standing by for the leader lease\n")
-
-        def log_message(self, *_: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("0.0.0.0", port), Healthy)
-    thread = threading.Thread(target=server.serve_forever, name="labkube-standby-health", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def check_runs_root(root: Path) -> None:

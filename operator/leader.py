@@ -6,17 +6,25 @@ partitioned from the API server). Writes carry the Lease's `resourceVersion`, so
 the API server lets one through and answers 409 to the other. The leader renews every `renew_s`
 (`LeaseElector.hold`); when it cannot renew before its own lease would run out (the API unreachable, the
 Lease taken over), it calls `on_lost` *before* another replica can take it (`renew_deadline_s` <
-`lease_s`), and the operator stops driving: its campaign daemons end (pods keep running) and the process
-exits, to come back as a candidate. The new leader adopts the running pods (see `k8s_operator`).
+`lease_s`), and the operator fences itself: it stops driving (its campaign daemons end, pods keep running),
+keeps serving `/healthz` and `/metrics`, and stands by as a candidate again, so an API outage of any length is
+waited out, not crashed through. Whichever replica takes the Lease when the API returns adopts the running pods
+(see `k8s_operator`). On SIGTERM the leader stops driving, then `release`s the Lease (holder cleared), so a
+standby takes it on its next try instead of waiting for it to run out.
+
+Expiry follows client-go's observed-time rule: a candidate measures a holder's lease from the moment *it* last
+saw the Lease's record change, on its own monotonic clock, never by comparing the holder's `renewTime` with its
+own wall clock; replicas whose clocks disagree therefore never both lead.
 
 This is client-go's leader election (`leaderelection.LeaderElector`) in the same terms: leaseDuration,
-renewDeadline, retryPeriod; holderIdentity, acquireTime, renewTime, leaseTransitions.
+renewDeadline, retryPeriod; holderIdentity, acquireTime, renewTime, leaseTransitions; ReleaseOnCancel.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -24,7 +32,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from labkube.operator.kube import answered, parse_time
+from labkube.operator.kube import answered
 
 __all__ = ["LeaderElection", "LeaseElector"]
 
@@ -55,7 +63,8 @@ def _micro(at: datetime) -> str:
 
 class LeaseElector:
     """One candidate for the Lease `namespace/name` (module docstring). `call` runs a blocking `kubernetes`
-    client call off the event loop and raises its `ApiException`s."""
+    client call off the event loop and raises its `ApiException`s; `clock` is the wall clock written into the
+    Lease's times (only written, never compared: tests skew it)."""
 
     def __init__(
         self,
@@ -64,6 +73,7 @@ class LeaseElector:
         identity: str,
         settings: LeaderElection,
         call: Callable[..., Any] | None = None,
+        clock: Callable[[], datetime] = _now,
     ) -> None:
         from kubernetes.client import CoordinationV1Api
 
@@ -72,7 +82,10 @@ class LeaseElector:
         self.identity = identity
         self.settings = settings
         self.call = call or (lambda fn, *a, **k: asyncio.to_thread(answered, fn, *a, **k))
+        self.clock = clock
         self.renewed_at = -float("inf")  # monotonic time of the last successful acquire or renewal
+        self.observed: dict[str, Any] | None = None  # the Lease's spec as this candidate last saw it
+        self.observed_at = -float("inf")  # monotonic time at which `observed` was first seen
 
     async def _read(self) -> dict[str, Any] | None:
         try:
@@ -99,11 +112,25 @@ class LeaseElector:
         }
         return spec
 
+    def _observe(self, spec: dict[str, Any], at: float) -> None:
+        if spec != self.observed:
+            self.observed, self.observed_at = dict(spec), at
+
+    def held_by_another(self, spec: dict[str, Any], at: float) -> bool:
+        """Whether another live holder has the Lease: its record changed less than `leaseDurationSeconds` ago by
+        this candidate's monotonic clock (client-go's `isLeaseValid`). `renewTime` is not compared with any clock."""
+        self._observe(spec, at)
+        holder = spec.get("holderIdentity")
+        if not holder or holder == self.identity:
+            return False
+        duration = float(spec.get("leaseDurationSeconds") or self.settings.lease_s)
+        return at - self.observed_at < duration
+
     async def try_acquire(self) -> bool:
         """Take or renew the Lease once; False when another live holder has it or another candidate won the race."""
         started = time.monotonic()
         current = await self._read()
-        now = _now()
+        now = self.clock()
         if current is None:
             body = {
                 "apiVersion": "coordination.k8s.io/v1",
@@ -117,14 +144,12 @@ class LeaseElector:
                 if getattr(exc, "status", None) == 409:
                     return False
                 raise
+            self._observe(body["spec"], started)
             self.renewed_at = started
             return True
         spec = current.get("spec") or {}
         holder = spec.get("holderIdentity")
-        renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime"))
-        duration = float(spec.get("leaseDurationSeconds") or self.settings.lease_s)
-        expired = renewed is None or (now - renewed).total_seconds() > duration
-        if holder and holder != self.identity and not expired:
+        if self.held_by_another(spec, time.monotonic()):
             return False
         body = {**current, "spec": self._spec(current, now)}
         try:
@@ -141,26 +166,31 @@ class LeaseElector:
             raise
         if holder != self.identity:
             log.warning("leader election: %s took the lease from %s", self.identity, holder or "nobody")
+        self._observe(body["spec"], started)
         self.renewed_at = started
         return True
 
-    async def acquire(self) -> None:
-        """Until this candidate holds the Lease."""
+    async def acquire(self, stop: threading.Event | None = None) -> bool:
+        """Until this candidate holds the Lease (True), or `stop` is set (False)."""
         log.info("leader election: %s waiting for lease %s/%s", self.identity, self.namespace, self.settings.lease_name)
-        while True:
+        while stop is None or not stop.is_set():
             try:
                 if await self.try_acquire():
                     log.info("leader election: %s leads", self.identity)
-                    return
+                    return True
             except Exception as exc:  # the API unreachable: keep trying, as a candidate
                 log.warning("leader election: %s", str(exc).splitlines()[0][:200])
-            await asyncio.sleep(self.settings.retry_s)
+            await _sleep_unless(stop, self.settings.retry_s)
+        return False
 
-    async def hold(self, on_lost: Callable[[], Any]) -> None:
+    async def hold(self, on_lost: Callable[[], Any], stop: threading.Event | None = None) -> None:
         """Renew every `retry_s`; call `on_lost` once it cannot renew within `renew_deadline_s` of the last renewal
-        (before the lease runs out for the others), or finds the Lease held by someone else."""
+        (before the lease runs out for the others), or finds the Lease held by someone else. Returns without
+        calling it once `stop` is set (the operator is shutting down and releases the Lease itself)."""
         while True:
-            await asyncio.sleep(self.settings.retry_s)
+            await _sleep_unless(stop, self.settings.retry_s)
+            if stop is not None and stop.is_set():
+                return
             try:
                 if not await asyncio.wait_for(self.try_acquire(), self.settings.renew_deadline_s):
                     log.error("leader election: %s lost the lease to another replica", self.identity)
@@ -172,6 +202,43 @@ class LeaseElector:
                     "leader election: %s could not renew within %.0fs", self.identity, self.settings.renew_deadline_s
                 )
                 break
+        self.renewed_at = -float("inf")
         result = on_lost()
         if asyncio.iscoroutine(result):
             await result
+
+    async def release(self) -> bool:
+        """Give the Lease up (client-go's ReleaseOnCancel): holder cleared, a 1 s duration, so a standby takes it on
+        its next try. Only when this replica still holds it; call it after this replica stopped acting."""
+        try:
+            current = await self._read()
+            spec = (current or {}).get("spec") or {}
+            if current is None or spec.get("holderIdentity") != self.identity:
+                return False
+            now = _micro(self.clock())
+            released = {**spec, "holderIdentity": None, "leaseDurationSeconds": 1, "acquireTime": now, "renewTime": now}
+            await self.call(
+                self.api.replace_namespaced_lease,
+                self.settings.lease_name,
+                self.namespace,
+                {**current, "spec": released},
+                _preload_content=False,
+            )
+        except Exception as exc:  # the API unreachable or the Lease changed: it runs out on its own
+            log.warning(
+                "leader election: releasing the lease: %s", str(exc).splitlines()[0][:200] or type(exc).__name__
+            )
+            return False
+        self.renewed_at = -float("inf")
+        log.info("leader election: %s released lease %s/%s", self.identity, self.namespace, self.settings.lease_name)
+        return True
+
+
+async def _sleep_unless(stop: threading.Event | None, seconds: float) -> None:
+    """Sleep `seconds`, or less once `stop` (set from another thread) is set."""
+    if stop is None:
+        await asyncio.sleep(seconds)
+        return
+    deadline = time.monotonic() + seconds
+    while not stop.is_set() and (left := deadline - time.monotonic()) > 0:
+        await asyncio.sleep(min(left, 0.05))

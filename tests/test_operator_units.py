@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -16,7 +17,8 @@ from pydantic import ValidationError
 from labkube.operator.admission import admission_violations, image_allowed
 from labkube.operator.k8s_backend import backoff_delay, disruption_of, retry_after, retrying
 from labkube.operator.k8s_models import OperatorConfig, PodOptions, PodSettings, RunResourceSpec, Tenancy
-from labkube.operator.k8s_operator import CampaignSpecError, plan_resource_campaign, standby_health
+from labkube.operator.k8s_operator import CampaignSpecError, plan_resource_campaign
+from labkube.operator.replica import ReplicaState, serve_health
 from labkube.result import TERMINATION_MESSAGE_LIMIT, RunResult, SubtaskScore, result_from_report, termination_report
 from labkube.run_spec import RunPhase
 from labkube.task_card import Resources
@@ -214,14 +216,20 @@ def test_run_policies_of_an_unknown_kind_are_refused_at_start() -> None:
         OperatorConfig.model_validate({"runs": runs, "runPolicies": [{**policy, "kind": "AdminNetworkPolicy"}]})
 
 
-def test_a_standby_answers_its_health_probe() -> None:
+def test_a_replica_answers_its_health_probe_whatever_it_is_doing() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
-    with standby_health(port), urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
-        assert resp.status == 200 and b"standing by" in resp.read()
+    replica = ReplicaState()
+    with serve_health(port, replica):
+        for doing, leader in (("standing by for the leader lease", False), ("leading; connecting to Ray", True)):
+            replica.now(doing, leader=leader)
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
+                assert resp.status == 200 and resp.read().decode().strip() == doing
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/other", timeout=5)
     with pytest.raises(OSError):
-        urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)  # gone once it leads
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)  # gone once the process ends
 
 
 # -- planning a Campaign resource with task overlays --------------------------------------------------------

@@ -52,6 +52,7 @@ import math
 import random
 import re
 import string
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -201,6 +202,26 @@ class KubeError(Exception):
         super().__init__(message)
         self.code = code
         self.reason = reason or _STATUS_CODES.get(code, "Invalid" if code == 422 else "InternalError")
+
+
+class Outage:
+    """A kmock reaction (`api[lambda _: True] << Outage(60)`): every HTTP request answers 503 for `seconds`, as a
+    control-plane upgrade looks from outside; then it retires. Requests the kubelet and the test make in-process are
+    not HTTP and go on: the pods keep running."""
+
+    def __init__(self, seconds: float) -> None:
+        self.until = time.monotonic() + seconds
+        self.hits = 0
+
+    @property
+    def over(self) -> bool:
+        return time.monotonic() >= self.until
+
+    def __call__(self, request: kmock.Request) -> Any:
+        if self.over:
+            return NotImplemented
+        self.hits += 1
+        raise KubeError(503, "injected outage (fault test): the API server is being upgraded", "ServiceUnavailable")
 
 
 class FakeKube(kmock.KubernetesScaffold):

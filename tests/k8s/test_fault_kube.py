@@ -7,14 +7,13 @@ one pod per run (no duplicates), the results on the runs volume."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from typing import Any
 
 import kmock
 import pytest
 from conftest import Cluster, eventually, tiny_task
-from fakekube import FakeKube, KubeError
+from fakekube import FakeKube, KubeError, Outage
 
 from labkube.store import CampaignDir
 
@@ -212,22 +211,6 @@ async def test_api_server_errors_are_retried(cluster: Cluster, fault: Fault) -> 
     assert_completed(cluster, "errors", 3)
     for reaction in injected:
         assert reaction.left == 0, f"a fault was never injected: {reaction.hits}"
-
-
-class Outage:
-    """A kmock reaction: every request answers 503 (with `Retry-After: 1` on every other one) until `until`
-    (monotonic seconds), as a control-plane upgrade looks from outside; then it retires. Requests the kubelet and
-    the test make in-process are not HTTP and go on: the pods keep running."""
-
-    def __init__(self, seconds: float) -> None:
-        self.until = time.monotonic() + seconds
-        self.hits = 0
-
-    def __call__(self, request: kmock.Request) -> Any:
-        if time.monotonic() >= self.until:
-            return NotImplemented
-        self.hits += 1
-        raise KubeError(503, "injected outage (fault test): the API server is being upgraded", "ServiceUnavailable")
 
 
 async def test_a_minute_of_503s_mid_campaign_fails_no_run(cluster: Cluster, fault: Fault) -> None:

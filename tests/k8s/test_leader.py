@@ -7,6 +7,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -117,3 +118,76 @@ async def test_standby_takes_over_a_running_campaign_without_a_duplicate_pod(clu
     assert sorted(cluster.pods_created("handover")) == sorted(created_by_a), "a pod was created twice"
     for run in cluster.runs("handover"):
         assert run["status"]["phase"] == "Finished" and run["status"]["attempts"] == 1
+
+
+class Writes:
+    """A replica's link that records every Lease write the API server accepted: (monotonic time, holder written)."""
+
+    def __init__(self, log: list[tuple[float, str, str | None]], identity: str) -> None:
+        self.log, self.identity, self.cut = log, identity, False
+
+    async def __call__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self.cut:
+            raise ConnectionError("replica gone (test)")
+        answer = await asyncio.to_thread(fn, *args, **kwargs)
+        if fn.__name__ in ("create_namespaced_lease", "replace_namespaced_lease"):
+            body = args[-1]
+            self.log.append((time.monotonic(), self.identity, (body.get("spec") or {}).get("holderIdentity")))
+        return answer
+
+
+@pytest.mark.parametrize("skewed", ["leader", "standby"])
+async def test_replicas_whose_clocks_differ_by_30_s_never_both_lead(cluster: Cluster, skewed: str) -> None:
+    """Expiry is measured from when a candidate saw the Lease change, on its own monotonic clock (client-go's rule):
+    a standby whose wall clock runs 30 s ahead does not see a renewed lease as expired (with the old rule, comparing
+    the holder's renewTime with its own clock, it took the lease at once), and a standby behind a leader's clock
+    takes a dead leader's lease after one lease duration, not 30 s later. Every accepted Lease write is checked."""
+    writes: list[tuple[float, str, str | None]] = []
+    links = {name: Writes(writes, name) for name in ("replica-a", "replica-b")}
+    ahead = {"leader": "replica-a", "standby": "replica-b"}[skewed]
+
+    def clock(name: str) -> Callable[[], datetime]:
+        offset = timedelta(seconds=30) if name == ahead else timedelta(0)
+        return lambda: datetime.now(UTC) + offset
+
+    client = api_client(KubeTarget(server=cluster.url))
+    a, b = (LeaseElector(client, "default", n, FAST, call=links[n], clock=clock(n)) for n in ("replica-a", "replica-b"))
+    assert await a.acquire()
+    lost: list[float] = []
+    holding = asyncio.create_task(a.hold(lambda: lost.append(time.monotonic())))
+    standby = asyncio.create_task(b.acquire())
+    await asyncio.sleep(4 * FAST.lease_s)
+    assert not standby.done() and not lost, "the standby took a lease that was being renewed"
+    assert {who for _, who, _ in writes} == {"replica-a"} and len(writes) >= 4 * FAST.lease_s / FAST.retry_s - 2
+    links["replica-a"].cut = True  # the leader dies
+    died_at = time.monotonic()
+    await asyncio.wait_for(standby, 3 * FAST.lease_s)
+    await asyncio.wait_for(holding, FAST.lease_s)
+    taken_at = next(t for t, who, _ in writes if who == "replica-b")
+    last_a = max(t for t, who, _ in writes if who == "replica-a")
+    assert lost and lost[0] < taken_at, "the old leader had not fenced itself when the standby took over"
+    assert taken_at - last_a >= FAST.lease_s, "the standby took the lease before it ran out"
+    assert taken_at - died_at <= FAST.lease_s + 2 * FAST.retry_s + 1, "the standby waited out the clock skew"
+    assert all(holder == who for _, who, holder in writes), writes
+
+
+async def test_a_released_lease_is_taken_on_the_standbys_next_try(cluster: Cluster) -> None:
+    """client-go's ReleaseOnCancel: the leader stopping on SIGTERM clears the holder, so the standby leads within
+    one retry period instead of a lease duration; a replica that no longer holds the Lease releases nothing."""
+    leader, standby = elector(cluster, "replica-a"), elector(cluster, "replica-b")
+    assert await leader.acquire()
+    stop = threading.Event()
+    holding = asyncio.create_task(leader.hold(lambda: pytest.fail("stopping is not losing the lease"), stop))
+    waiting = asyncio.create_task(standby.acquire())
+    await asyncio.sleep(1.5)
+    assert not waiting.done()
+    stop.set()
+    await asyncio.wait_for(holding, 2)
+    released_at = time.monotonic()
+    assert await leader.release()
+    lease = cluster.api.read_object(LEASES, "default", FAST.lease_name)
+    assert lease is not None and not lease["spec"].get("holderIdentity") and lease["spec"]["leaseDurationSeconds"] == 1
+    await asyncio.wait_for(waiting, 2)
+    assert time.monotonic() - released_at < FAST.retry_s + 0.5 and holder(cluster) == "replica-b"
+    assert not await leader.release(), "a replica released a lease another replica holds"
+    assert holder(cluster) == "replica-b"
