@@ -877,7 +877,7 @@ def render_dashboards() -> dict[str, str]:
 
 
 def render_metrics_table() -> str:
-    from labkube.metrics import CAMPAIGN_LABELS, CAMPAIGN_METRICS, RUN_LABELS, RUN_METRICS
+    from labkube.metrics import CAMPAIGN_LABELS, CAMPAIGN_METRICS, OPERATOR_METRICS, RUN_LABELS, RUN_METRICS
 
     lines = [
         "| Metric | Type | Labels | Exported by | Meaning |",
@@ -886,6 +886,7 @@ def render_metrics_table() -> str:
     for table, base, who in (
         (RUN_METRICS, RUN_LABELS, "the run's agent"),
         (CAMPAIGN_METRICS, CAMPAIGN_LABELS, "the campaign driver / operator"),
+        (OPERATOR_METRICS, (), "every operator replica"),
     ):
         for name, (kind, doc, extra) in table.items():
             labels = ", ".join(f"`{label}`" for label in (*base, *extra))

@@ -68,6 +68,14 @@ CAMPAIGN_METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "labkube_campaign_run_resumes_total": ("counter", "Runs resumed from a checkpoint.", ()),
 }
 
+OPERATOR_METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "labkube_operator_leader": (
+        "gauge",
+        "1 while this operator replica holds the leader lease and drives campaigns, else 0 (standing by, fenced).",
+        (),
+    ),
+}
+
 DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
 
 

@@ -787,7 +787,10 @@ def _lead_while_leader(
             if not asyncio.run(elector.acquire(terminating)):
                 break
             holding = threading.Thread(
-                target=_hold, args=(elector, fenced, stop_flag, done_leading), name="labkube-lease", daemon=True
+                target=_hold,
+                args=(elector, replica, fenced, stop_flag, done_leading),
+                name="labkube-lease",
+                daemon=True,
             )
             holding.start()
         if ctx is None:
@@ -812,6 +815,7 @@ def _lead_while_leader(
                 stop_flag=stop_flag,
             )
         # kopf has stopped: every campaign daemon ended and killed its supervisors, so this replica acts no more
+        _on_signals(terminating)  # kopf removed its handlers: a second SIGTERM must not kill the clean-up below
         done_leading.set()
         if holding is not None:
             holding.join()
@@ -832,9 +836,22 @@ def _lead_while_leader(
     return ctx
 
 
-def _hold(elector: LeaseElector, fenced: threading.Event, stop_flag: threading.Event, done: threading.Event) -> None:
-    """The lease thread: renew until `done`; on losing the lease, fence (and stop kopf)."""
-    asyncio.run(elector.hold(lambda: (fenced.set(), stop_flag.set()), done))
+def _hold(
+    elector: LeaseElector,
+    replica: ReplicaState,
+    fenced: threading.Event,
+    stop_flag: threading.Event,
+    done: threading.Event,
+) -> None:
+    """The lease thread: renew until `done`; on losing the lease, fence at once (campaign daemons stop driving
+    within a second) and stop kopf, which may take longer while the API is down."""
+
+    def lost() -> None:
+        fenced.set()
+        replica.now("fenced: lost the leader lease; stopping", leader=False)
+        stop_flag.set()
+
+    asyncio.run(elector.hold(lost, done))
 
 
 def _setter(flag: threading.Event) -> Callable[..., Any]:

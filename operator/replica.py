@@ -45,10 +45,10 @@ class ReplicaState:
 def leader_family(state: ReplicaState) -> Any:
     from prometheus_client.core import GaugeMetricFamily
 
-    family = GaugeMetricFamily(
-        "labkube_operator_leader",
-        "1 while this operator replica holds the leader lease and drives campaigns, else 0 (standing by, fenced).",
-    )
+    from labkube.metrics import OPERATOR_METRICS
+
+    name = "labkube_operator_leader"
+    family = GaugeMetricFamily(name, OPERATOR_METRICS[name][1])
     family.add_metric([], 1.0 if state.leader else 0.0)
     return family
 

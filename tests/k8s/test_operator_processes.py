@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
+import signal
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +29,7 @@ from typing import Any
 import kmock
 import pytest
 from conftest import CAMPAIGNS, CLAIM, PODS, RUNS, eventually, tiny_task
-from fakekube import FakeKube
+from fakekube import FakeKube, Outage
 from kubelet import FakeKubelet
 from operator_process import (
     OperatorProcess,
@@ -370,3 +373,84 @@ async def test_fresh_leaders_with_empty_runs_roots_rerun_nothing_and_keep_the_gp
     # the final leader's campaign directory holds both results, the finished run's from its Run status
     results = sorted((roots[leader] / NAMESPACE / "failover" / "runs").glob("*/result.json"))
     assert len(results) == 2
+
+
+def leader_gauge(config: Path) -> float | None:
+    """`labkube_operator_leader` as the replica of `config` serves it (None: no answer)."""
+    import urllib.request
+
+    import yaml
+
+    port = yaml.safe_load(config.read_text())["metricsPort"]
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    found = re.search(r"^labkube_operator_leader (\S+)$", text, re.M)
+    return float(found.group(1)) if found else None
+
+
+async def test_an_api_outage_is_waited_out_and_sigterm_hands_over_at_once(fake: Fake, fault: Fault) -> None:
+    fault(
+        "the API unreachable for 20 s with leader election on, then a rolling upgrade",
+        "two replicas (lease 3 s, renew deadline 2 s: the outage is ~7 lease durations, the time-compressed form of "
+        "5 minutes at the chart's 15 s), a claim per run and each replica's runs root empty; every HTTP request "
+        "answers 503 for 20 s while 2 runs are mid-step; afterwards the leader gets SIGTERM",
+        "no replica exits: the leader fences (labkube_operator_leader 0) and both keep answering /healthz and "
+        "/metrics; when the API returns one leads again and adopts the pods; SIGTERM releases the lease and the "
+        "standby leads within 2 s; one agent pod per run, every run Finished on its first attempt",
+    )
+    task = slow_task(fake, "outage", 25)
+    roots = {name: fake.work / f"root-{name}" for name in "ab"}
+    configs = {name: fake.config(workspace={"mode": "pvc"}) for name in "ab"}
+    ops = {}
+    for name in "ab":
+        roots[name].mkdir()
+        ops[name] = await fake.operator(configs[name][0], name, runs_root=roots[name])
+    for name in "ab":
+        await wait_healthy(ops[name], configs[name][1])
+    await eventually(
+        lambda: sorted(str(leader_gauge(configs[n][0])) for n in "ab") == ["0.0", "1.0"],
+        60,
+        what="one replica serving labkube_operator_leader 1 and the standby 0",
+    )
+
+    def holder() -> str:
+        lease = fake.api.read_object(LEASES, OPERATOR_NAMESPACE, "labkube-operator") or {}
+        return str((lease.get("spec") or {}).get("holderIdentity") or "")
+
+    def leading() -> list[str]:
+        return [n for n in "ab" if leader_gauge(configs[n][0]) == 1.0]
+
+    fake.campaign("outage", task, seeds=2)
+    await eventually(lambda: fake.running("outage") == 2, 120, what="two running pods")
+    outage = Outage(20)
+    fake.api[lambda _: True] << outage
+    await eventually(lambda: leading() == [], 10, every=0.3, what="the leader to fence itself")
+    while not outage.over:
+        for name in "ab":
+            assert ops[name].returncode is None, f"replica {name} exited in the outage: {ops[name].said()}"
+            assert await asyncio.to_thread(health, configs[name][1]), f"replica {name} stopped answering /healthz"
+            assert leader_gauge(configs[name][0]) == 0.0, f"replica {name} leads without the API"
+        await asyncio.sleep(1)
+    await eventually(lambda: len(leading()) == 1 and holder() != "", 30, every=0.3, what="a leader after the outage")
+    (leader,) = leading()
+    standby = next(n for n in "ab" if n != leader)
+    await eventually(lambda: fake.running("outage") == 2, 30, what="the pods still running (adopted)")
+    assert "standing by" in (await asyncio.to_thread(health, configs[standby][1]) or "")
+    ops[leader].proc.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    before = holder()
+    await eventually(lambda: holder() not in ("", before), 10, every=0.05, what="the standby to take the lease")
+    handover_s = time.monotonic() - signalled
+    await asyncio.wait_for(ops[leader].proc.wait(), 30)  # the one SIGTERM a kubelet sends is enough
+    code, leftovers = await ops[leader].stop()
+    assert code == 0 and leftovers == [], (code, leftovers, ops[leader].said())
+    assert handover_s < 2.0, f"hand-over took {handover_s:.1f}s"
+    await fake.finished("outage", [ops[standby]])
+    code, leftovers = await ops[standby].stop()
+    assert code == 0 and leftovers == [], (code, leftovers, ops[standby].said())
+    assert outage.hits > 20
+    fake.assert_one_pod_per_run("outage", 2)
+    print(f"hand-over on SIGTERM: {handover_s:.2f}s")
