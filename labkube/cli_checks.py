@@ -50,8 +50,11 @@ class FrontDoor(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (click.ClickException, click.exceptions.Exit, click.Abort, KeyboardInterrupt, SystemExit):
+        except (click.ClickException, click.exceptions.Exit, click.Abort, SystemExit):
             raise
+        except KeyboardInterrupt:  # before anything was started (labkube run handles its own: runs to mark)
+            err_console.print("[yellow]interrupted[/]", highlight=False)
+            sys.exit(130)
         except (StoreError, TaskError) as exc:
             raise UsageFailure(str(exc)) from None
         except OSError as exc:

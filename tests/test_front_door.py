@@ -400,3 +400,10 @@ def test_a_labkube_bug_prints_its_traceback_and_asks_for_a_report(capsys: pytest
     shown = result.output + captured.err
     assert "Traceback" in shown and "ZeroDivisionError" in shown
     assert BUG_LINE.split(":")[0] in " ".join(shown.split())
+
+
+def test_ctrl_c_before_anything_started_exits_130_without_a_traceback() -> None:
+    result = CliRunner().invoke(boundary_group(KeyboardInterrupt()), ["fail"])
+    assert result.exit_code == 130
+    assert "Traceback" not in result.output and "Aborted!" not in result.output
+    assert result.output.strip() == "interrupted"
