@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
@@ -111,7 +112,9 @@ def primary_scores_cell(r: ReportRow) -> str:
     return "\n".join(f"{name} {fmt_score(None if r.is_error else v)}" for name, v in r.primary_scores.items())
 
 
-def report_table(rows: list[ReportRow], title: str) -> Table:
+def report_table(rows: list[ReportRow], title: str) -> Group:
+    """One row per run, then what went wrong or has no value, one run a line (an error's last lines kept whole
+    rather than folded into a narrow column)."""
     table = Table(title=title, title_justify="left")
     by_group = any(len(r.primary_scores) > 1 for r in rows)  # a task that tags several primary groups
     for col, justify in [
@@ -129,9 +132,9 @@ def report_table(rows: list[ReportRow], title: str) -> Table:
         ("wall", "right"),
         ("GPU", "left"),
         ("integrity", "left"),
-        ("message", "left"),
     ]:
-        table.add_column(col, justify=justify, overflow="fold", no_wrap=col == "primary groups")  # type: ignore[arg-type]
+        folds = col in ("task", "model", "scaffold")  # long names fold; figures and outcomes stay whole
+        table.add_column(col, justify=justify, overflow="fold", no_wrap=not folds)  # type: ignore[arg-type]
     keep_whole(table, "GPU")
     for r in rows:
         table.add_row(
@@ -140,7 +143,7 @@ def report_table(rows: list[ReportRow], title: str) -> Table:
             r.agent,
             str(r.seed),
             run_phase(r),
-            run_score_cell(r),
+            Text("error", style="bold red") if r.is_error else run_score_cell(r),
             *([primary_scores_cell(r)] if by_group else []),
             fmt_beat(r.beat_baseline),
             fmt_fraction(r.completion),
@@ -149,9 +152,16 @@ def report_table(rows: list[ReportRow], title: str) -> Table:
             fmt_seconds(r.wall_seconds),
             gpu_text(r.gpu_utilization, r.gpu_memory_peak_bytes),
             r.integrity_verdict or "—",
-            Text(message_cell(r.message), style="red" if r.is_error else ""),
         )
-    return table
+    notes = [
+        Text.assemble(
+            (f"{r.run_id} {r.outcome or r.status}: ", "bold red" if r.is_error else "yellow"),
+            message_cell(r.message, 600),
+        )
+        for r in rows
+        if r.message and r.status in ("Finished", "Failed")
+    ]
+    return Group(table, *notes)
 
 
 AGGREGATE_COLUMNS = [
