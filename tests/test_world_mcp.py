@@ -260,6 +260,7 @@ async def test_codex_calls_world_tools_through_its_mcp_servers_config(
                     f"command = {json.dumps(bridge_command()[0])}",
                     f"args = {json.dumps(bridge_command()[1:])}",
                     "startup_timeout_sec = 60",
+                    "required = true",  # as labkube writes it: Codex waits for the server before its first request
                     "[mcp_servers.world.env]",
                     f"LABKUBE_WORLD_URL = {json.dumps(world.base_url)}",
                     "",
