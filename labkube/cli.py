@@ -1175,13 +1175,18 @@ def audit(
     check_finite_positive(judge_budget_usd, "--judge-budget-usd")
     spec = RunDir(run_dir).spec()
     if inspector_model:
-        from labkube.operator.campaign_run import CampaignError, check_api_keys
+        from labkube.operator.campaign_run import API_KEYS
 
         try:
-            parse_model(inspector_model)
-            check_api_keys([inspector_model], spec.api_key_env)
-        except (UnknownModel, CampaignError) as exc:
+            ref = parse_model(inspector_model)
+        except UnknownModel as exc:
             raise UsageFailure(str(exc)) from None
+        var = spec.api_key_env.get(inspector_model) or API_KEYS.get(ref.provider)
+        if var and not os.environ.get(var):
+            raise UsageFailure(
+                f"inspector model {inspector_model}: {var} is not set; export it, or audit without "
+                "--inspector-model (the rule checks need no key)"
+            )
     budget = inspector_budget_usd or judge_budget_usd or 1.0
     try:
         report = audit_run(run_dir, inspector_model, budget)

@@ -286,7 +286,7 @@ def test_export_min_score_nan_is_refused(copied: Path, tmp_path: Path) -> None:
         (["--judge-budget-usd", "-3"], "--judge-budget-usd -3.0: give a finite number above 0"),
         (["--judge-budget-usd", "nan"], "--judge-budget-usd nan: give a finite number above 0"),
         (["--inspector-budget-usd", "inf"], "--inspector-budget-usd inf: give a finite number above 0"),
-        (["--inspector-model", "openai:gpt-5"], "OPENAI_API_KEY is not set"),
+        (["--inspector-model", "openai:gpt-5"], "inspector model openai:gpt-5: OPENAI_API_KEY is not set"),
         (["--judge-model", "openai:gpt-5"], "OPENAI_API_KEY is not set"),
         (["--inspector-model", "anthropic:claude-sonnet-4-5"], "ANTHROPIC_API_KEY is not set"),
     ],
