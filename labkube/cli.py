@@ -2,7 +2,8 @@
 
 Exit codes: 0 when every run ended with a measurement (a score, or a grading that gave no value; a low score
 is not a failure), 1 when a run ended in an error outcome (grader_error, judge_error, world_error, setup_error,
-model_error, harness_error), 2 for bad usage or bad input.
+model_error, harness_error), 2 for bad usage or bad input (one line; labkube/cli_checks.py), 130 when
+interrupted. A traceback only ever shows a labkube bug, with a line asking for a report.
 """
 
 from __future__ import annotations
