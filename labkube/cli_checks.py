@@ -109,6 +109,8 @@ def check_port_free(port: int | None, flag: str = "--metrics-port") -> None:
     if port is None or port == 0:
         return
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # as the metrics server binds (http.server reuses the address): a port left in TIME_WAIT by the last run is free
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(("", port))
     except OSError as exc:
