@@ -134,6 +134,20 @@ def test_a_ray_address_where_nothing_answers_is_refused_within_seconds(tmp_path:
     assert "ray start --head" in line
 
 
+@pytest.mark.parametrize("address", ["headnode", "10.0.0.1:port", "ray://"])
+def test_a_ray_address_that_is_not_host_and_port(tmp_path: Path, address: str) -> None:
+    refused_writing_nothing(
+        tmp_path,
+        "run",
+        BUNDLED_TASK,
+        "--ray-address",
+        address,
+        "--out",
+        "c",
+        expected=f"--ray-address {address}: write HOST:PORT",
+    )
+
+
 @pytest.mark.parametrize(
     ("flag", "value", "expected"),
     [
