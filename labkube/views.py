@@ -156,7 +156,7 @@ def report_table(rows: list[ReportRow], title: str) -> Group:
     notes = [
         Text.assemble(
             (f"{r.run_id} {r.outcome or r.status}: ", "bold red" if r.is_error else "yellow"),
-            message_cell(r.message, 600),
+            message_cell(" | ".join(line.strip() for line in r.message.splitlines() if line.strip()), 400),
         )
         for r in rows
         if r.message and r.status in ("Finished", "Failed")
