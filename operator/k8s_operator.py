@@ -81,7 +81,7 @@ from labkube.operator.k8s_record import restore_from_statuses
 from labkube.operator.kube import KubeError, KubeTarget, answered, api_client, connection_info
 from labkube.operator.leader import LeaseElector
 from labkube.operator.pod_manifest import LABEL_RUN, pvc_name
-from labkube.operator.replica import ReplicaState, leader_family, serve_health
+from labkube.operator.replica import LEADING, ReplicaState, heartbeat, leader_family, serve_health
 from labkube.result import RunResult
 from labkube.run_spec import RunPhase, RunSpec
 from labkube.store import CampaignDir, StoreError, read_model
@@ -775,7 +775,8 @@ def _lead_while_leader(
     ctx: RayContext | None = None
     while not terminating.is_set():
         _on_signals(terminating)  # kopf's own handlers replace these while it runs, and are removed after it
-        fenced = threading.Event()
+        lost = threading.Event()  # the lease was lost: fence, and stand by again
+        fenced = threading.Event()  # stop driving (the lease lost, or SIGTERM): campaign daemons end within a second
         # kopf waits for a threading.Event stop flag in a thread of its loop's default executor, which the loop joins
         # when it closes: the flag must be set however kopf stops (fenced, or SIGTERM: the cleanup below), or kopf.run
         # never returns.
@@ -788,7 +789,7 @@ def _lead_while_leader(
                 break
             holding = threading.Thread(
                 target=_hold,
-                args=(elector, replica, fenced, stop_flag, done_leading),
+                args=(elector, replica, lost, fenced, stop_flag, done_leading),
                 name="labkube-lease",
                 daemon=True,
             )
@@ -804,9 +805,12 @@ def _lead_while_leader(
                 patience_s=RAY_CONNECT_PATIENCE_S,  # a RayCluster installed with the chart may still be starting
             )
         if not fenced.is_set() and not terminating.is_set():
-            replica.now("leading", leader=True)
+            replica.now(LEADING, leader=True)
             registry = build_registry(runtime, ctx, metrics, fenced)
-            kopf.on.cleanup(registry=registry, id="release_stop_flag")(_setter(stop_flag))
+            stopped = _stopped(replica, elector, lost, stop_flag, done_leading, holding)
+            kopf.on.cleanup(registry=registry, id="stopped_driving")(stopped)
+            kopf.on.startup(registry=registry, id="heartbeat")(_beating(replica))
+            kopf.on.startup(registry=registry, id="on_sigterm")(_signals_stop_driving(terminating, fenced, stop_flag))
             kopf.run(
                 registry=registry,
                 standalone=True,
@@ -819,7 +823,7 @@ def _lead_while_leader(
         done_leading.set()
         if holding is not None:
             holding.join()
-        if not fenced.is_set():  # SIGTERM/SIGINT (kopf's handler took it), or kopf ended on its own
+        if not lost.is_set() or terminating.is_set():  # SIGTERM/SIGINT, or kopf ended on its own
             terminating.set()
             if elector is not None:
                 replica.now("shutting down; releasing the leader lease", leader=False)
@@ -839,6 +843,7 @@ def _lead_while_leader(
 def _hold(
     elector: LeaseElector,
     replica: ReplicaState,
+    lost: threading.Event,
     fenced: threading.Event,
     stop_flag: threading.Event,
     done: threading.Event,
@@ -846,19 +851,67 @@ def _hold(
     """The lease thread: renew until `done`; on losing the lease, fence at once (campaign daemons stop driving
     within a second) and stop kopf, which may take longer while the API is down."""
 
-    def lost() -> None:
+    def on_lost() -> None:
+        lost.set()
         fenced.set()
         replica.now("fenced: lost the leader lease; stopping", leader=False)
         stop_flag.set()
 
-    asyncio.run(elector.hold(lost, done))
+    asyncio.run(elector.hold(on_lost, done))
 
 
-def _setter(flag: threading.Event) -> Callable[..., Any]:
-    async def set_flag(**_: Any) -> None:
-        flag.set()
+def _signals_stop_driving(
+    terminating: threading.Event, fenced: threading.Event, stop_flag: threading.Event
+) -> Callable[..., Any]:
+    """Replaces kopf's SIGTERM/SIGINT handlers (a startup activity runs after kopf installed them): the campaign
+    daemons stop driving at once (within their 0.5 s poll) rather than when kopf's shutdown reaches them, then kopf
+    stops, then the lease is released (`_stopped`)."""
 
-    return set_flag
+    async def on_sigterm(**_: Any) -> None:
+        import signal
+
+        def stop() -> None:
+            terminating.set()
+            fenced.set()
+            stop_flag.set()
+
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop)
+
+    return on_sigterm
+
+
+def _beating(replica: ReplicaState) -> Callable[..., Any]:
+    async def start_heartbeat(**_: Any) -> None:
+        heartbeat(replica)
+
+    return start_heartbeat
+
+
+def _stopped(
+    replica: ReplicaState,
+    elector: LeaseElector | None,
+    lost: threading.Event,
+    stop_flag: threading.Event,
+    done_leading: threading.Event,
+    holding: threading.Thread | None,
+) -> Callable[..., Any]:
+    """kopf's cleanup: it runs once kopf has stopped its daemons (each ended its supervisors) and watchers, so this
+    replica acts no more. On SIGTERM the lease is released here rather than when kopf's loop has wound down (which
+    can wait seconds more for stray tasks): the hand-over of a rolling upgrade takes the standby's next try."""
+
+    async def stopped_driving(**_: Any) -> None:
+        stop_flag.set()
+        if lost.is_set() or elector is None:
+            return
+        done_leading.set()
+        if holding is not None:
+            await asyncio.to_thread(holding.join)
+        replica.now("shutting down; releasing the leader lease", leader=False)
+        await elector.release()
+
+    return stopped_driving
 
 
 def _on_signals(terminating: threading.Event) -> None:

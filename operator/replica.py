@@ -12,24 +12,43 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["ReplicaState", "leader_family", "serve_health"]
+__all__ = ["LEADING", "ReplicaState", "heartbeat", "leader_family", "serve_health"]
+
+
+LEADING = "leading"
+STALL_S = 60.0
 
 
 class ReplicaState:
     """What this replica is doing (the text `/healthz` answers) and whether it leads (thread-safe: the health
-    server, the lease thread and kopf's loop all touch it)."""
+    server, the lease thread and kopf's loop all touch it). While it leads, kopf's event loop `beat`s; a loop that
+    has not beaten for `stall_s` makes `/healthz` answer 503, so the liveness probe restarts a hung leader (what
+    kopf's own liveness endpoint did)."""
 
-    def __init__(self) -> None:
+    def __init__(self, stall_s: float = STALL_S) -> None:
         self._lock = threading.Lock()
         self._doing = "starting"
         self._leader = False
+        self._beat = time.monotonic()
+        self.stall_s = stall_s
 
     def now(self, doing: str, *, leader: bool) -> None:
         with self._lock:
-            self._doing, self._leader = doing, leader
+            self._doing, self._leader, self._beat = doing, leader, time.monotonic()
+
+    def beat(self) -> None:
+        with self._lock:
+            self._beat = time.monotonic()
+
+    def stalled(self) -> float | None:
+        """Seconds since kopf's loop last beat, when it leads and that is more than `stall_s`; else None."""
+        with self._lock:
+            quiet = time.monotonic() - self._beat
+            return quiet if self._doing == LEADING and quiet > self.stall_s else None
 
     @property
     def doing(self) -> str:
@@ -61,10 +80,19 @@ def serve_health(port: int, state: ReplicaState) -> Iterator[None]:
     class Health(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             found = self.path.split("?", 1)[0] == "/healthz"
-            self.send_response(200 if found else 404)
+            stalled = state.stalled() if found else None
+            code = 404 if not found else 503 if stalled is not None else 200
+            text = (
+                "not found: try /healthz"
+                if not found
+                else f"leading, but kopf's event loop has not answered for {stalled:.0f}s"
+                if stalled is not None
+                else state.doing
+            )
+            self.send_response(code)
             self.send_header("Content-Type", "text/plain; charset=utf-8")
             self.end_headers()
-            self.wfile.write((state.doing if found else "not found: try /healthz").encode() + b"\n")
+            self.wfile.write(text.encode() + b"\n")
 
         def log_message(self, *_: Any) -> None:
             pass
@@ -78,3 +106,19 @@ def serve_health(port: int, state: ReplicaState) -> Iterator[None]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def heartbeat(state: ReplicaState, every_s: float = 5.0) -> None:
+    """Beat from the running event loop (kopf's) every `every_s` for as long as it runs. A chain of timer callbacks,
+    not a task: kopf waits for its loop's tasks when it stops, and a task that never ends would delay every stop
+    (and so the lease hand-over on SIGTERM) by its 5 s grace."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+
+    def beat() -> None:
+        state.beat()
+        if not loop.is_closed():
+            loop.call_later(every_s, beat)
+
+    beat()

@@ -18,7 +18,7 @@ from labkube.operator.admission import admission_violations, image_allowed
 from labkube.operator.k8s_backend import backoff_delay, disruption_of, retry_after, retrying
 from labkube.operator.k8s_models import OperatorConfig, PodOptions, PodSettings, RunResourceSpec, Tenancy
 from labkube.operator.k8s_operator import CampaignSpecError, plan_resource_campaign
-from labkube.operator.replica import ReplicaState, serve_health
+from labkube.operator.replica import LEADING, ReplicaState, serve_health
 from labkube.result import TERMINATION_MESSAGE_LIMIT, RunResult, SubtaskScore, result_from_report, termination_report
 from labkube.run_spec import RunPhase
 from labkube.task_card import Resources
@@ -230,6 +230,34 @@ def test_a_replica_answers_its_health_probe_whatever_it_is_doing() -> None:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/other", timeout=5)
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)  # gone once the process ends
+
+
+def test_a_leader_whose_kopf_loop_stopped_beating_fails_its_liveness_probe() -> None:
+    """What kopf's own liveness endpoint caught: a hung event loop. A standby or a replica connecting to Ray has no
+    loop to beat and stays healthy."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    replica = ReplicaState(stall_s=0.3)
+
+    def probe() -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    with serve_health(port, replica):
+        replica.now("standing by for the leader lease", leader=False)
+        time.sleep(0.4)  # the scenario: longer than stall_s without a beat
+        assert probe()[0] == 200
+        replica.now(LEADING, leader=True)
+        assert probe() == (200, "leading\n")
+        time.sleep(0.4)
+        code, text = probe()
+        assert code == 503 and "kopf's event loop has not answered" in text, (code, text)
+        replica.beat()
+        assert probe()[0] == 200
 
 
 # -- planning a Campaign resource with task overlays --------------------------------------------------------

@@ -138,15 +138,44 @@ async def fake(tmp_path: Path) -> AsyncIterator[Fake]:
         api.close_watches()
 
 
+async def one_leader(replicas: dict[str, tuple[OperatorProcess, int]], timeout: float = 90) -> dict[str, str]:
+    """Until one replica leads and the others stand by; what each one's `/healthz` then says. (Each answers from
+    process start, and the winner says "standing by" until its lease write returns.)"""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        said = {n: await wait_healthy(op, port, timeout) for n, (op, port) in replicas.items()}
+        if sum("standing by" not in text for text in said.values()) == 1:
+            return said
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"not exactly one leader: {said}")
+        await asyncio.sleep(0.3)
+
+
+def descends_from(pid: int, ancestor: int) -> bool:
+    """Whether `ancestor` is among `pid`'s parents (Ray's workers leave the operator's process group, not its tree)."""
+    while pid > 1:
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+        if pid == ancestor:
+            return True
+    return False
+
+
 def slow_task(fake: Fake, name: str, seconds: int) -> Path:
     return tiny_task(fake.work, name, [WRITE, {"tool": "bash", "args": {"command": f"sleep {seconds}"}}, READ])
 
 
 async def wait_healthy(op: OperatorProcess, port: int, timeout: float = 90) -> str:
+    """Until the replica leads (kopf started) or stands by for the lease; what its `/healthz` then says. It answers
+    from process start ("starting", "leading; connecting to Ray"), which is not yet either."""
+
     async def answer() -> str | None:
         if op.returncode is not None:
             raise AssertionError(f"the operator exited {op.returncode}: {op.said()}")
-        return await asyncio.to_thread(health, port)
+        said = await asyncio.to_thread(health, port)
+        return said if said is not None and (said.strip() == "leading" or said.startswith("standing by")) else None
 
     deadline = asyncio.get_running_loop().time() + timeout
     while (said := await answer()) is None:
@@ -224,7 +253,7 @@ async def test_two_replicas_started_at_once_one_drives_and_the_standby_takes_ove
     task = slow_task(fake, "replicas", 8)
     (config_a, port_a), (config_b, port_b) = fake.config(), fake.config()
     a, b = await asyncio.gather(fake.operator(config_a, "a"), fake.operator(config_b, "b"))
-    said = dict(zip("ab", await asyncio.gather(wait_healthy(a, port_a), wait_healthy(b, port_b)), strict=True))
+    said = await one_leader({"a": (a, port_a), "b": (b, port_b)})
     lease = fake.api.read_object(LEASES, OPERATOR_NAMESPACE, "labkube-operator")
     assert lease is not None and lease["spec"]["holderIdentity"]
     standing_by = [k for k, text in said.items() if "standing by" in text]
@@ -307,7 +336,7 @@ async def test_fresh_leaders_with_empty_runs_roots_rerun_nothing_and_keep_the_gp
             strict=True,
         )
     )
-    said = {n: await wait_healthy(ops[n], configs[n][1]) for n in "ab"}
+    said = await one_leader({n: (ops[n], configs[n][1]) for n in "ab"})
     leader = next(n for n, text in said.items() if "standing by" not in text)
     spec = {"tasks": [str(quick), str(slow)], "models": ["oracle"], "seeds": 1, "concurrency": 2}
     body = {"apiVersion": API_VERSION, "kind": "Campaign", "metadata": {"name": "failover"}, "spec": spec}
@@ -401,7 +430,7 @@ async def test_an_api_outage_is_waited_out_and_sigterm_hands_over_at_once(fake: 
         "/metrics; when the API returns one leads again and adopts the pods; SIGTERM releases the lease and the "
         "standby leads within 2 s; one agent pod per run, every run Finished on its first attempt",
     )
-    task = slow_task(fake, "outage", 25)
+    task = slow_task(fake, "outage", 40)
     roots = {name: fake.work / f"root-{name}" for name in "ab"}
     configs = {name: fake.config(workspace={"mode": "pvc"}) for name in "ab"}
     ops = {}
@@ -438,7 +467,14 @@ async def test_an_api_outage_is_waited_out_and_sigterm_hands_over_at_once(fake: 
     (leader,) = leading()
     standby = next(n for n in "ab" if n != leader)
     await eventually(lambda: fake.running("outage") == 2, 30, what="the pods still running (adopted)")
+    # the rolling upgrade below starts from a leader that drives: its supervisor actors follow the pods
+    await eventually(
+        lambda: any(descends_from(pid, ops[leader].pid) for pid in supervisor_actor_pids()),
+        60,
+        what="the new leader's supervisors",
+    )
     assert "standing by" in (await asyncio.to_thread(health, configs[standby][1]) or "")
+    assert fake.phase("outage") != "Finished" and fake.running("outage") == 2, "no campaign to hand over"
     ops[leader].proc.send_signal(signal.SIGTERM)
     signalled = time.monotonic()
     before = holder()
