@@ -101,7 +101,7 @@ async def test_standby_takes_over_a_running_campaign_without_a_duplicate_pod(clu
     try:
         cluster.campaign("handover", tasks=[str(task)], models=["oracle"], seeds=2, concurrency=2)
         await eventually(lambda: len(cluster.kubelet.running()) == 2, 60, what="two running pods")
-        created_by_a = list(cluster.pods_created("handover"))
+        created_by_a = list(cluster.agent_pods_created("handover"))
         link.cut = True
         await eventually(fenced_a.is_set, 10, what="replica A to fence itself")
         await asyncio.wait_for(standby, 10)
@@ -115,7 +115,7 @@ async def test_standby_takes_over_a_running_campaign_without_a_duplicate_pod(clu
     finally:
         await asyncio.to_thread(runner_a.__exit__, None, None, None)
         holding.cancel()
-    assert sorted(cluster.pods_created("handover")) == sorted(created_by_a), "a pod was created twice"
+    assert sorted(cluster.agent_pods_created("handover")) == sorted(created_by_a), "a pod was created twice"
     for run in cluster.runs("handover"):
         assert run["status"]["phase"] == "Finished" and run["status"]["attempts"] == 1
 
