@@ -181,10 +181,20 @@ class OperatorMetrics:
         self.campaigns.pop((namespace, name), None)
 
     def collect(self) -> Any:
+        """One family per metric (one `# HELP`), each campaign's samples labelled with its `namespace`: two campaigns
+        of one name in two namespaces are two series."""
+        from prometheus_client.metrics_core import Metric
+
         if self.replica is not None:
             yield leader_family(self.replica)
-        for telemetry in list(self.campaigns.values()):
-            yield from telemetry.m.registry.collect()
+        merged: dict[str, Metric] = {}
+        for (namespace, _), telemetry in list(self.campaigns.items()):
+            for family in telemetry.m.registry.collect():
+                into = merged.setdefault(
+                    family.name, Metric(family.name, family.documentation, family.type, family.unit)
+                )
+                into.samples.extend(s._replace(labels={**s.labels, "namespace": namespace}) for s in family.samples)
+        yield from merged.values()
 
     def serve(self, port: int) -> object:
         from prometheus_client import CollectorRegistry

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from labkube.operator.admission import admission_violations, image_allowed
 from labkube.operator.k8s_backend import backoff_delay, disruption_of, retry_after, retrying
 from labkube.operator.k8s_models import OperatorConfig, PodOptions, PodSettings, RunResourceSpec, Tenancy
-from labkube.operator.k8s_operator import CampaignSpecError, plan_resource_campaign
+from labkube.operator.k8s_operator import CampaignSpecError, OperatorMetrics, plan_resource_campaign
 from labkube.operator.replica import LEADING, ReplicaState, serve_health
 from labkube.result import TERMINATION_MESSAGE_LIMIT, RunResult, SubtaskScore, result_from_report, termination_report
 from labkube.run_spec import RunPhase
@@ -258,6 +258,28 @@ def test_a_leader_whose_kopf_loop_stopped_beating_fails_its_liveness_probe() -> 
         assert code == 503 and "kopf's event loop has not answered" in text, (code, text)
         replica.beat()
         assert probe()[0] == 200
+
+
+def test_same_named_campaigns_in_two_namespaces_are_two_series_under_one_help_line() -> None:
+    """promtool (the real parser Prometheus ships) checks the exposition; a repeated `# HELP` or two identical
+    series fail it."""
+    import subprocess
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    metrics = OperatorMetrics(ReplicaState())
+    for namespace, gpu_hours_cap in (("team-a", 1.0), ("team-b", 2.0)):
+        metrics.telemetry(namespace, "sweep", gpu_hours_cap)
+    registry = CollectorRegistry()
+    registry.register(metrics)  # type: ignore[arg-type]
+    text = generate_latest(registry).decode()
+    assert text.count("# HELP labkube_campaign_gpu_seconds_cap ") == 1, text
+    for namespace, cap in (("team-a", 3600.0), ("team-b", 7200.0)):
+        labels = {"campaign": "sweep", "namespace": namespace}
+        assert registry.get_sample_value("labkube_campaign_gpu_seconds_cap", labels) == cap
+    assert registry.get_sample_value("labkube_operator_leader") == 0.0
+    proc = subprocess.run(["/usr/bin/promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 # -- planning a Campaign resource with task overlays --------------------------------------------------------

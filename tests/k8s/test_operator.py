@@ -64,8 +64,9 @@ async def test_campaign_of_two_tasks_and_three_seeds_completes(cluster: Cluster)
     # The operator's /metrics has the campaign's series.
     registry = CollectorRegistry()
     registry.register(metrics)  # type: ignore[arg-type]
-    assert registry.get_sample_value("labkube_campaign_progress_ratio", {"campaign": "two-by-three"}) == 1.0
-    finished = {"campaign": "two-by-three", "phase": "Finished"}
+    ratio = {"campaign": "two-by-three", "namespace": "default"}
+    assert registry.get_sample_value("labkube_campaign_progress_ratio", ratio) == 1.0
+    finished = {"campaign": "two-by-three", "namespace": "default", "phase": "Finished"}
     assert registry.get_sample_value("labkube_campaign_runs", finished) == 6
 
 
