@@ -18,7 +18,8 @@
   and the pods' `labkube.dev/run` label) instead of creating one. Pod names are
   `<run>-<attempt>`, so a create that races a restart answers 409 and is adopted too.
 - **Deletion**: kopf's finalizer on a Campaign runs `campaign_deleted`, which deletes its Runs, their
-  pods and claims, and waits until they are gone. The campaign directory on the runs volume is kept.
+  pods and the claims it created (claim-per-run mode), and waits until they are gone. The campaign
+  directory on the runs volume is kept.
   Runs have no finalizer: a Run deleted on its own takes its pods and claim with it through their
   owner references (the cluster's garbage collector), and a finalizer would cost every Run two more
   patches (kopf's finalizer and its last-handled annotation) during a campaign's start.
@@ -318,8 +319,10 @@ class ClusterApi:
                 )
         self.policed.add(namespace)
 
-    async def delete_run_objects(self, namespace: str, run: str) -> int:
-        """Delete a Run's pods and its claim; returns how many pods there were."""
+    async def delete_run_objects(self, namespace: str, run: str, *, claim: bool) -> int:
+        """Delete a Run's pods, and its claim when the operator made one (`claim`: a claim per run; in emptyDir and
+        shared-claim modes there is none, and the chart grants no right to delete claims); returns how many pods
+        there were."""
         resp = await self.call(
             self.core.list_namespaced_pod, namespace, label_selector=f"{LABEL_RUN}={run}", _preload_content=False
         )
@@ -329,6 +332,8 @@ class ClusterApi:
                 await self.call(
                     self.core.delete_namespaced_pod, pod["metadata"]["name"], namespace, _preload_content=False
                 )
+        if not claim:
+            return len(pods)
         try:
             await self.call(
                 self.core.delete_namespaced_persistent_volume_claim, pvc_name(run), namespace, _preload_content=False
@@ -715,7 +720,8 @@ def build_registry(
             if not (run.get("metadata") or {}).get("deletionTimestamp"):
                 await api.delete_run(namespace, run["metadata"]["name"])
                 # its pods and claim now, not when the garbage collector gets to them
-                await api.delete_run_objects(namespace, run["metadata"]["name"])
+                claim = runtime.config.runs.workspace.claim_per_run
+                await api.delete_run_objects(namespace, run["metadata"]["name"], claim=claim)
         if runs:
             raise kopf.TemporaryError(f"waiting for {len(runs)} Run(s) of campaign {name} to be deleted", delay=1)
         if metrics is not None:

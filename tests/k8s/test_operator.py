@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import kmock
 import pytest
 from conftest import NAMESPACE, UNPULLABLE, Cluster, eventually, tiny_task
 from prometheus_client import CollectorRegistry
@@ -142,6 +143,16 @@ async def test_deleting_a_campaign_deletes_its_runs_and_pods_and_keeps_the_resul
     from conftest import CAMPAIGNS
 
     task = tiny_task(cluster.root, "long", [WRITE, sleep(60), READ])
+    claim_deletes: list[str] = []
+
+    def claim_deleted(request: kmock.Request) -> object:
+        claim_deletes.append(str(request.url))
+        return NotImplemented  # the fake API answers it as it would
+
+    def deleting_claims(request: kmock.Request) -> bool:
+        return request.method.name == "DELETE" and "/persistentvolumeclaims/" in str(request.url)
+
+    cluster.api[deleting_claims] << claim_deleted
     async with cluster.operator():
         cluster.campaign("doomed", tasks=[str(task)], models=["oracle"], seeds=2)
         cdir = CampaignDir(cluster.campaign_dir("doomed"))
@@ -158,6 +169,8 @@ async def test_deleting_a_campaign_deletes_its_runs_and_pods_and_keeps_the_resul
     assert cluster.kubelet.running() == []
     deleted = [name for verb, plural, _, name in cluster.api.audit if verb == "delete" and plural == "runs"]
     assert len(deleted) == 2
+    # the shared claim (this cluster's workspace) is not the operator's: it deletes only claims it created
+    assert claim_deletes == [], claim_deletes
     assert cdir.exists() and len(cdir.run_ids()) == 2
     for run_id in cdir.run_ids():
         assert (cdir.run_dir(run_id) / "transcript.jsonl").exists()
