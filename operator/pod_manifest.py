@@ -56,6 +56,10 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_ATTEMPT = "labkube.dev/attempt"
 LABEL_QUEUE = "kueue.x-k8s.io/queue-name"
 ANNOTATION_PREFIX = "labkube.dev/"
+# A service mesh's injected sidecar is not a native sidecar: it keeps running after the agent exits, so the pod
+# never completes (and Istio's istio-init container needs NET_ADMIN, which the restricted profile forbids). Run
+# pods reach only the model gateway and the world, through their own NetworkPolicy, so they opt out.
+MESH_OPT_OUT = {"sidecar.istio.io/inject": "false", "linkerd.io/inject": "disabled"}
 
 
 class PodManifestError(ValueError):
@@ -270,6 +274,7 @@ def build_pod_manifest(
         "name": pod_name(name, attempt),
         "labels": labels,
         "annotations": {
+            **MESH_OPT_OUT,
             f"{ANNOTATION_PREFIX}task": run.task,
             f"{ANNOTATION_PREFIX}model": run.model,
             f"{ANNOTATION_PREFIX}seed": str(run.seed),

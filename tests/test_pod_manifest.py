@@ -281,6 +281,19 @@ def test_labels_select_the_run_and_its_campaign() -> None:
     assert annotations["labkube.dev/model"] == "openai:gpt-5" and annotations["labkube.dev/run-id"] == RUN_ID
 
 
+def test_run_pods_opt_out_of_service_mesh_injection() -> None:
+    """An injected Istio or Linkerd sidecar would keep the pod from completing (and istio-init breaks the restricted
+    profile): every run pod, and so its grading pod, carries both meshes' opt-out annotations."""
+    from labkube.budgets import StopReason
+    from labkube.operator.k8s_grading import grading_manifest
+
+    pod = build_pod_manifest(make_run(), make_options(), owner=OWNER)
+    annotations = pod["metadata"]["annotations"]
+    assert annotations["sidecar.istio.io/inject"] == "false" and annotations["linkerd.io/inject"] == "disabled"
+    graded = grading_manifest(pod, StopReason.done, 600)
+    assert graded["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
+
+
 def test_pod_names_differ_per_attempt_and_fit_a_dns_label() -> None:
     long_run = "r" * 63
     names = {pod_name(long_run, a) for a in range(5)}
