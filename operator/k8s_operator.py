@@ -328,10 +328,14 @@ class ClusterApi:
         )
         pods = raw_json(resp).get("items") or []
         for pod in pods:
-            with contextlib.suppress(Exception):
+            try:
                 await self.call(
                     self.core.delete_namespaced_pod, pod["metadata"]["name"], namespace, _preload_content=False
                 )
+            except Exception as exc:  # gone already (404) is the aim; anything else is logged, the rest go on
+                if _status_of(exc) != 404:
+                    name = pod["metadata"]["name"]
+                    log.warning("run %s: deleting pod %s: %s", run, name, str(exc).splitlines()[0][:200])
         if not claim:
             return len(pods)
         try:
@@ -539,15 +543,22 @@ async def run_campaign(
     stopping = asyncio.ensure_future(_either(stopped, fenced))
     try:
         while not driving.done() and not stopping.done():
-            with contextlib.suppress(Exception):  # a failed refresh is retried on the next tick
+            try:
                 await refresh()
+            except Exception as exc:  # the API unreachable, a conflict: retried on the next tick, and said
+                why = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+                log.warning("campaign %s/%s: refreshing its status: %s", namespace, name, why)
             await asyncio.wait([driving, stopping], timeout=runtime.status_interval_s)
     finally:
         stopping.cancel()
         if not driving.done():
             driving.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
+            try:
                 await driving
+            except asyncio.CancelledError:
+                pass
+            except Exception as exc:  # the drive failed as it was being stopped: said, not raised over the stop
+                log.warning("campaign %s/%s: its drive ended with %s: %s", namespace, name, type(exc).__name__, exc)
     if stopped.is_set() or (fenced is not None and fenced.is_set()):
         return
     try:
