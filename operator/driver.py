@@ -230,10 +230,11 @@ def _connect_patiently(address: str, patience_s: float) -> None:
             return
         except (ConnectionError, RuntimeError, TimeoutError) as exc:
             ray.shutdown()  # a no-op unless the failed init left a half-open client or node behind
-            if time.monotonic() + delay > deadline:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:  # the whole patience is spent (never less: a head may come up in its last second)
                 raise
             log.warning("Ray at %s: attempt %d failed (%s); trying again", address, attempt, str(exc).splitlines()[0])
-            time.sleep(delay)
+            time.sleep(min(delay, remaining))
             delay, attempt = min(delay * 2, 10.0), attempt + 1
 
 

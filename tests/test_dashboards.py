@@ -53,7 +53,7 @@ from monitoring_helpers import (
     variables,
 )
 
-from labkube.metrics import CAMPAIGN_METRICS, RUN_LABELS, RUN_METRICS
+from labkube.metrics import CAMPAIGN_METRICS, OPERATOR_METRICS, RUN_LABELS, RUN_METRICS
 
 PROMTOOL = "/usr/bin/promtool"
 PROMETHEUS = "/usr/bin/prometheus"
@@ -81,7 +81,7 @@ PANEL_QUERIES = [
 
 def known_series() -> set[str]:
     names = {"up"}
-    for name, (kind, _doc, _labels) in {**RUN_METRICS, **CAMPAIGN_METRICS}.items():
+    for name, (kind, _doc, _labels) in {**RUN_METRICS, **CAMPAIGN_METRICS, **OPERATOR_METRICS}.items():
         names.add(name)
         if kind == "histogram":
             names |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
