@@ -50,7 +50,7 @@ async def run_are_default(
     started = time.monotonic()
     try:
         run = await world.client.run_are_agent(
-            llm.model_dump(),
+            llm.model_dump(exclude_none=True),
             think_time=spec.think_time_s,
             timeout=spec.budgets.wall_seconds or DEFAULT_WALL_SECONDS,
             max_iterations=spec.budgets.steps,

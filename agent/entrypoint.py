@@ -145,7 +145,7 @@ async def start_gaia2(
             seed=spec.seed,
             oracle=oracle,
             noise={"env_events_seed": spec.seed} if spec.gaia2_noise else None,  # ARE's --noise, seeded per run
-            judge=world_model(spec, spec.judge_model, "the Gaia2 judge"),
+            judge=judge_model(spec),
             agent2agent=None if oracle else agent2agent_config(spec),
         )
         world.nb_turns = info.nb_turns
@@ -176,7 +176,21 @@ def world_model(spec: RunSpec, model: str | None, what: str) -> dict[str, Any] |
     if not model:
         return None
     ref = parse_model(model)
-    return world_llm(ref, api_key_for(ref, spec), what).model_dump()
+    return world_llm(ref, api_key_for(ref, spec), what).model_dump(exclude_none=True)
+
+
+def judge_model(spec: RunSpec) -> dict[str, Any] | None:
+    """ARE's soft judge, with its own dollar budget and the price the world counts it by."""
+    from labkube.agent.pricing import price_for
+
+    llm = world_model(spec, spec.judge_model, "the Gaia2 judge")
+    if llm is None or spec.gaia2_judge_budget_usd is None:
+        return llm
+    assert spec.judge_model is not None
+    price = price_for(spec.judge_model, dict(spec.prices))
+    if price is None:  # refused when the campaign was planned; a hand-made run.json says so here
+        raise WorldLLMError(f"the Gaia2 judge {spec.judge_model} has no price, so its dollar budget cannot be kept")
+    return {**llm, "budget_usd": spec.gaia2_judge_budget_usd, "usd_per_million": list(price)}
 
 
 def agent2agent_config(spec: RunSpec) -> dict[str, Any] | None:

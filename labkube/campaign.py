@@ -16,6 +16,7 @@ from labkube.run_spec import (
     DEFAULT_AGENT,
     INSPECTOR_BUDGET_HELP,
     INSPECTOR_MODEL_HELP,
+    JUDGE_BUDGET_HELP,
     JUDGE_MODEL_HELP,
     AgentName,
     RunSpec,
@@ -72,6 +73,7 @@ class CampaignSpec(BaseModel):
         default=900.0, gt=0, allow_inf_nan=False, description="Per model call; a time-out is retried."
     )
     judge_model: str | None = Field(default=None, description=JUDGE_MODEL_HELP)
+    gaia2_judge_budget_usd: float | None = Field(default=None, gt=0, allow_inf_nan=False, description=JUDGE_BUDGET_HELP)
     inspector_model: str | None = Field(default=None, description=INSPECTOR_MODEL_HELP)
     inspector_budget_usd: float = Field(default=1.0, gt=0, allow_inf_nan=False, description=INSPECTOR_BUDGET_HELP)
     api_key_env: dict[str, str] = Field(
@@ -236,6 +238,7 @@ def expand_runs(spec: CampaignSpec, cards: dict[str, list[TaskCard]]) -> list[Ru
                     api_key_env=spec.api_key_env,
                     context_threshold=spec.context_threshold,
                     judge_model=spec.judge_model,
+                    gaia2_judge_budget_usd=spec.gaia2_judge_budget_usd,
                     inspector_model=spec.inspector_model,
                     inspector_budget_usd=spec.inspector_budget_usd,
                     model_timeout_s=spec.model_timeout_s,

@@ -224,6 +224,7 @@ def budgets_from(hours: float | None, usd: float | None, tokens: int | None, ste
 @click.option("--idea-hint", is_flag=True, help="Show the task's idea_hint.txt to the agent.")
 @click.option("--grade-interval", type=float, default=None, help="Grade every N seconds during a run.")
 @click.option("--judge-model", default=None, help="Gaia2: model for ARE's soft (LLM) judge checks.")
+@click.option("--gaia2-judge-budget-usd", type=float, default=None, help="Gaia2: the soft judge's own dollars per run.")
 @click.option("--inspector-model", default=None, help="Model for the LLM integrity inspector (rule checks always run).")
 @click.option("--inspector-budget-usd", type=float, default=1.0, show_default=True, help="Inspector dollars per run.")
 @click.option(
@@ -283,6 +284,7 @@ def run(
     idea_hint: bool,
     grade_interval: float | None,
     judge_model: str | None,
+    gaia2_judge_budget_usd: float | None,
     inspector_model: str | None,
     inspector_budget_usd: float,
     agents: tuple[str, ...],
@@ -312,6 +314,7 @@ def run(
             idea_hint=idea_hint,
             grade_interval_s=grade_interval,
             judge_model=judge_model,
+            gaia2_judge_budget_usd=gaia2_judge_budget_usd,
             inspector_model=inspector_model,
             inspector_budget_usd=inspector_budget_usd,
             agents=list(agents),

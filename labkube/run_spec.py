@@ -14,7 +14,11 @@ from labkube.task_card import TaskFamily
 
 JUDGE_MODEL_HELP = (
     "Gaia2: model for ARE's soft (LLM) judge checks; without one ARE's judge runs its hard checks only. "
-    "It has no budget of its own (ARE calls it a bounded number of times per run; not metered)."
+    "Its dollars are its own (gaia2_judge_budget_usd), apart from the agent's and the inspector's."
+)
+JUDGE_BUDGET_HELP = (
+    "Gaia2: ARE's soft judge's own dollar budget per run (default: none); a judge that would pass it stops "
+    "judging and the run is a judge_error."
 )
 INSPECTOR_MODEL_HELP = "Model for the LLM integrity inspector (the rule checks always run)."
 INSPECTOR_BUDGET_HELP = "The integrity inspector's own dollar budget per run."
@@ -81,6 +85,7 @@ class RunSpec(BaseModel):
     )
     model_timeout_s: float = Field(default=900.0, gt=0, description="Per model call; a time-out is retried.")
     judge_model: str | None = Field(default=None, description=JUDGE_MODEL_HELP)
+    gaia2_judge_budget_usd: float | None = Field(default=None, gt=0, allow_inf_nan=False, description=JUDGE_BUDGET_HELP)
     inspector_model: str | None = Field(default=None, description=INSPECTOR_MODEL_HELP)
     inspector_budget_usd: float = Field(default=1.0, gt=0, description=INSPECTOR_BUDGET_HELP)
     api_key_env: dict[str, str] = Field(

@@ -81,6 +81,13 @@ def check_dollar_budgets(runs: list[RunSpec], prices: dict[str, tuple[float, ...
     from labkube.agent.pricing import has_price
 
     for run in runs:
+        judge = run.judge_model
+        if run.gaia2_judge_budget_usd is not None and judge and not has_price(judge, prices):
+            raise CampaignError(
+                f"judge model {judge}: labkube's price table does not know it, so the judge's dollar budget cannot "
+                f'be kept: give its price in a campaign file (prices: {{"{judge}": [input, output, cached input]}}, '
+                "USD per million tokens) or drop --gaia2-judge-budget-usd"
+            )
         if run.budgets.usd is not None and not has_price(run.model, prices):
             raise CampaignError(
                 f"model {run.model}: labkube's price table does not know it, so a dollar budget cannot be kept: "

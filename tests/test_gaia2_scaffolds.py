@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from cli_helpers import labkube
-from fakellm import FakeLLM, Reply
+from fakellm import FakeLLM, Reply, Usage
 
 from labkube.agent.entrypoint import run_agent
 from labkube.budgets import Budgets
@@ -257,6 +257,35 @@ async def test_judge_model_turns_on_ares_soft_checks(tmp_path: Path, says: str, 
     assert "locked" in asked  # the judge was shown the agent's own words
 
 
+@pytest.mark.parametrize("budget", [10.0, 1e-9])
+async def test_the_soft_judge_spends_its_own_budget(tmp_path: Path, budget: float) -> None:
+    """ARE's soft judge has dollars of its own: counted in the world from the provider's usage at the judge's
+    price, reported beside the verdict, and a spent budget stops the judging (a judge_error, not a failed run)."""
+    paraphrase = {**RIGHT_EMAIL, "content": "Hello Dana - quick note: Q3's budget numbers are now locked."}
+    model = replay(
+        tmp_path / "soft.jsonl",
+        [
+            ("EmailClientV2__send_email", paraphrase),
+            ("AgentUserInterface__send_message_to_user", {"content": "Sent."}),
+        ],
+    )
+    with FakeLLM(default=Reply.text("Evaluation: [[True]] [[Success]]", usage=Usage(input=1000, output=100))) as judge:
+        judge_ref = model_of(judge)
+        prices = {judge_ref: (2.0, 8.0)}  # USD per million input and output tokens
+        run_dir = run_dir_for(tmp_path, model, judge_model=judge_ref, gaia2_judge_budget_usd=budget, prices=prices)
+        result = await run_agent(run_dir)
+        calls = len(judge.requests)
+    verdict = result.details["gaia2"]
+    assert calls >= 1
+    if budget == 10.0:
+        assert verdict["exception"] is None and result.outcome.value == "scored" and result.score == 1.0
+        assert verdict["judge_usd"] == pytest.approx(calls * (1000 * 2.0 + 100 * 8.0) / 1e6)
+    else:  # the first call spends past a budget of a billionth of a dollar; the judge stops there
+        assert "budget of $1e-09" in verdict["exception"] and verdict["soft_checks"].startswith("failed")
+        assert result.outcome.value == "judge_error" and result.score is None
+        assert calls == 1 or verdict["judge_usd"] > budget
+
+
 async def test_fixed_think_time_is_charged_in_simulated_time(tmp_path: Path) -> None:
     calls = [("get_current_time", {}), ("get_current_time", {}), ("end_task", {})]
 
@@ -281,6 +310,17 @@ async def test_fixed_think_time_is_charged_in_simulated_time(tmp_path: Path) -> 
         (("--model", "oracle", "--agent", "are-default"), "agent are-default runs ARE's own agent on a model API"),
         (("--model", "noop", "--gaia2-a2a", "0.5"), "pass --gaia2-a2a-model"),
         (("--model", "oracle", "--gaia2-a2a", "0.5", "--gaia2-a2a-model", "noop"), "app agents need a model API"),
+        (
+            (
+                "--model",
+                "noop",
+                "--judge-model",
+                "openai-compatible:http://127.0.0.1:9/v1#j",
+                "--gaia2-judge-budget-usd",
+                "1",
+            ),
+            "so the judge's dollar budget cannot be kept",  # an unpriced judge: a budget that could not be kept
+        ),
     ],
 )
 def test_cli_refuses_scripted_models_where_the_world_needs_a_real_one(

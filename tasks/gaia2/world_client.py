@@ -154,6 +154,9 @@ class ValidationResult(_Reply):
     rationale: str | None = None
     exception: str | None = None
     judge: str
+    judge_usd: float | None = Field(
+        default=None, description="What ARE's soft judge spent on its model; None where no price was given."
+    )
     checks: list[str]
     soft_checks: str
     oracle: bool

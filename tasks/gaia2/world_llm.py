@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from labkube.model_ref import API_PROVIDERS, ModelRef
 
@@ -24,6 +24,10 @@ class WorldLLM(BaseModel):
     provider: str  # LiteLLM's provider name
     endpoint: str | None = None
     api_key: str | None = None
+    budget_usd: float | None = Field(default=None, description="Dollars the world may spend on this model.")
+    usd_per_million: tuple[float, float, float] | None = Field(
+        default=None, description="Input, output and cached-input price, for the budget."
+    )
 
 
 # The same base-URL variables the openai and anthropic SDKs read, so rg-agent and the world agree.

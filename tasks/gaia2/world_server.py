@@ -290,7 +290,7 @@ def _judge_config(judge: dict[str, Any] | None) -> tuple[Any, str, list[str]]:
     return GraphPerEventJudgeConfig(engine=engine), label, [*HARD_CHECKS, "soft_llm_checks"]
 
 
-LLM_KEYS = {"model", "provider", "endpoint", "api_key"}
+LLM_KEYS = {"model", "provider", "endpoint", "api_key", "budget_usd", "usd_per_million"}
 
 
 def _llm_spec(spec: Any, what: str) -> dict[str, Any]:
@@ -319,6 +319,8 @@ def llm_engine(spec: Any, what: str) -> Any:
     )
     engine = _metered_engine_class()(model_config=config)
     engine.json_booleans = what != "judge"
+    engine.budget_usd = spec.get("budget_usd")
+    engine.usd_per_million = spec.get("usd_per_million")
     return engine
 
 
@@ -337,11 +339,18 @@ def _metered_engine_class() -> type:
         checkers never accept, so here it applies to agents only (`json_booleans`)."""
 
         json_booleans = True
+        budget_usd: float | None = None  # the caller's dollars for this model (ARE's soft judge's own budget)
+        usd_per_million: list[float] | None = None  # input, output, cached input
+        spent_usd = 0.0
 
         def chat_completion(
             self, messages: list[dict[str, Any]], stop_sequences: list[str] | None = None, **_: Any
         ) -> tuple[str, dict[str, Any]]:
             cfg = self.model_config
+            if self.budget_usd is not None and self.spent_usd >= self.budget_usd:
+                raise LLMEngineException(
+                    f"the budget of ${self.budget_usd:g} for {cfg.model_name} is spent (${self.spent_usd:.4f})"
+                )
             started = time.monotonic()
             try:
                 response = litellm.completion(
@@ -362,6 +371,11 @@ def _metered_engine_class() -> type:
                 text = text.split(stop)[0]
             usage = getattr(response, "usage", None)
             details = getattr(usage, "completion_tokens_details", None)
+            if self.usd_per_million is not None:
+                p_in, p_out = self.usd_per_million[0], self.usd_per_million[1]
+                prompt = getattr(usage, "prompt_tokens", 0) or 0
+                completion = getattr(usage, "completion_tokens", 0) or 0
+                self.spent_usd += (prompt * p_in + completion * p_out) / 1_000_000
             return text, {
                 "prompt_tokens": getattr(usage, "prompt_tokens", 0) or 0,
                 "completion_tokens": getattr(usage, "completion_tokens", 0) or 0,
@@ -643,6 +657,7 @@ class WorldSession:
             self.judge_label, self.checks = "", []
             if not self.oracle:
                 judge_config, self.judge_label, self.checks = _judge_config(self.judge_spec)
+                self.judge_engine = getattr(judge_config, "engine", None)
                 duration = req.get("duration") or get_scenario_duration(
                     scenario, MAX_TIME_SCENARIO_DURATION, MAX_SCENARIO_DURATION
                 )
@@ -1022,6 +1037,7 @@ class WorldSession:
         fresh = _import_json(self.source_text)
         self._prepare(fresh, self.load_params)
         judge_config, label, checks = _judge_config(self.judge_spec)
+        self.judge_engine = getattr(judge_config, "engine", None)
         self.judge_label, self.checks = label, ["oracle_run", *checks]
         self._call_are(
             lambda: preprocess_scenario(fresh, judge_config=judge_config, offline_validation=True),
@@ -1056,6 +1072,7 @@ class WorldSession:
             "rationale": rationale,
             "exception": _one_line(exception) if exception is not None else None,
             "judge": self.judge_label,
+            "judge_usd": _judge_usd(getattr(self, "judge_engine", None)),
             "checks": self.checks,
             "soft_checks": soft,
             "oracle": self.oracle,
@@ -1065,6 +1082,13 @@ class WorldSession:
             "wall_seconds": time.monotonic() - self.loaded_wall,
             "matches": judge_matches(judge if judge is not None else getattr(self.scenario, "judge", None)),
         }
+
+
+def _judge_usd(engine: Any) -> float | None:
+    """What ARE's soft judge spent on its model, where its price was given (with its budget); else unknown."""
+    if getattr(engine, "usd_per_million", None) is None:
+        return None
+    return round(engine.spent_usd, 6)
 
 
 def judge_matches(judge: Any) -> list[dict[str, Any]] | None:
