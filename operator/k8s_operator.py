@@ -518,13 +518,13 @@ async def run_campaign(
         new = campaign_status(
             objs, previous=status, generation=generation, held=len(held), cap=spec.gpu_hours_cap, done=done
         )
-        if _strip_times(new.to_status()) != _strip_times(status.to_status()):
-            await api.patch_status("campaigns", namespace, name, new.to_status())
-        status = new
-        if telemetry is not None:
+        if telemetry is not None:  # before the status: whoever sees the campaign Finished sees it in /metrics too
             from labkube.report import report_rows
 
             telemetry.update(await asyncio.to_thread(report_rows, cdir), gpus)
+        if _strip_times(new.to_status()) != _strip_times(status.to_status()):
+            await api.patch_status("campaigns", namespace, name, new.to_status())
+        status = new
         return new
 
     backend = runtime.backend(namespace).model_dump(mode="json")

@@ -177,8 +177,9 @@ async def finish_a_campaign(installation: Installed, runs_root: Path, namespace:
         assert result is not None and result.final and result.status.value == "Finished"
 
 
-def gcs_port(pids: list[int]) -> int:
-    """The GCS server's gRPC port among the container's processes (it picks a free one: `--gcs_server_port=0`)."""
+def gcs_port(pids: list[int]) -> int | None:
+    """The GCS server's gRPC port among the container's processes (it picks a free one: `--gcs_server_port=0`);
+    None while there is none listening."""
     import psutil
 
     for pid in pids:
@@ -190,8 +191,9 @@ def gcs_port(pids: list[int]) -> int:
                 )
                 flag = next((a for a in process.cmdline() if a.startswith("--gcs_server_port=")), "=0")
                 wanted = int(flag.split("=")[1])
-                return wanted if wanted else ports[0]
-    raise AssertionError("no gcs_server among the operator's processes")
+                if wanted or ports:
+                    return wanted if wanted else ports[0]
+    return None  # not started yet (or not listening yet)
 
 
 def ray_client_without_the_token(port: int) -> str:
@@ -225,7 +227,9 @@ async def test_default_values_cluster_wide_operator_finishes_a_campaign(tmp_path
             )
             assert lease is not None and lease["spec"]["holderIdentity"].startswith("labkube-7d9f-abcde-")
             # Embedded Ray has token authentication on: a client without the operator's token is refused.
-            said = await asyncio.to_thread(ray_client_without_the_token, gcs_port(proc.processes()))
+            # /healthz answers from process start (standing by, connecting to Ray): wait for the embedded head
+            port = await eventually(lambda: gcs_port(proc.processes()), 120, every=0.5, what="the embedded Ray head")
+            said = await asyncio.to_thread(ray_client_without_the_token, port)
             assert "CONNECTED" not in said and "InvalidAuthToken" in said, said
         await finish_a_campaign(installation, installation.volumes["runs"])
         # The default workspace is a claim per run (so a replaced pod resumes), owned by its Run.
