@@ -483,7 +483,12 @@ async def test_an_api_outage_is_waited_out_and_sigterm_hands_over_at_once(fake: 
     await asyncio.wait_for(ops[leader].proc.wait(), 30)  # the one SIGTERM a kubelet sends is enough
     code, leftovers = await ops[leader].stop()
     assert code == 0 and leftovers == [], (code, leftovers, ops[leader].said())
-    assert handover_s < 2.0, f"hand-over took {handover_s:.1f}s"
+    # The released Lease is what makes the hand-over fast: the old leader says it gave it up, and the standby took it
+    # before the lease could have run out (at least leaseSeconds - retrySeconds after the last renewal). The figure
+    # itself (0.1-1.7 s with these settings on a quiet 2-core machine) is a measurement, not a timed test.
+    assert "released lease" in ops[leader].said(50_000), ops[leader].said()
+    expiry_s = FAST_LEASE["leaseSeconds"] - FAST_LEASE["retrySeconds"]
+    assert handover_s < expiry_s, f"hand-over took {handover_s:.1f}s: as long as an expiry ({expiry_s:g}s)"
     await fake.finished("outage", [ops[standby]])
     code, leftovers = await ops[standby].stop()
     assert code == 0 and leftovers == [], (code, leftovers, ops[standby].said())
