@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from tinytask import make_run_dir, make_tiny_task
 
+from labkube.agent.containment import alive
 from labkube.agent.gpu import NvmlSource
 from labkube.budgets import Budgets
 from labkube.operator.supervisor import supervise_run
@@ -60,14 +61,6 @@ def plan(gib: float) -> list[dict]:
 def free_mib(gpu: NvmlSource) -> int:
     reading = gpu.read()[0]
     return (reading.memory_total - reading.memory_used) // MIB
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def holders(workspace: Path, timeout: float = 120) -> dict[str, int]:
