@@ -1,6 +1,8 @@
 """Benchmark figures in the docs are written by the benchmarks, never typed: a doc marks a table with
 `<!-- benchmark:NAME -->` ... `<!-- /benchmark -->`, and the script's `--write-docs` replaces what is between the
-markers with its table and a line naming the command, the machine and the commit the figures came from."""
+markers with its table and a line naming the command, the machine and the commit the figures came from, and the
+1-minute load average at the benchmark's start and end (the machines these run on are shared: a figure measured
+beside a test suite says so)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,18 @@ REPO = Path(__file__).resolve().parents[1]
 
 class DocsBlockError(Exception):
     pass
+
+
+def load_average() -> float | None:
+    """The 1-minute load average, or None where the platform has none."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
+# A benchmark imports this module as it starts, so this is the load it started under.
+LOAD_AT_START = load_average()
 
 
 def block_pattern(name: str) -> re.Pattern[str]:
@@ -58,9 +72,17 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]], right: 
     return "\n".join("| " + " | ".join(cells) + " |" for cells in lines)
 
 
+def load_line(at_start: float | None, at_end: float | None) -> str:
+    def shown(load: float | None) -> str:
+        return "unknown" if load is None else f"{load:.2f}"
+
+    return f"1-minute load average {shown(at_start)} at start, {shown(at_end)} at end"
+
+
 def provenance(command: str) -> str:
     today = datetime.datetime.now(datetime.UTC).date().isoformat()
-    return f"Written by `{command}` on {machine()}, at commit {commit()}, {today}."
+    load = load_line(LOAD_AT_START, load_average())
+    return f"Written by `{command}` on {machine()}, at commit {commit()}, {today}; {load}."
 
 
 def write_block(doc: Path, name: str, body: str, command: str) -> None:

@@ -38,6 +38,8 @@ def test_the_block_is_replaced_with_the_table_and_where_it_came_from(tmp_path: P
     assert text.startswith("# A doc\n\nBefore.\n\n<!-- benchmark:demo -->\n| runs | seconds |\n| ---: | ---: |\n")
     assert "| 2 | 0.50 |\n\nWritten by `python bench.py` on " in text
     assert f", at commit {commit()}, " in text and "CPUs" in text
+    # the load it ran under, at start and end (shared machines): a number each, or "unknown", never 0 invented
+    assert re.search(r"; 1-minute load average (\d+\.\d\d|unknown) at start, (\d+\.\d\d|unknown) at end\.\n", text)
     assert "old" not in text and text.endswith("<!-- /benchmark -->\n\nAfter.\n")
 
 
