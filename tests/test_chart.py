@@ -263,6 +263,8 @@ def test_service_monitor_scrapes_the_operator_service(chart: helm_python.Chart) 
             "port": "metrics",
             "path": "/metrics",
             "interval": "15s",
+            # the campaign series' `namespace` (the Campaign's) is kept, not renamed `exported_namespace`
+            "honorLabels": True,
             "relabelings": [{"targetLabel": "job", "replacement": "labkube-operator"}],  # the alert rules' job name
         }
     ]
@@ -542,6 +544,155 @@ def test_rbac_and_service_account_can_be_left_out(chart: helm_python.Chart) -> N
     assert one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "existing"
 
 
+# -- values a cluster admin sets (#24 item 7) ------------------------------------------------------
+
+DIGEST = "sha256:" + "ab" * 32
+ADMIN: dict[str, Any] = {
+    "commonLabels": {"team": "research", "cost-center": "ml-42"},
+    "image": {"digest": DIGEST},
+    "operator": {
+        "envFrom": [{"secretRef": {"name": "labkube-operator-env"}}, {"configMapRef": {"name": "proxy"}}],
+        "extraVolumes": [{"name": "ca-bundle", "configMap": {"name": "corporate-ca"}}],
+        "extraVolumeMounts": [{"name": "ca-bundle", "mountPath": "/etc/ssl/corporate", "readOnly": True}],
+        "startupProbe": {"periodSeconds": 5, "failureThreshold": 48},
+        "livenessProbe": {"initialDelaySeconds": 30, "timeoutSeconds": 10},
+        "readinessProbe": {"periodSeconds": 15},
+        "terminationGracePeriodSeconds": 45,
+        "topologySpreadConstraints": [
+            {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway"},
+            {
+                "maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "DoNotSchedule",
+                "labelSelector": {"matchLabels": {"app.kubernetes.io/instance": "labkube"}},
+            },
+        ],
+        "revisionHistoryLimit": 3,
+    },
+    "service": {"annotations": {"service.beta.kubernetes.io/aws-load-balancer-internal": "true"}},
+    "serviceMonitor": {
+        "enabled": True,
+        "namespace": "monitoring",
+        "scrapeTimeout": "10s",
+        "honorLabels": False,
+        "relabelings": [{"targetLabel": "cluster", "replacement": "gpu-east"}],
+        "metricRelabelings": [
+            {"action": "drop", "sourceLabels": ["__name__"], "regex": "labkube_campaign_run_resumes_total"}
+        ],
+    },
+    "podDisruptionBudget": {"minAvailable": "50%"},
+}
+
+
+def operator_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (container,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def test_admin_values_render_valid_objects_where_they_belong(chart: helm_python.Chart) -> None:
+    docs = render(chart, ADMIN)
+    check_all(docs)
+    deployment = one(docs, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container = operator_container(docs)
+    assert deployment["spec"]["revisionHistoryLimit"] == 3
+    assert pod["terminationGracePeriodSeconds"] == 45
+    assert container["envFrom"] == ADMIN["operator"]["envFrom"]
+    assert pod["volumes"][-1] == ADMIN["operator"]["extraVolumes"][0]
+    assert container["volumeMounts"][-1] == ADMIN["operator"]["extraVolumeMounts"][0]
+    assert {v["name"] for v in pod["volumes"]} >= {"config", "tmp", "dshm", "runs"}  # the chart's own stay
+    # A probe value given replaces that timing only; the others keep their defaults.
+    assert container["startupProbe"] == {
+        "httpGet": {"path": "/healthz", "port": "health"},
+        "initialDelaySeconds": 0,
+        "periodSeconds": 5,
+        "timeoutSeconds": 1,
+        "failureThreshold": 48,
+    }
+    assert (
+        container["livenessProbe"]["initialDelaySeconds"] == 30 and container["livenessProbe"]["timeoutSeconds"] == 10
+    )
+    assert container["livenessProbe"]["periodSeconds"] == 20 and container["readinessProbe"]["periodSeconds"] == 15
+    # A spread constraint without a selector spreads the operator's own pods; one with a selector keeps it.
+    zone, host = pod["topologySpreadConstraints"]
+    assert zone["labelSelector"] == deployment["spec"]["selector"]
+    assert host["labelSelector"] == {"matchLabels": {"app.kubernetes.io/instance": "labkube"}}
+    # The digest pins the operator, and run pods that name no image of their own.
+    assert container["image"] == f"ghcr.io/labkube/labkube@{DIGEST}"
+    assert operator_config(docs).runs.default_image == f"ghcr.io/labkube/labkube@{DIGEST}"
+    service = one(docs, "Service")
+    assert service["metadata"]["annotations"] == ADMIN["service"]["annotations"]
+    monitor = one(docs, "ServiceMonitor")
+    assert monitor["metadata"]["namespace"] == "monitoring"
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}  # still the operator's Service
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["scrapeTimeout"] == "10s" and endpoint["honorLabels"] is False
+    assert endpoint["relabelings"] == [
+        {"targetLabel": "job", "replacement": "labkube-operator"},  # first: the alert rules read it
+        *ADMIN["serviceMonitor"]["relabelings"],
+    ]
+    assert endpoint["metricRelabelings"] == ADMIN["serviceMonitor"]["metricRelabelings"]
+    assert one(docs, "PodDisruptionBudget")["spec"] == {
+        "minAvailable": "50%",  # minAvailable, when set, is used instead of maxUnavailable
+        "selector": deployment["spec"]["selector"],
+    }
+
+
+def test_admin_values_keep_todays_defaults(chart: helm_python.Chart) -> None:
+    """The defaults of the new values render what the chart rendered before them."""
+    docs = render(chart)
+    container, deployment = operator_container(docs), one(docs, "Deployment")
+    timings = {
+        probe: {k: v for k, v in container[probe].items() if k != "httpGet"}
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe")
+    }
+    # Kubernetes' own defaults (initialDelaySeconds 0, timeoutSeconds 1, failureThreshold 3) now written out.
+    assert timings == {
+        "startupProbe": {"initialDelaySeconds": 0, "periodSeconds": 2, "timeoutSeconds": 1, "failureThreshold": 60},
+        "livenessProbe": {"initialDelaySeconds": 0, "periodSeconds": 20, "timeoutSeconds": 5, "failureThreshold": 3},
+        "readinessProbe": {"initialDelaySeconds": 0, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
+    }
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == 30 and deployment["spec"]["revisionHistoryLimit"] == 10
+    assert "envFrom" not in container and "topologySpreadConstraints" not in pod
+    assert [v["name"] for v in pod["volumes"]] == ["config", "tmp", "dshm", "runs"]
+    assert "annotations" not in one(docs, "Service")["metadata"]
+    assert one(docs, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+    monitor = one(render(chart, {"serviceMonitor": {"enabled": True}}), "ServiceMonitor")
+    assert monitor["metadata"]["namespace"] == NAMESPACE and "metricRelabelings" not in monitor["spec"]["endpoints"][0]
+
+
+def test_pod_disruption_budget_toggle(chart: helm_python.Chart) -> None:
+    assert not by_kind(render(chart, {"podDisruptionBudget": {"enabled": False}}), "PodDisruptionBudget")
+    # with one replica a budget could only block drains (minAvailable 1) or allow everything: none is rendered
+    single = {"replicas": 1, "leaderElection": {"enabled": False}}
+    assert not by_kind(
+        render(chart, {"operator": single, "podDisruptionBudget": {"enabled": True}}), "PodDisruptionBudget"
+    )
+    docs = render(chart, {"operator": {"replicas": 3}, "podDisruptionBudget": {"maxUnavailable": "34%"}})
+    check_all(docs)
+    assert one(docs, "PodDisruptionBudget")["spec"]["maxUnavailable"] == "34%"
+    docs = render(chart, {"operator": {"replicas": 3}, "podDisruptionBudget": {"minAvailable": 2}})
+    spec = one(docs, "PodDisruptionBudget")["spec"]
+    assert spec["minAvailable"] == 2 and "maxUnavailable" not in spec
+
+
+def test_common_labels_are_on_every_object_the_chart_renders(chart: helm_python.Chart) -> None:
+    """Every object of every optional template (and the run pods' policies the operator copies into each namespace
+    with runs, and the operator pod); not the CRDs, which Helm installs from crds/ untemplated."""
+    labels = {"team": "research", "cost-center": "ml-42"}
+    values = {**ALL_FLAGS, "commonLabels": labels}
+    docs = render(chart, values)
+    check_all(docs)
+    for doc in [*docs, *run_policies(docs)]:
+        assert doc["metadata"]["labels"].items() >= labels.items(), (doc["kind"], doc["metadata"]["name"])
+    deployment = one(docs, "Deployment")
+    assert deployment["spec"]["template"]["metadata"]["labels"].items() >= labels.items()
+    assert not labels.items() & deployment["spec"]["selector"]["matchLabels"].items()  # the selector is immutable
+    for crd in chart.crds:
+        assert "team" not in crd["data"]
+
+
 # -- values ---------------------------------------------------------------------------------------
 
 
@@ -562,6 +713,22 @@ def test_rbac_and_service_account_can_be_left_out(chart: helm_python.Chart) -> N
         ({"networkPolicy": {"allowedCIDRs": ["api.openai.com"]}}, "allowedCIDRs"),
         ({"serviceMonitor": {"enabled": "yes"}}, "enabled"),
         ({"serviceMonitor": {"interval": "soon"}}, "interval"),
+        # misspelled keys: every object of the schema has additionalProperties false
+        ({"operator": {"replicsa": 3}}, "replicsa"),
+        ({"serviceMonitor": {"intervall": "15s"}}, "intervall"),
+        ({"operator": {"livenessProbe": {"periodSecond": 5}}}, "periodSecond"),
+        ({"rayCluster": {"head": {"nodeSelectr": {"pool": "cpu"}}}}, "nodeSelectr"),
+        ({"podDisruptionBudget": {"maxUnavailabe": 1}}, "maxUnavailabe"),
+        # a run is graded in a pod of its own after its agent's pod ends: its workspace must outlive that pod
+        ({"runs": {"workspace": {"mode": "emptyDir"}}}, "mode"),
+        ({"runs": {"workspace": {"mode": "emptyDir", "existingClaim": "shared"}}}, "mode"),
+        ({"image": {"digest": "latest"}}, "digest"),
+        ({"podDisruptionBudget": {"minAvailable": "half"}}, "minAvailable"),
+        ({"operator": {"startupProbe": {"failureThreshold": 0}}}, "failureThreshold"),
+        ({"operator": {"extraVolumeMounts": [{"name": "ca"}]}}, "mountPath"),
+        ({"operator": {"envFrom": [{"secretRefs": {"name": "s"}}]}}, "secretRefs"),
+        ({"serviceMonitor": {"scrapeTimeout": "10"}}, "scrapeTimeout"),
+        ({"commonLabels": {"team": "research and development"}}, "commonLabels"),
     ],
 )
 def test_values_that_violate_the_schema_are_rejected(
@@ -585,17 +752,18 @@ def test_values_that_violate_the_schema_are_rejected(
         ),
         ({"operator": {"leaderElection": {"renewDeadlineSeconds": 20}}}, r"renewDeadlineSeconds \(20\)"),
         ({"runs": {"world": {"image": "w", "port": 9400}}}, r"runs\.world\.port .* 9400"),
-        (
-            {"runs": {"workspace": {"mode": "emptyDir", "existingClaim": "shared"}}},
-            r'runs\.workspace\.existingClaim is "shared"',
-        ),
-        # a run is graded in a pod of its own after its agent's pod ends: its workspace must outlive that pod
-        (
-            {"runs": {"workspace": {"mode": "emptyDir"}}},
-            r"runs\.workspace\.mode is emptyDir: .* set runs\.workspace\.mode to pvc",
-        ),
         ({"runs": {"env": {"HF_TOKEN": "hf_x"}}}, r"runs\.env\.HF_TOKEN looks like a secret"),
         ({"serviceAccount": {"create": False}}, r"serviceAccount\.name"),
+        ({"commonLabels": {"app.kubernetes.io/name": "x"}}, r"commonLabels\.app\.kubernetes\.io/name is a label"),
+        ({"operator": {"extraVolumes": [{"name": "tmp", "emptyDir": {}}]}}, r'extraVolumes has a volume named "tmp"'),
+        (
+            {"operator": {"extraVolumeMounts": [{"name": "x", "mountPath": "/runs/"}]}},
+            r'extraVolumeMounts mounts "x" at /runs/',
+        ),
+        (
+            {"podDisruptionBudget": {"minAvailable": None, "maxUnavailable": ""}},
+            r"podDisruptionBudget\.enabled is true but neither minAvailable nor maxUnavailable",
+        ),
     ],
 )
 def test_validate_config_fails_with_the_key_and_value(

@@ -160,6 +160,10 @@ def test_only_ray_pods_and_the_operators_client_reach_the_raycluster(chart: helm
             {**SHARED, "rayCluster": {"enabled": True, "workers": {"replicas": 1, "minReplicas": 2}}},
             r"minReplicas \(2\) <= replicas \(1\)",
         ),
+        (
+            {**RAY, "commonLabels": {"team": "a"}, "rayCluster": {"enabled": True, "labels": {"team": "b"}}},
+            r"rayCluster\.labels\.team is set by the chart or by commonLabels",
+        ),
     ],
 )
 def test_raycluster_values_that_cannot_work_fail_with_the_key(
@@ -167,3 +171,74 @@ def test_raycluster_values_that_cannot_work_fail_with_the_key(
 ) -> None:
     with pytest.raises(helm_python.HelmRenderError, match=message):
         chart.render(values, name=RELEASE, namespace=NAMESPACE)
+
+
+def test_raycluster_image_metadata_and_per_group_scheduling(chart: helm_python.Chart) -> None:
+    """rayCluster.image/annotations/labels and head/workers scheduling, each where KubeRay reads it; the shared
+    nodeSelector and tolerations stay the default of a group that sets none."""
+    cpu_pool = {"key": "pool", "operator": "Equal", "value": "cpu", "effect": "NoSchedule"}
+    zone = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a"]}]}
+                ]
+            }
+        }
+    }
+    digest = "sha256:" + "cd" * 32
+    values = {
+        **SHARED,
+        "commonLabels": {"team": "research"},
+        "rayCluster": {
+            "enabled": True,
+            "image": {"repository": "registry.local/labkube-ray", "digest": digest, "pullPolicy": "Always"},
+            "annotations": {"sidecar.istio.io/inject": "false"},
+            "labels": {"ray-role": "driver"},
+            "nodeSelector": {"pool": "cpu"},
+            "tolerations": [cpu_pool],
+            "affinity": zone,
+            "head": {"nodeSelector": {"pool": "system"}, "tolerations": []},
+            "workers": {"affinity": {}},
+        },
+    }
+    docs = render(chart, values)
+    check_all([d for d in docs if d["kind"] != "RayCluster"])
+    cluster = one(docs, "RayCluster")
+    check_raycluster(cluster)
+    assert cluster["metadata"]["annotations"] == {"sidecar.istio.io/inject": "false"}
+    assert cluster["metadata"]["labels"].items() >= {"team": "research", "ray-role": "driver"}.items()
+    head = cluster["spec"]["headGroupSpec"]["template"]
+    (workers,) = cluster["spec"]["workerGroupSpecs"]
+    for template in (head, workers["template"]):
+        assert template["metadata"]["annotations"] == {"sidecar.istio.io/inject": "false"}
+        assert template["metadata"]["labels"].items() >= {"team": "research", "ray-role": "driver"}.items()
+        (container,) = template["spec"]["containers"]
+        assert container["image"] == f"registry.local/labkube-ray@{digest}"
+        assert container["imagePullPolicy"] == "Always"
+    # The head sets its own node selector; its empty tolerations fall back to the shared ones, as does its affinity.
+    assert head["spec"]["nodeSelector"] == {"pool": "system"}
+    assert head["spec"]["tolerations"] == [cpu_pool] and head["spec"]["affinity"] == zone
+    worker = workers["template"]["spec"]
+    assert worker["nodeSelector"] == {"pool": "cpu"} and worker["tolerations"] == [cpu_pool]
+    assert worker["affinity"] == zone
+    only_workers = {**values, "rayCluster": {"enabled": True, "workers": {"nodeSelector": {"pool": "cpu"}}}}
+    cluster = one(render(chart, only_workers), "RayCluster")
+    assert "nodeSelector" not in cluster["spec"]["headGroupSpec"]["template"]["spec"]
+    assert cluster["spec"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"] == {"pool": "cpu"}
+
+
+def test_raycluster_image_defaults_to_the_operators(chart: helm_python.Chart) -> None:
+    digest = "sha256:" + "ef" * 32
+    docs = render(chart, {**RAY, "image": {"digest": digest, "pullPolicy": "Never"}})
+    cluster = one(docs, "RayCluster")
+    operator = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert operator["image"] == f"ghcr.io/labkube/labkube@{digest}"
+    for template in (cluster["spec"]["headGroupSpec"]["template"], cluster["spec"]["workerGroupSpecs"][0]["template"]):
+        (container,) = template["spec"]["containers"]
+        assert (container["image"], container["imagePullPolicy"]) == (operator["image"], "Never")
+        assert "annotations" not in template["metadata"]
+    tagged = one(
+        render(chart, {**RAY, "rayCluster": {"enabled": True, "image": {"repository": "r/ray"}}}), "RayCluster"
+    )
+    assert tagged["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"] == "r/ray:0.1.0"

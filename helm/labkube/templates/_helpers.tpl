@@ -43,6 +43,24 @@ app.kubernetes.io/part-of: labkube
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 {{- end }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- include "labkube.commonLabels" . }}
+{{- end -}}
+
+{{/*
+`commonLabels`, each on a line of its own after a newline (nothing when there are none).
+*/}}
+{{- define "labkube.commonLabels" -}}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+Keys of the labels the chart sets itself: `commonLabels` and `rayCluster.labels` may not name them (a key twice
+in one map is an error at install).
+*/}}
+{{- define "labkube.ownLabelKeys" -}}
+{{- list "helm.sh/chart" "app.kubernetes.io/name" "app.kubernetes.io/instance" "app.kubernetes.io/component" "app.kubernetes.io/part-of" "app.kubernetes.io/version" "app.kubernetes.io/managed-by" | toJson -}}
 {{- end -}}
 
 {{/*
@@ -67,6 +85,7 @@ app.kubernetes.io/part-of: labkube
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 {{- end }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- include "labkube.commonLabels" . }}
 {{- end -}}
 
 {{/*
@@ -90,10 +109,38 @@ The operator's ServiceAccount.
 {{- end -}}
 
 {{/*
+An image reference from (list <image values> <appVersion>): `repository@digest` when a digest is set, else
+`repository:tag` (tag default: the chart's appVersion).
+*/}}
+{{- define "labkube.imageRef" -}}
+{{- $image := index . 0 -}}
+{{- if $image.digest -}}
+{{- printf "%s@%s" $image.repository $image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $image.repository (default (index . 1) $image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
 The operator image, and the default image of run pods.
 */}}
 {{- define "labkube.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- include "labkube.imageRef" (list .Values.image .Chart.AppVersion) -}}
+{{- end -}}
+
+{{/*
+The RayCluster's image and pull policy: rayCluster.image, else the operator's.
+*/}}
+{{- define "labkube.rayImage" -}}
+{{- if .Values.rayCluster.image.repository -}}
+{{- include "labkube.imageRef" (list .Values.rayCluster.image .Chart.AppVersion) -}}
+{{- else -}}
+{{- include "labkube.image" . -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "labkube.rayPullPolicy" -}}
+{{- default .Values.image.pullPolicy .Values.rayCluster.image.pullPolicy -}}
 {{- end -}}
 
 {{- define "labkube.runImage" -}}
@@ -175,6 +222,42 @@ Checks values.schema.json cannot express. Every message names the key and the ba
 {{- if and (not .Values.serviceAccount.create) (not .Values.serviceAccount.name) .Values.rbac.create }}
 {{- fail "rbac.create is true but serviceAccount.create is false and serviceAccount.name is empty: name the ServiceAccount to bind" }}
 {{- end }}
+{{- $ownLabels := include "labkube.ownLabelKeys" . | fromJsonArray }}
+{{- range $key, $_ := .Values.commonLabels }}
+{{- if has $key $ownLabels }}
+{{- fail (printf "commonLabels.%s is a label the chart sets itself: remove it from commonLabels" $key) }}
+{{- end }}
+{{- end }}
+{{- range $key, $_ := .Values.rayCluster.labels }}
+{{- if or (has $key $ownLabels) (hasKey (default dict $.Values.commonLabels) $key) }}
+{{- fail (printf "rayCluster.labels.%s is set by the chart or by commonLabels: remove it from rayCluster.labels" $key) }}
+{{- end }}
+{{- end }}
+{{- $chartVolumes := list "config" "tmp" "dshm" "runs" }}
+{{- range .Values.operator.extraVolumes }}
+{{- if has .name $chartVolumes }}
+{{- fail (printf "operator.extraVolumes has a volume named %q, which the chart uses (%s): give it another name" .name (join ", " $chartVolumes)) }}
+{{- end }}
+{{- end }}
+{{- $chartPaths := list "/etc/labkube" "/tmp" "/dev/shm" (trimSuffix "/" .Values.operator.runsRoot) }}
+{{- range .Values.operator.extraVolumeMounts }}
+{{- if has (trimSuffix "/" .mountPath) $chartPaths }}
+{{- fail (printf "operator.extraVolumeMounts mounts %q at %s, where the chart mounts a volume of its own (%s): choose another mountPath" .name .mountPath (join ", " $chartPaths)) }}
+{{- end }}
+{{- end }}
+{{- $pdb := .Values.podDisruptionBudget }}
+{{- if and $pdb.enabled (not (include "labkube.pdbBound" $pdb.minAvailable)) (not (include "labkube.pdbBound" $pdb.maxUnavailable)) }}
+{{- fail "podDisruptionBudget.enabled is true but neither minAvailable nor maxUnavailable is set: set one (e.g. maxUnavailable: 1)" }}
+{{- end }}
+{{- end -}}
+
+{{/*
+A PodDisruptionBudget bound as JSON (`1`, `"50%"`), or nothing when unset (null or "").
+*/}}
+{{- define "labkube.pdbBound" -}}
+{{- if and (not (kindIs "invalid" .)) (ne (toString .) "") -}}
+{{- toJson . -}}
+{{- end -}}
 {{- end -}}
 
 {{/*
@@ -430,15 +513,29 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: ray
 app.kubernetes.io/part-of: labkube
 app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- include "labkube.commonLabels" . }}
+{{- with .Values.rayCluster.labels }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
+{{/*
+Scheduling of one Ray group, from (list .Values.rayCluster "head"|"workers"): the group's own nodeSelector,
+tolerations and affinity, each defaulting to the one of rayCluster shared by both groups.
+*/}}
 {{- define "labkube.rayScheduling" -}}
-{{- with .Values.rayCluster.nodeSelector }}
+{{- $ray := index . 0 -}}
+{{- $group := index $ray (index . 1) -}}
+{{- with default $ray.nodeSelector $group.nodeSelector }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .Values.rayCluster.tolerations }}
+{{- with default $ray.tolerations $group.tolerations }}
 tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with default $ray.affinity $group.affinity }}
+affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
