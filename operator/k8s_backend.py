@@ -40,6 +40,7 @@ import heapq
 import itertools
 import json
 import logging
+import math
 import random
 import threading
 import time
@@ -296,6 +297,11 @@ class PodWatcher:
 
     A thread runs the (blocking) `kubernetes` client's list and watch and hands each event to the
     event loop; supervisors read the cache (`get`, `of_run`) and `wait` for a pod to change.
+
+    When the watch cannot resume (410 Gone after the API server compacted or restarted), it lists again: a cached
+    pod the new list lacks was deleted in the gap, and no DELETED event will say how. It goes to `deleted` with the
+    last state seen (`DeletedPod(observed=False)`), which supervisors classify as a watched deletion's
+    (`PodRun.outcome`), unless it was `seen` in an API answer after the list was asked for (just created).
     """
 
     def __init__(
@@ -306,8 +312,9 @@ class PodWatcher:
         self.namespace = namespace
         self.loop = loop
         self.pods: dict[str, dict[str, Any]] = {}
-        self.deleted: dict[str, dict[str, Any]] = {}  # pod name -> its last state, for pods deleted since
+        self.deleted: dict[str, DeletedPod] = {}  # pod name -> how it went, for pods deleted since
         self.synced = asyncio.Event()
+        self._seen_at: dict[str, float] = {}  # pods `seen` in an API answer, and when: a re-list older keeps them
         self._bells: dict[str, asyncio.Event] = {}
         self._versions: dict[str, int] = {}
         self._stop = threading.Event()
@@ -325,6 +332,7 @@ class PodWatcher:
         name = pod["metadata"]["name"]
         if name not in self.pods:
             self.pods[name] = slim_pod(pod)
+            self._seen_at[name] = time.monotonic()
             self._ring(name)
 
     def version(self, name: str) -> int:
@@ -351,9 +359,21 @@ class PodWatcher:
 
     def _apply(self, kind: str, payload: Any) -> None:
         if kind == "reset":
-            old = set(self.pods)
-            self.pods = {p["metadata"]["name"]: slim_pod(p) for p in payload}
-            for name in old | set(self.pods):
+            items, listed_at = payload
+            old = self.pods
+            self.pods = {p["metadata"]["name"]: slim_pod(p) for p in items}
+            for name in self.pods:
+                self._seen_at.pop(name, None)
+            for name, last in old.items():
+                if name in self.pods:
+                    continue
+                if self._seen_at.get(name, -math.inf) >= listed_at:
+                    self.pods[name] = last  # created after the list was asked for: the watch brings it
+                else:
+                    # Deleted while the watch was down (an API outage, a 410 after compaction): no DELETED event
+                    # will come, so what was last seen of it stands for how it went.
+                    self._forget(name, DeletedPod(last, observed=False))
+            for name in old.keys() | self.pods.keys():
                 self._ring(name)
             self.synced.set()
             return
@@ -361,12 +381,17 @@ class PodWatcher:
         name = obj["metadata"]["name"]
         if kind == "DELETED":
             self.pods.pop(name, None)
-            self.deleted[name] = obj  # its last state tells whether the cluster took it away (DisruptionTarget)
-            if len(self.deleted) > 10_000:
-                self.deleted.pop(next(iter(self.deleted)))
+            # its last state tells whether the cluster took it away (DisruptionTarget)
+            self._forget(name, DeletedPod(obj, observed=True))
         else:
             self.pods[name] = obj
         self._ring(name)
+
+    def _forget(self, name: str, gone: DeletedPod) -> None:
+        self._seen_at.pop(name, None)
+        self.deleted[name] = gone
+        if len(self.deleted) > 10_000:
+            self.deleted.pop(next(iter(self.deleted)))
 
     def _post(self, kind: str, payload: Any) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: the process is ending
@@ -381,13 +406,14 @@ class PodWatcher:
         while not self._stop.is_set():
             try:
                 if rv is None:
+                    listed_at = time.monotonic()
                     listing = raw_json(
                         core.list_namespaced_pod(
                             self.namespace, label_selector=self.selector, _preload_content=False, _request_timeout=30
                         )
                     )
                     rv = str(listing["metadata"]["resourceVersion"])
-                    self._post("reset", listing.get("items") or [])
+                    self._post("reset", (listing.get("items") or [], listed_at))
                 resp: Any = core.list_namespaced_pod(
                     self.namespace,
                     label_selector=self.selector,
@@ -603,11 +629,18 @@ class RunGone(RuntimeError):
     """The Run resource was deleted while it was supervised."""
 
 
+@dataclass(frozen=True)
+class DeletedPod:
+    last: dict[str, Any]  # the DELETED event's object, or what was last seen of a pod a re-list no longer had
+    observed: bool  # False: deleted while the watch was down, so its final state was never seen
+
+
 @dataclass
 class PodEnd:
     pod: dict[str, Any] | None  # None: the pod disappeared (deleted, preempted)
     gave_up: str | None = None  # a reason to stop without retrying
     last: dict[str, Any] | None = None  # a disappeared pod's last state (from the watch's DELETED event)
+    unobserved: bool = False  # it disappeared while the watch was down (found missing when it listed again)
 
 
 Outcome = Literal["deadline", "disk_full", "disrupted", "lost", "world"]
@@ -913,7 +946,12 @@ class PodRun:
             pod = self.watcher.get(name)
             if pod is None:
                 # Not in the cache of a synced watch: gone (a pod we just created is put there at once).
-                return PodEnd(None, last=self.watcher.deleted.pop(name, None))
+                gone = self.watcher.deleted.pop(name, None)
+                if gone is None:
+                    return PodEnd(None)
+                if not gone.observed and (gone.last.get("status") or {}).get("phase") in _TERMINAL:
+                    return PodEnd(gone.last)  # it ended, then went while the watch was down: as if seen ending
+                return PodEnd(None, last=gone.last, unobserved=not gone.observed)
             if (pod.get("status") or {}).get("phase") in _TERMINAL:
                 return PodEnd(pod)
             await self.publish(name)
@@ -934,6 +972,12 @@ class PodRun:
             disrupted = disruption_of(end.last)
             if disrupted is not None:
                 return "disrupted", f"pod {self.status.pod_name} was deleted by the cluster ({disrupted})"
+            if unseen_deletion(end):
+                last = ((end.last or {}).get("status") or {}).get("phase") or "unknown"
+                return "disrupted", (
+                    f"pod {self.status.pod_name} was deleted while the pod watch was down (last seen {last}, "
+                    "not being deleted): counted as the cluster's doing, not a crash (an agent cannot delete its pod)"
+                )
             return "lost", f"pod {self.status.pod_name} disappeared (deleted)"
         name = pod["metadata"]["name"]
         status = pod.get("status") or {}
@@ -1063,9 +1107,22 @@ class PodRun:
         )
 
 
+def unseen_deletion(end: PodEnd) -> bool:
+    """A pod deleted while the watch was down whose last seen state was not already being deleted. Its final state
+    (a `DisruptionTarget` condition, say) was never seen; nothing of the run's can delete a pod (run pods hold no
+    service-account token), so it was the cluster (a preemption, an eviction, a node drained) or a person. It counts
+    as a disruption: the run resumes without using up a crash attempt. A pod last seen being deleted without a
+    disruption condition was deleted by hand, as a watched deletion without one is."""
+    if not end.unobserved or end.pod is not None:
+        return False
+    return not ((end.last or {}).get("metadata") or {}).get("deletionTimestamp")
+
+
 def _reason_of(end: PodEnd) -> str:
     if (disrupted := disruption_of(end.pod if end.pod is not None else end.last)) is not None:
         return disrupted
+    if unseen_deletion(end):
+        return "DeletedWhileUnwatched"
     if end.pod is None:
         return "PodDeleted"
     reason = (end.pod.get("status") or {}).get("reason")

@@ -301,3 +301,52 @@ async def test_a_preempted_pod_resumes_without_using_a_crash_attempt(cluster: Cl
     assert run["status"]["disruptions"] == 1 and run["status"]["crashes"] == 0 and run["status"]["attempts"] == 2
     resumed = next(c for c in run["status"]["conditions"] if c["type"] == "Resumed")
     assert resumed["reason"] == "PreemptionByScheduler" and "resuming from the checkpoint" in resumed["message"]
+
+
+class PodListGap:
+    """A kmock reaction: every pod list and watch answers 503 until `close()` (then it retires). The pod watch that
+    meets it after a 410 cannot list again, so whatever happens to pods meanwhile is never seen as an event."""
+
+    def __init__(self) -> None:
+        self.closed = False
+        self.hits = 0
+
+    def close(self) -> None:
+        self.closed = True
+
+    def __call__(self, request: kmock.Request) -> Any:
+        if self.closed:
+            return NotImplemented
+        self.hits += 1
+        raise KubeError(503, "injected: pod lists and watches unavailable (fault test)", "ServiceUnavailable")
+
+
+def pod_list_or_watch(request: kmock.Request) -> bool:
+    return request.resource == PODS and request.action in (kmock.action.LIST, kmock.action.WATCH)
+
+
+async def test_a_pod_preempted_while_the_pod_watch_is_down_is_a_disruption(cluster: Cluster, fault: Fault) -> None:
+    fault(
+        "run pod preempted while the pod watch re-lists",
+        "the pod watch gets 410 Gone and its lists and watches answer 503 for a while; meanwhile the scheduler "
+        "preempts the run's pod (DisruptionTarget, then DELETE): no event of it reaches the operator",
+        "the watch lists again and finds the pod missing; the supervisor reconciles it with the last state seen "
+        "(running, not being deleted): a disruption, not a crash, and a new pod resumes from the checkpoint",
+    )
+    task = tiny_task(cluster.root, "unwatched", [WRITE, sleep(2), sleep(2), READ])
+    async with cluster.operator():
+        cluster.campaign("unwatched", tasks=[str(task)], models=["oracle"], seeds=1)
+        pod, _ = await eventually(lambda: mid_step_pod(cluster, "unwatched", set()), 60, what="a pod mid-step")
+        gap = PodListGap()
+        cluster.api[pod_list_or_watch] << gap
+        cluster.api.expire_watches()
+        await eventually(lambda: gap.hits >= 2, 30, what="the pod watch to list again into the gap")
+        cluster.kubelet.preempt(pod)
+        gap.close()
+        await eventually(lambda: phase(cluster, "unwatched") == "Finished", 90, what="the campaign to finish")
+
+    (run,) = cluster.runs("unwatched")
+    assert run["status"]["disruptions"] == 1 and run["status"]["crashes"] == 0 and run["status"]["attempts"] == 2
+    resumed = next(c for c in run["status"]["conditions"] if c["type"] == "Resumed")
+    assert resumed["reason"] == "DeletedWhileUnwatched" and "resuming from the checkpoint" in resumed["message"]
+    assert run["status"]["phase"] == "Finished" and run["status"]["score"] == pytest.approx(0.6)

@@ -179,3 +179,91 @@ async def test_calls_whose_answer_nobody_reads_reuse_one_connection() -> None:
             assert pool.num_connections == 1, f"{pool.num_connections} connections for 10 calls"
         finally:
             session.executor.shutdown(wait=False, cancel_futures=True)
+
+
+async def test_pods_deleted_while_the_watch_was_down_are_reconciled_with_their_last_state() -> None:
+    """A watch that cannot resume (410 Gone: the API server compacted its history or restarted) lists again, and a
+    pod deleted in the gap is simply missing from that list: no DELETED event will ever say how it went. The
+    watcher records it as deleted with the state it last saw, so a pod last seen with `DisruptionTarget` (being
+    preempted) is a disruption, as a watched deletion is; one last seen running, with no sign of being deleted, is
+    counted as the cluster's doing too (`unseen_deletion`); one last seen being deleted by hand stays a crash. The
+    fake API server behaves as kube-apiserver here: the watch ends with ERROR 410, a watch from the old
+    resourceVersion answers 410, and lists and watches fail (503) while the test holds the gap open."""
+    import asyncio
+
+    import kmock
+    from fakekube import FakeKube, KubeError
+
+    from labkube.operator.crds import LABEL_CAMPAIGN, LABEL_RUN
+    from labkube.operator.k8s_backend import LABEL_COMPONENT, KubeSession, PodEnd, disruption_of, unseen_deletion
+
+    pods = ("", "v1", "pods")
+
+    class Gap:
+        """Every pod list and watch answers 503 until `close()`; then the reaction retires."""
+
+        def __init__(self) -> None:
+            self.closed = False
+            self.hits = 0
+
+        def close(self) -> None:
+            self.closed = True
+
+        def __call__(self, request: kmock.Request) -> object:
+            if self.closed:
+                return NotImplemented
+            self.hits += 1
+            raise KubeError(503, "injected: the API server is unavailable", "ServiceUnavailable")
+
+    def labels(run: str) -> dict[str, str]:
+        return {
+            "app.kubernetes.io/managed-by": "labkube-operator",
+            LABEL_COMPONENT: "run",
+            LABEL_CAMPAIGN: "gap",
+            LABEL_RUN: run,
+        }
+
+    async def until(check: Any, what: str) -> None:
+        deadline = asyncio.get_running_loop().time() + 30
+        while not check():
+            assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+            await asyncio.sleep(0.02)
+
+    preempted = {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
+    async with FakeKube() as api, kmock.Server(api) as server:
+        session = KubeSession(KubeTarget(server=str(server.url).rstrip("/")), asyncio.get_running_loop())
+        watcher = session.pods("default", "gap")
+        try:
+            await asyncio.wait_for(watcher.synced.wait(), 30)
+            for name in ("gap-a-0", "gap-b-0", "gap-c-0", "gap-d-0"):
+                api.create_object(pods, "default", {"metadata": {"name": name, "labels": labels(name[:-2])}})
+                api.set_status(pods, "default", name, {"phase": "Running"})
+            # Seen before the gap: a is being preempted (the scheduler's condition comes before its DELETE), c is
+            # being deleted by hand (no condition), b and d just run.
+            api.set_status(pods, "default", "gap-a-0", {"phase": "Running", "conditions": [preempted]})
+            api.update_object(pods, "default", "gap-c-0", lambda p: p["metadata"].update(deletionTimestamp="now"))
+            await until(lambda: (watcher.get("gap-a-0") or {}).get("status", {}).get("conditions"), "a's condition")
+            await until(lambda: (watcher.get("gap-c-0") or {}).get("metadata", {}).get("deletionTimestamp"), "c")
+            await until(lambda: watcher.get("gap-d-0") is not None, "d")
+
+            gap = Gap()
+            api[kmock.resource("v1/pods")] << gap
+            api.expire_watches()  # the open watch ends with 410; its re-list meets the gap
+            await until(lambda: gap.hits >= 1, "the watcher to list again into the gap")
+            for name in ("gap-a-0", "gap-b-0", "gap-c-0"):
+                api.delete_object(pods, "default", name)
+            gap.close()
+            await until(lambda: watcher.get("gap-a-0") is None, "the re-list")
+
+            assert set(watcher.deleted) == {"gap-a-0", "gap-b-0", "gap-c-0"}
+            assert watcher.get("gap-d-0") is not None  # still there: not deleted
+            ends = {
+                name: PodEnd(None, last=gone.last, unobserved=not gone.observed)
+                for name, gone in watcher.deleted.items()
+            }
+            assert disruption_of(ends["gap-a-0"].last) == "PreemptionByScheduler"
+            assert disruption_of(ends["gap-b-0"].last) is None and unseen_deletion(ends["gap-b-0"])
+            assert disruption_of(ends["gap-c-0"].last) is None and not unseen_deletion(ends["gap-c-0"])
+        finally:
+            watcher.close()
+            session.executor.shutdown(wait=False, cancel_futures=True)
