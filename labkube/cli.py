@@ -1272,3 +1272,12 @@ def _register_export_command() -> None:
 
 
 _register_export_command()
+
+
+def _register_crds_command() -> None:
+    from labkube.crds_cli import crds
+
+    main.add_command(crds)
+
+
+_register_crds_command()

@@ -21,11 +21,12 @@ from __future__ import annotations
 import argparse
 import copy
 import hashlib
+import json
 import re
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jsonschema
 import yaml
@@ -36,13 +37,18 @@ from labkube.operator.k8s_models import CampaignResourceSpec, CampaignStatus, Ru
 from labkube.run_spec import RunSpec
 from labkube.task_card import TaskCard
 
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+
 __all__ = [
     "API_VERSION",
+    "FIELD_MANAGER",
     "GROUP",
     "LABEL_CAMPAIGN",
     "LABEL_RUN",
     "VERSION",
     "SchemaError",
+    "apply_crds",
     "build_run_resource",
     "campaign_crd",
     "campaign_resource_spec",
@@ -549,6 +555,75 @@ def build_run_resource(
         },
         "spec": spec.model_dump(mode="json", exclude_none=True),
     }
+
+
+# -- upgrading the CRDs in a cluster ----------------------------------------------------------------
+
+FIELD_MANAGER = "labkube"
+
+
+def apply_crds(client: ApiClient) -> list[tuple[str, str]]:
+    """Server-side apply this labkube's CRDs (what `helm upgrade` never does: Helm installs `crds/` once and leaves
+    them). Applied with `force`: labkube owns these definitions, and a CRD that `helm install` created has its fields
+    owned by the `helm` manager, which would otherwise be a conflict. Returns (CRD name, `created`, `updated` or
+    `unchanged`) in order. Any refusal is one `KubeError` line."""
+    from kubernetes.client import ApiException, ApiextensionsV1Api
+
+    from labkube.operator.kube import KubeError, answered
+
+    api = ApiextensionsV1Api(client)
+    where = client.configuration.host
+    outcomes = []
+    for crd in (campaign_crd(), run_crd()):
+        name = crd["metadata"]["name"]
+        try:
+            try:
+                before = json.loads(
+                    answered(
+                        api.read_custom_resource_definition, name, _preload_content=False, _request_timeout=30
+                    ).data
+                )["metadata"]["resourceVersion"]
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                before = None
+            response = answered(
+                api.patch_custom_resource_definition,
+                name,
+                crd,
+                field_manager=FIELD_MANAGER,
+                force=True,
+                _content_type="application/apply-patch+yaml",
+                _preload_content=False,
+                _request_timeout=30,
+            )
+        except ApiException as exc:
+            hint = (
+                ": CRDs are cluster-scoped; apply them with a cluster admin's context (--kube-context)"
+                if exc.status in (401, 403)
+                else ""
+            )
+            raise KubeError(
+                f"CustomResourceDefinition {name}: the Kubernetes API at {where} answered {exc.status} "
+                f"{exc.reason}{_status_message(exc.body)}{hint}"
+            ) from None
+        except Exception as exc:  # urllib3, DNS, TLS: one line, no traceback
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            raise KubeError(
+                f"CustomResourceDefinition {name}: cannot reach the Kubernetes API at {where}: {first}"
+            ) from None
+        after = json.loads(response.data)["metadata"]["resourceVersion"]
+        outcomes.append((name, "created" if before is None else "unchanged" if after == before else "updated"))
+    return outcomes
+
+
+def _status_message(body: object) -> str:
+    """`: <message>` of a Kubernetes Status body, or nothing."""
+    try:
+        message = json.loads(body)["message"]  # type: ignore[arg-type]
+    except (TypeError, ValueError, KeyError):
+        return ""
+    return f": {' '.join(str(message).split())[:300]}"
 
 
 def main(argv: list[str] | None = None) -> int:

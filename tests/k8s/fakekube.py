@@ -15,7 +15,7 @@ kmock's own emulator lacks, and this subclass adds (DESIGN.md, "Testing without 
 - `/status` is a subresource: a patch of the object ignores its status, a patch of `/status`
   changes only the status, a create drops the status of resources with the subresource;
 - finalizers: a DELETE of an object with finalizers sets `deletionTimestamp`; removing the last
-  finalizer deletes it;
+  finalizer deletes it; a DELETE's `preconditions` (uid, resourceVersion) answer 409 when they do not match;
 - the garbage collector (kube-controller-manager's, in background propagation): when an object is
   removed, the objects of its namespace whose every owner reference is now gone are deleted soon
   after (their finalizers respected), and so is an object created with owners none of which exist;
@@ -26,7 +26,12 @@ kmock's own emulator lacks, and this subclass adds (DESIGN.md, "Testing without 
   `timeoutSeconds` and sends BOOKMARKs when idle;
 - label selectors (`=`, `==`, `!=`, `in`, `notin`, `key`, `!key`) and `metadata.name`/
   `metadata.namespace` field selectors on lists and watches; lists carry `kind` and `apiVersion`;
-- the CRDs themselves under apiextensions.k8s.io (kopf's resource scanning reads them);
+- the CRDs themselves under apiextensions.k8s.io (kopf's resource scanning reads them); a CRD written through the
+  API (created, patched, applied) is served from then on with its new schema, as kube-apiserver does;
+- server-side apply (`PATCH` as `application/apply-patch+yaml`): `fieldManager` required, the body's name must be
+  the URL's, a missing object is created. More lenient than kube-apiserver: no `managedFields` are kept, so there
+  is never a 409 for a field another manager owns, and the applied object is merged as a JSON merge patch (a field
+  this manager applied before and no longer sends is kept, where the real server would drop it);
 - `GET /api/v1/namespaces`, which kmock's own path parser fails on (kopf lists namespaces when it
   watches given ones).
 
@@ -62,6 +67,7 @@ from typing import Any
 import aiohttp.web
 import jsonpatch
 import kmock
+import yaml
 from kube_schema import prune
 
 from labkube.operator.crds import campaign_crd, run_crd
@@ -71,6 +77,8 @@ ObjKey = tuple[str, str, str, str, str]  # group, version, plural, namespace (""
 Listener = Callable[[str, ResKey, dict[str, Any]], None]
 
 ALL_VERBS = {"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"}
+CRDS: ResKey = ("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+APPLY = "application/apply-patch+yaml"
 
 
 @dataclass(frozen=True)
@@ -286,6 +294,9 @@ class FakeKube(kmock.KubernetesScaffold):
         )
 
     def add_crd(self, crd: dict[str, Any]) -> None:
+        self.create_object(CRDS, "", copy.deepcopy(crd))  # served from its commit on (`_serve_crd`)
+
+    def _serve_crd(self, crd: dict[str, Any]) -> None:
         spec = crd["spec"]
         names = spec["names"]
         for version in spec["versions"]:
@@ -304,7 +315,6 @@ class FakeKube(kmock.KubernetesScaffold):
                     frozenset(names.get("categories", [])),
                 ),
             )
-        self.create_object(("apiextensions.k8s.io", "v1", "customresourcedefinitions"), "", copy.deepcopy(crd))
 
     # -- in-process API ---------------------------------------------------------------------------
 
@@ -407,6 +417,8 @@ class FakeKube(kmock.KubernetesScaffold):
         obj["metadata"]["resourceVersion"] = str(self.rv)
         self._unindex(key)
         self.store[key] = obj
+        if key[:3] == CRDS:
+            self._serve_crd(obj)
         self.uids[obj["metadata"]["uid"]] = key
         for owner in obj["metadata"].get("ownerReferences") or []:
             self.owned.setdefault(owner.get("uid", ""), set()).add(key)
@@ -598,7 +610,10 @@ class FakeKube(kmock.KubernetesScaffold):
                 raise KubeError(404, f'{res[2]} "{name}" not found')
             return aiohttp.web.json_response(obj)
         if method == "DELETE":
+            _check_preconditions(request.data, self.store.get(key))
             return aiohttp.web.json_response(self.delete_object(res, ns, name))
+        if method == "PATCH" and _content_type(request) == APPLY and key not in self.store and sub is None:
+            return aiohttp.web.json_response(self.create_object(res, ns, _applied(request, res, name)), status=201)
         if method in ("PATCH", "PUT"):
             return aiohttp.web.json_response(self._update(request, res, kind, key, sub))
         raise KubeError(405, f"{method} is not supported")
@@ -608,7 +623,7 @@ class FakeKube(kmock.KubernetesScaffold):
         if old is None:
             raise KubeError(404, f'{res[2]} "{key[4]}" not found')
         body = request.data
-        ctype = (request.headers.get("Content-Type") or "").split(";")[0].strip()
+        ctype = _content_type(request)
         if request.method.value == "PUT":
             if not isinstance(body, dict):
                 raise KubeError(400, "the request body is not an object")
@@ -631,6 +646,8 @@ class FakeKube(kmock.KubernetesScaffold):
                 f"({res[2]}.{res[0]} is a custom resource)",
                 "UnsupportedMediaType",
             )
+        elif ctype == APPLY:
+            new = merge_patch(old, _applied(request, res, key[4]))
         elif ctype in ("application/merge-patch+json", "application/strategic-merge-patch+json", "application/json"):
             if not isinstance(body, dict):
                 raise KubeError(400, "a merge patch is an object")
@@ -740,6 +757,28 @@ class FakeKube(kmock.KubernetesScaffold):
         return resp
 
 
+def _content_type(request: kmock.Request) -> str:
+    return (request.headers.get("Content-Type") or "").split(";")[0].strip()
+
+
+def _applied(request: kmock.Request, res: ResKey, name: str) -> dict[str, Any]:
+    """The object of a server-side apply request, refused as kube-apiserver refuses it."""
+    if not request.params.get("fieldManager"):
+        raise KubeError(400, "PATCH with apply requires a fieldManager", "BadRequest")
+    try:
+        body = yaml.safe_load(request.text)
+    except yaml.YAMLError as exc:
+        raise KubeError(400, f"the body of an apply request is not YAML: {exc}", "BadRequest") from None
+    if not isinstance(body, dict) or not body.get("apiVersion") or not body.get("kind"):
+        raise KubeError(400, "an applied object needs apiVersion and kind", "BadRequest")
+    if (body.get("metadata") or {}).get("name") != name:
+        raise KubeError(400, f"the name of the object ({body.get('metadata', {}).get('name')}) does not match the "
+                        f"name on the URL ({name})", "BadRequest")  # fmt: skip
+    if body["apiVersion"] != (f"{res[0]}/{res[1]}" if res[0] else res[1]):
+        raise KubeError(400, f"apiVersion {body['apiVersion']} does not match the URL's", "BadRequest")
+    return body
+
+
 def _gone(since: int) -> dict[str, Any]:
     return {
         "type": "ERROR",
@@ -753,6 +792,22 @@ def _gone(since: int) -> dict[str, Any]:
             "code": 410,
         },
     }
+
+
+def _check_preconditions(options: Any, obj: dict[str, Any] | None) -> None:
+    """A DELETE's `DeleteOptions.preconditions` (uid, resourceVersion): 409 when the object is another, as
+    kube-apiserver answers."""
+    preconditions = (options or {}).get("preconditions") if isinstance(options, dict) else None
+    if not preconditions or obj is None:
+        return
+    meta = obj["metadata"]
+    for field in ("uid", "resourceVersion"):
+        wanted = preconditions.get(field)
+        if wanted is not None and wanted != meta.get(field):
+            raise KubeError(
+                409,
+                f"Precondition failed: {field} in precondition: {wanted}, {field} in object meta: {meta.get(field)}",
+            )
 
 
 def _check_pod_update(old: dict[str, Any], new: dict[str, Any]) -> None:
