@@ -5,12 +5,16 @@ holds GPU memory in ways no process group reaches (`setsid nohup python3 ... &` 
 that detaches another), as issue #23 measured them surviving:
 
 1. the run ends on its wall budget;
-2. the harness and the agent are killed with SIGKILL mid-run (the holders live on: printed), then the run resumes.
+2. the harness and the agent are killed with SIGKILL mid-run (the holders live on: printed), then the run resumes;
+3. a run whose agent trains a small PyTorch model for about 25 s (idle, ~3 GiB, then ~7 GiB held): the run's
+   `result.json` `gpu` (mean utilisation, peak memory) from labkube's own meter must agree with NVML read
+   independently beside it.
 
 Prints the GPU's free memory (NVML) before, while the holders run, and after each; the holders' pids after; and
 the run's GPU figures as `result.json` has them (the real NVML path of agent/gpu.py). Exit 1 when a holder
-outlives its run or the memory does not come back. With `--record FILE`, also writes the NVML readings taken
-every 0.5 s during the first run in the format `LABKUBE_GPU_REPLAY` replays (tests/data/nvml/).
+outlives its run or the memory does not come back, or the training run's figures disagree with NVML. With
+`--record FILE`, also writes the NVML readings taken every 0.5 s during the training run in the format
+`LABKUBE_GPU_REPLAY` replays (tests/data/nvml/one-gpu-training.jsonl is such a recording).
 
     bash benchmarks/gpu_check.sh [--record FILE] [--gib 3]
 """
@@ -37,6 +41,7 @@ from labkube.agent.containment import alive
 from labkube.agent.gpu import NvmlSource
 from labkube.budgets import Budgets
 from labkube.operator.supervisor import supervise_run
+from labkube.result import GpuUse
 
 MIB = 2**20
 HOLD = (
@@ -91,14 +96,10 @@ def record(gpu: NvmlSource, out: Path, halt: threading.Event) -> None:
             halt.wait(0.5)
 
 
-def budget_case(root: Path, gpu: NvmlSource, gib: float, record_to: Path | None) -> bool:
+def budget_case(root: Path, gpu: NvmlSource, gib: float) -> bool:
     task = make_tiny_task(root, plan(gib), resources={"gpus": 1})
     run_dir = make_run_dir(root, task, budgets=Budgets(wall_hours=25 / 3600), gpus=1)
     before = free_mib(gpu)
-    halt = threading.Event()
-    recorder = threading.Thread(target=record, args=(gpu, record_to, halt)) if record_to else None
-    if recorder:
-        recorder.start()
 
     async def run() -> tuple[dict[str, int], int, object]:
         supervising = asyncio.create_task(supervise_run(str(run_dir)))
@@ -108,9 +109,6 @@ def budget_case(root: Path, gpu: NvmlSource, gib: float, record_to: Path | None)
         return pids, during, await supervising
 
     pids, during, result = asyncio.run(run())
-    halt.set()
-    if recorder:
-        recorder.join()
     after = wait_freed(gpu, before)
     left = {k: p for k, p in pids.items() if alive(p)}
     gpu_use = json.loads((run_dir / "result.json").read_text()).get("gpu")
@@ -165,9 +163,74 @@ def kill9_case(root: Path, gpu: NvmlSource, gib: float) -> bool:
     return not left and after >= before - 256
 
 
+TRAIN = """
+import time, torch
+torch.manual_seed(0)
+time.sleep(3)  # the run's first seconds: the GPU idle
+def phase(width, batch, seconds):
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, width)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x, y = torch.randn(batch, width, device="cuda"), torch.randn(batch, width, device="cuda")
+    end, steps = time.time() + seconds, 0
+    while time.time() < end:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        steps += 1
+        torch.cuda.synchronize()
+    print(f"width {width} batch {batch}: {steps} steps, loss {loss.item():.4f}, "
+          f"peak allocated {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
+    return model, x, y
+first = phase(4096, 32768, 10)
+second = phase(4096, 65536, 10)
+del first, second
+torch.cuda.empty_cache()
+time.sleep(2)  # the last seconds: memory given back, the GPU idle
+"""
+
+
+def training_case(root: Path, gpu: NvmlSource, record_to: Path | None) -> bool:
+    steps = [{"tool": "bash", "args": {"command": f"cat > train.py <<'EOF'{TRAIN}EOF\npython3 train.py 2>&1"}}]
+    task = make_tiny_task(root, steps, resources={"gpus": 1})
+    run_dir = make_run_dir(root, task, budgets=Budgets(wall_hours=180 / 3600), gpus=1)
+    out = record_to or root / "nvml.jsonl"
+    halt = threading.Event()
+    recorder = threading.Thread(target=record, args=(gpu, out, halt))
+    recorder.start()
+    try:
+        result = asyncio.run(supervise_run(str(run_dir)))
+    finally:
+        halt.set()
+        recorder.join()
+    readings = [json.loads(line)[0] for line in out.read_text().splitlines() if line.strip()]
+    nvml_peak = max(r["memory_used"] for r in readings)
+    nvml_mean = sum(r["utilization_gpu"] for r in readings) / 100 / len(readings)
+    busy = [r["utilization_gpu"] for r in readings if r["memory_used"] > 2 * 2**30]
+    use = json.loads((run_dir / "result.json").read_text()).get("gpu") or {}
+    mean = GpuUse.model_validate(use).mean_utilization if use else None
+    print(f"[training] stop: {result.stop_reason}")
+    print(
+        f"[training] NVML beside the run: {len(readings)} readings, mean utilisation {nvml_mean:.0%}, "
+        f"while training {sum(busy) / max(1, len(busy)):.0f} %, peak {nvml_peak / MIB:.0f} MiB"
+    )
+    print(f"[training] result.json gpu: {json.dumps({k: v for k, v in use.items() if k != 'curve'})}; mean {mean}")
+    peak = use.get("peak_memory_bytes") or 0
+    ok = (
+        bool(busy)
+        and sum(busy) / len(busy) >= 50
+        and nvml_peak > 5 * 2**30
+        and abs(peak - nvml_peak) <= 512 * MIB  # sampled at different instants: the peak is a plateau
+        and mean is not None
+        and abs(mean - nvml_mean) <= 0.25
+    )
+    print(f"[training] {'agrees' if ok else 'DISAGREES'} with NVML")
+    return ok
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--record", type=Path, help="write the first run's NVML readings here (JSON lines)")
+    parser.add_argument("--record", type=Path, help="write the training run's NVML readings here (JSON lines)")
     parser.add_argument("--gib", type=float, default=3.0, help="GPU memory each holder takes (GiB)")
     args = parser.parse_args()
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")
@@ -178,11 +241,13 @@ def main() -> int:
         f"{os.environ.get('LABKUBE_CONTAINMENT', 'auto')}"
     )
     with tempfile.TemporaryDirectory() as tmp:
-        ok = budget_case(Path(tmp) / "budget", gpu, args.gib, args.record)
+        ok = budget_case(Path(tmp) / "budget", gpu, args.gib)
         ok = kill9_case(Path(tmp) / "kill9", gpu, args.gib) and ok
+        ok = training_case(Path(tmp) / "training", gpu, args.record) and ok
         for run in Path(tmp).glob("*/runs/*/containment.json"):
             print(f"{run.parent.name}: {run.read_text().strip()}")
-    print("OK: every holder ended with its run and its GPU memory came back" if ok else "FAILED")
+    agreed = "OK: every holder ended with its run, its GPU memory came back, the run's GPU figures agree"
+    print(agreed if ok else "FAILED")
     return 0 if ok else 1
 
 
