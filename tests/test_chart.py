@@ -207,7 +207,7 @@ def test_every_flag_on_renders_valid_objects(chart: helm_python.Chart) -> None:
 
 @pytest.mark.parametrize("version", ["1.29", "1.37"])
 def test_objects_are_valid_for_the_oldest_and_newest_kubernetes(chart: helm_python.Chart, version: str) -> None:
-    for doc in render(chart, ALL_FLAGS):
+    for doc in render(chart, ALL_FLAGS) + render(chart, ADMIN):
         if doc["kind"] not in FOREIGN_KINDS:
             kubernetes_validate.validate(doc, version, strict=True)
 
@@ -813,7 +813,7 @@ def test_every_value_is_documented() -> None:
 # -- lint, CRDs, README -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("values", [None, ALL_FLAGS], ids=["defaults", "all-flags"])
+@pytest.mark.parametrize("values", [None, ALL_FLAGS, ADMIN], ids=["defaults", "all-flags", "admin"])
 def test_lint_is_clean(chart_dir: Path, values: dict[str, Any] | None) -> None:
     report = helm_python.lint(chart_dir, values, strict=True, namespace=NAMESPACE)
     problems = [m for m in report["messages"] if m["severity"] >= 2]
