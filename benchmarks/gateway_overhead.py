@@ -1,0 +1,479 @@
+"""The model gateway's added latency: the same calls through a run's gateway and straight to the same provider.
+
+Three processes, as in a run: the provider (tests/fakellm.py, answering at once and sending a streamed answer's
+events `--event-interval-ms` apart, as a model produces tokens), the run's gateways (agent/gateway.py, one per API
+family, with the transcript, gateway.json and Prometheus series a run has), and the client: the real `openai` and
+`anthropic` SDKs (async clients, no retries) calling the OpenAI Responses API (what Codex speaks) and Anthropic
+Messages (what Claude Code speaks), streamed and not, with a request the size of a coding agent's (`--request-kb`
+of conversation and tool definitions).
+
+Direct and gateway calls alternate so that the machine's load falls on both alike: at concurrency 1 each pair is
+one call each way, in random order; at concurrency C each pair is a round of C simultaneous calls each way, in random
+order. Warm-up pairs (connections opened, code paths warm) are not counted. The added latency at a percentile is the
+gateway's percentile minus the direct one (a difference of percentiles, not a percentile of differences); the
+median of the paired differences is shown beside it as a check. A streamed call's latency is to its last event;
+its first token is its first text delta as the SDK yields it.
+
+    python benchmarks/gateway_overhead.py [--calls 400] [--rounds 100] [--concurrency 1,16] [--write-docs]
+
+`--write-docs` replaces the table in docs/third-party-agents.md (`<!-- benchmark:gateway_overhead -->`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from docs_block import REPO, markdown_table, write_block
+
+Api = Literal["responses", "messages"]
+Side = Literal["direct", "gateway"]
+APIS: tuple[Api, ...] = ("responses", "messages")
+MODELS: dict[Api, str] = {"responses": "gpt-5", "messages": "claude-sonnet-4-6"}
+ANSWER = "The file result.txt now holds the answer, and the tests pass. " * 3
+UPSTREAM_KEY = "sk-benchmark-provider-key"
+TARGET_ADDED_P95_MS = 5.0
+TARGET_FIRST_TOKEN_MS = 2.0
+
+
+# -- the provider and the gateways, each in a process of its own
+
+
+def serve_upstream(event_interval_s: float) -> None:
+    """tests/fakellm.py with a pause after each streamed event; prints its URL, serves until stdin closes."""
+    import fakellm
+
+    class PacedHandler(fakellm._Handler):
+        # A provider sends its headers and body without waiting on the client's delayed ACK (40 ms on Linux).
+        disable_nagle_algorithm = True
+
+        def _chunk(self, payload: bytes) -> None:
+            super()._chunk(payload)
+            if payload and event_interval_s:
+                time.sleep(event_interval_s)
+
+    class ListeningServer(fakellm.LocalHTTPServer):
+        request_queue_size = 128  # socketserver's 5 drops connections when 16 clients connect at once
+
+    class PacedFakeLLM(fakellm.FakeLLM):
+        def __enter__(self) -> PacedFakeLLM:
+            # The fake keeps every request it saw; a benchmark's tens of thousands of large bodies would pile up.
+            self._requests = deque(maxlen=16)  # type: ignore[assignment]
+            self._httpd = ListeningServer(self, PacedHandler)
+            self.thread = fakellm.threading.Thread(target=self._httpd.serve_forever, name="fakellm", daemon=True)
+            self.thread.start()
+            return self
+
+    usage = fakellm.Usage(input=20_000, output=120, reasoning=40, cached=16_000)
+    with PacedFakeLLM(default=fakellm.Reply.text(ANSWER, usage=usage)) as server:
+        print(server.base_url, flush=True)
+        sys.stdin.read()
+
+
+async def serve_gateways(upstream_url: str, run_dir: Path) -> None:
+    """One run's gateway per API family, metering as a run's does; prints their addresses and tokens as JSON, serves
+    until stdin closes."""
+    from labkube.agent.gateway import GatewayConfig, ModelGateway, Upstream
+    from labkube.agent.telemetry import RunTelemetry
+    from labkube.agent.transcript import JsonlLog
+    from labkube.run_spec import RunSpec
+
+    bases = {"openai": upstream_url + "/v1", "anthropic": upstream_url}
+    gateways = []
+    for family, base in bases.items():
+        spec = RunSpec(
+            run_id=f"bench--{family}--s0",
+            campaign="bench",
+            task="t",
+            task_path=str(run_dir),
+            model=f"{family}:m",
+            seed=0,
+        )
+        config = GatewayConfig(**{family: Upstream(base_url=base, api_key=UPSTREAM_KEY)}, provider_prefix=family)  # type: ignore[arg-type]
+        gateway = ModelGateway(
+            config,
+            transcript=JsonlLog(run_dir / family / "transcript.jsonl"),
+            telemetry=RunTelemetry(spec),
+            state_path=run_dir / family / "gateway.json",
+        )
+        gateways.append(await gateway.start())
+    openai_gw, anthropic_gw = gateways
+    address = {
+        "responses": {"base_url": openai_gw.openai_base_url, "token": openai_gw.config.token},
+        "messages": {"base_url": anthropic_gw.anthropic_base_url, "token": anthropic_gw.config.token},
+    }
+    print(json.dumps(address), flush=True)
+    await asyncio.to_thread(sys.stdin.read)
+    for gateway in gateways:
+        await gateway.close()
+
+
+@contextlib.contextmanager
+def server_process(*args: str) -> Any:
+    """This script in another mode, as a child process; yields its first line of output and stops it on exit."""
+    proc = subprocess.Popen(
+        [sys.executable, __file__, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"benchmark server {' '.join(args)} exited before it listened (code {proc.wait()})")
+        yield line.strip()
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# -- the client
+
+
+def agent_request(api: Api, request_kb: int) -> dict[str, Any]:
+    """A coding agent's call: a system prompt, a dozen tools and a conversation of tool calls and results, about
+    `request_kb` of JSON in all."""
+    system = "You are a coding agent working in a repository. Follow the instructions. " * 40
+    tools = [
+        {
+            "name": f"tool_{i}",
+            "description": f"Tool number {i}: runs one kind of action in the workspace and returns its output. " * 3,
+            "schema": {
+                "type": "object",
+                "properties": {"command": {"type": "string", "description": "what to run"}},
+                "required": ["command"],
+            },
+        }
+        for i in range(12)
+    ]
+    output = "line of command output, as a tool returns it\n" * 20
+    turns: list[dict[str, Any]] = []
+    size = len(system) + len(json.dumps(tools))
+    i = 0
+    while size < request_kb * 1024:
+        if api == "responses":
+            call = {"type": "function_call", "call_id": f"call_{i}", "name": "tool_0", "arguments": '{"command":"ls"}'}
+            turns += [call, {"type": "function_call_output", "call_id": f"call_{i}", "output": output}]
+        else:
+            use = {"type": "tool_use", "id": f"toolu_{i}", "name": "tool_0", "input": {"command": "ls"}}
+            result = {"type": "tool_result", "tool_use_id": f"toolu_{i}", "content": output}
+            turns += [{"role": "assistant", "content": [use]}, {"role": "user", "content": [result]}]
+        size += len(json.dumps(turns[-2:]))
+        i += 1
+    if api == "responses":
+        return {
+            "instructions": system,
+            "tools": [
+                {"type": "function", "name": t["name"], "description": t["description"], "parameters": t["schema"]}
+                for t in tools
+            ],
+            "input": [{"role": "user", "content": "Fix the failing test."}, *turns],
+        }
+    return {
+        "system": system,
+        "tools": [{"name": t["name"], "description": t["description"], "input_schema": t["schema"]} for t in tools],
+        "messages": [{"role": "user", "content": "Fix the failing test."}, *turns],
+    }
+
+
+@dataclass
+class Sample:
+    total_s: float
+    first_token_s: float | None
+
+
+@dataclass
+class Case:
+    api: Api
+    stream: bool
+    concurrency: int
+    samples: dict[Side, list[Sample]] = field(default_factory=lambda: {"direct": [], "gateway": []})
+
+
+async def one_call(client: Any, api: Api, stream: bool, bulk: dict[str, Any]) -> Sample:
+    """One call; the request's bulk goes as the SDK's `extra_body`, so that the SDK's typed transform of its
+    arguments (some 60 ms of CPU for a 64 KB Responses input, which neither CLI has) does not drown the figures."""
+    started = time.perf_counter()
+    first = None
+    if api == "responses":
+        kwargs: dict[str, Any] = {"model": MODELS[api], "input": "", "extra_body": bulk}
+        if not stream:
+            text = (await client.responses.create(**kwargs)).output_text
+        else:
+            parts = []
+            async for event in await client.responses.create(**kwargs, stream=True):
+                if event.type == "response.output_text.delta":
+                    first = first or time.perf_counter()
+                    parts.append(event.delta)
+            text = "".join(parts)
+    else:
+        kwargs = {"model": MODELS[api], "max_tokens": 4096, "messages": [], "extra_body": bulk}
+        if not stream:
+            text = "".join(b.text for b in (await client.messages.create(**kwargs)).content if b.type == "text")
+        else:
+            parts = []
+            async for event in await client.messages.create(**kwargs, stream=True):
+                if event.type == "content_block_delta" and event.delta.type == "text_delta":
+                    first = first or time.perf_counter()
+                    parts.append(event.delta.text)
+            text = "".join(parts)
+    ended = time.perf_counter()
+    if text != ANSWER:
+        raise SystemExit(f"{api}: the answer came back wrong: {text[:80]!r}")
+    return Sample(ended - started, None if first is None else first - started)
+
+
+def clients(upstream_url: str, gateways: dict[str, dict[str, str]]) -> dict[tuple[Side, Api], Any]:
+    """The SDKs' async clients, each with its own connection pool (their default limits are far above 16)."""
+    import anthropic
+    import openai
+
+    gw_openai, gw_anthropic = gateways["responses"], gateways["messages"]
+    return {
+        ("direct", "responses"): openai.AsyncOpenAI(api_key=UPSTREAM_KEY, base_url=upstream_url + "/v1", max_retries=0),
+        ("gateway", "responses"): openai.AsyncOpenAI(
+            api_key=gw_openai["token"], base_url=gw_openai["base_url"], max_retries=0
+        ),
+        ("direct", "messages"): anthropic.AsyncAnthropic(api_key=UPSTREAM_KEY, base_url=upstream_url, max_retries=0),
+        ("gateway", "messages"): anthropic.AsyncAnthropic(
+            api_key=gw_anthropic["token"], base_url=gw_anthropic["base_url"], max_retries=0
+        ),
+    }
+
+
+async def measure(
+    case: Case, made: dict[tuple[Side, Api], Any], request: dict[str, Any], pairs: int, warmup: int, seed: int
+) -> None:
+    """`pairs` counted pairs (after `warmup` uncounted ones) of a call each way (concurrency 1) or a round of
+    simultaneous calls each way, the side going first drawn at random each time."""
+    rng = random.Random(seed)
+    for i in range(warmup + pairs):
+        order: tuple[Side, Side] = ("direct", "gateway") if rng.random() < 0.5 else ("gateway", "direct")
+        for side in order:
+            client = made[(side, case.api)]
+            calls = [one_call(client, case.api, case.stream, request) for _ in range(case.concurrency)]
+            try:
+                samples = await asyncio.gather(*calls)
+            except Exception as exc:
+                where = f"{side} call, {API_NAMES[case.api]}, stream={case.stream}"
+                raise SystemExit(f"{where}: {exc!r} ({exc.__cause__!r})") from exc
+            if i >= warmup:
+                case.samples[side].extend(samples)
+
+
+# -- figures
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear interpolation between the closest ranks (numpy's default)."""
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q / 100
+    low = int(k)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (k - low)
+
+
+@dataclass
+class Figures:
+    direct_p50_ms: float
+    gateway_p50_ms: float
+    added_ms: dict[int, float]  # percentile -> gateway's minus direct's
+    paired_median_ms: float
+    first_direct_p50_ms: float | None = None
+    first_added_ms: dict[int, float] = field(default_factory=dict)
+
+
+def figures(case: Case) -> Figures:
+    direct = [s.total_s * 1e3 for s in case.samples["direct"]]
+    gateway = [s.total_s * 1e3 for s in case.samples["gateway"]]
+    paired = [g - d for g, d in zip(gateway, direct, strict=True)]
+    out = Figures(
+        direct_p50_ms=percentile(direct, 50),
+        gateway_p50_ms=percentile(gateway, 50),
+        added_ms={q: percentile(gateway, q) - percentile(direct, q) for q in (50, 95, 99)},
+        paired_median_ms=percentile(paired, 50),
+    )
+    if case.stream:
+        first_direct = [s.first_token_s * 1e3 for s in case.samples["direct"] if s.first_token_s is not None]
+        first_gateway = [s.first_token_s * 1e3 for s in case.samples["gateway"] if s.first_token_s is not None]
+        out.first_direct_p50_ms = percentile(first_direct, 50)
+        out.first_added_ms = {q: percentile(first_gateway, q) - percentile(first_direct, q) for q in (50, 95)}
+    return out
+
+
+HEADER = (
+    "API",
+    "streamed",
+    "at once",
+    "calls each way",
+    "direct p50",
+    "added p50",
+    "added p95",
+    "added p99",
+    "paired median",
+    "1st token direct p50",
+    "1st token added p50",
+    "1st token added p95",
+)
+API_NAMES: dict[Api, str] = {"responses": "OpenAI Responses", "messages": "Anthropic Messages"}
+
+
+def row(case: Case, f: Figures) -> tuple[str, ...]:
+    def ms(value: float | None) -> str:
+        return "" if value is None else f"{value:+.2f}" if value < 0 else f"{value:.2f}"
+
+    return (
+        API_NAMES[case.api],
+        "yes" if case.stream else "no",
+        str(case.concurrency),
+        f"{len(case.samples['direct']):,}",
+        f"{f.direct_p50_ms:.2f}",
+        ms(f.added_ms[50]),
+        ms(f.added_ms[95]),
+        ms(f.added_ms[99]),
+        ms(f.paired_median_ms),
+        ms(f.first_direct_p50_ms) if case.stream else "",
+        ms(f.first_added_ms.get(50)),
+        ms(f.first_added_ms.get(95)),
+    )
+
+
+def misses(case: Case, f: Figures) -> list[str]:
+    name = f"{API_NAMES[case.api]}, {'streamed' if case.stream else 'not streamed'}, {case.concurrency} at once"
+    out = []
+    if f.added_ms[95] >= TARGET_ADDED_P95_MS:
+        out.append(f"{name}: p95 added {f.added_ms[95]:.2f} ms (target under {TARGET_ADDED_P95_MS:g} ms)")
+    for q, added in f.first_added_ms.items():
+        if added >= TARGET_FIRST_TOKEN_MS:
+            out.append(f"{name}: first token p{q} added {added:.2f} ms (target under {TARGET_FIRST_TOKEN_MS:g} ms)")
+    return out
+
+
+async def run_cases(args: argparse.Namespace, upstream_url: str, gateways: dict[str, dict[str, str]]) -> list[Case]:
+    cases = []
+    for concurrency in args.concurrency:
+        made = clients(upstream_url, gateways)
+        pairs = args.calls if concurrency == 1 else args.rounds
+        warmup = args.warmup if concurrency == 1 else max(2, args.warmup // concurrency)
+        for api in args.apis:
+            request = agent_request(api, args.request_kb)
+            for stream in (False, True):
+                case = Case(api, stream, concurrency)
+                await measure(case, made, request, pairs, warmup, seed=len(cases))
+                cases.append(case)
+                print(f"  measured {API_NAMES[api]}, stream={stream}, concurrency {concurrency}", file=sys.stderr)
+        for client in made.values():
+            await client.close()
+    return cases
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=400, help="pairs of calls per case at concurrency 1")
+    parser.add_argument("--rounds", type=int, default=100, help="pairs of simultaneous rounds per case above 1")
+    parser.add_argument("--concurrency", default="1,16")
+    parser.add_argument("--apis", default=",".join(APIS))
+    parser.add_argument("--warmup", type=int, default=50, help="uncounted pairs first (divided by the concurrency)")
+    parser.add_argument("--request-kb", type=int, default=64, help="size of each request's JSON")
+    parser.add_argument("--event-interval-ms", type=float, default=2.0, help="the provider's pause between events")
+    parser.add_argument("--write-docs", action="store_true", help="put the table into docs/third-party-agents.md")
+    parser.add_argument("--doc", type=Path, default=REPO / "docs" / "third-party-agents.md", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-upstream", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-gateways", metavar="UPSTREAM_URL", help=argparse.SUPPRESS)
+    parser.add_argument("--run-dir", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--profile-gateway", type=Path, help="write the gateway process's cProfile stats here")
+    args = parser.parse_args()
+    if args.serve_upstream:
+        return serve_upstream(args.event_interval_ms / 1e3)
+    if args.serve_gateways:
+        if args.profile_gateway is None:
+            return asyncio.run(serve_gateways(args.serve_gateways, args.run_dir))
+        import cProfile
+
+        with cProfile.Profile() as profile:
+            asyncio.run(serve_gateways(args.serve_gateways, args.run_dir))
+        return profile.dump_stats(args.profile_gateway)
+    try:
+        args.concurrency = [int(c) for c in args.concurrency.split(",")]
+        args.apis = [a for a in args.apis.split(",")]
+    except ValueError:
+        parser.error("--concurrency takes numbers separated by commas, e.g. 1,16")
+    if unknown := set(args.apis) - set(APIS):
+        parser.error(f"--apis: unknown {', '.join(sorted(unknown))} (choose from {', '.join(APIS)})")
+    if min(args.calls, args.rounds) < 1 or min(args.concurrency) < 1:
+        parser.error("--calls, --rounds and --concurrency must be at least 1")
+    command = (
+        f"python benchmarks/gateway_overhead.py --calls {args.calls} --rounds {args.rounds}"
+        f" --concurrency {','.join(map(str, args.concurrency))} --request-kb {args.request_kb}"
+        f" --event-interval-ms {args.event_interval_ms:g}"
+    )
+    profiling = ["--profile-gateway", str(args.profile_gateway.resolve())] if args.profile_gateway else []
+    load_before = os.getloadavg()
+    started = time.monotonic()
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        server_process("--serve-upstream", "--event-interval-ms", str(args.event_interval_ms)) as upstream_url,
+        server_process("--serve-gateways", upstream_url, "--run-dir", tmp, *profiling) as line,
+    ):
+        cases = asyncio.run(run_cases(args, upstream_url, json.loads(line)))
+    load_after = os.getloadavg()
+    table = Table(title="The model gateway's added latency (ms)", title_justify="left")
+    for col in HEADER:
+        table.add_column(col, justify="left" if col in ("API", "streamed") else "right")
+    rows, missed = [], []
+    for case in cases:
+        f = figures(case)
+        rows.append(row(case, f))
+        table.add_row(*rows[-1])
+        missed += misses(case, f)
+    footer = (
+        f"Added = the gateway's percentile minus the direct one; paired median = the median of (gateway - direct) over"
+        f" pairs. {args.request_kb} KB requests, streamed events {args.event_interval_ms:g} ms apart,"
+        f" {args.warmup} warm-up pairs per case (divided by the concurrency) not counted. Load average (1 min) "
+        f"{load_before[0]:.2f} before, {load_after[0]:.2f} after, on {os.cpu_count()} CPUs;"
+        f" {time.monotonic() - started:.0f} s in all."
+    )
+    console = Console(width=max(Console().width, 170))
+    console.print(table)
+    console.print(footer)
+    for line in missed:
+        console.print(f"[red]missed:[/red] {line}")
+    if not missed:
+        console.print(
+            f"every case within the targets (p95 added under {TARGET_ADDED_P95_MS:g} ms, first token under"
+            f" {TARGET_FIRST_TOKEN_MS:g} ms)"
+        )
+    if args.write_docs:
+        write_block(
+            args.doc,
+            "gateway_overhead",
+            markdown_table(HEADER, rows, [False] * 2 + [True] * 10) + "\n\n" + footer,
+            command,
+        )
+        print(f"written: {args.doc}")
+
+
+if __name__ == "__main__":
+    main()
