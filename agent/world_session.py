@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from labkube.agent.messages import Message
@@ -47,6 +48,7 @@ class WorldSession:
     awaiting_next_turn: bool = False
     stopped: bool = False
     seen: list[Notification] = field(default_factory=list)
+    log_path: Path | None = None  # a pooled world's log (LABKUBE_WORLD_LOG), for the tail in a failed run's error
 
     @property
     def done(self) -> bool:
@@ -54,11 +56,15 @@ class WorldSession:
 
     def failed(self, exc: Exception) -> WorldFailure:
         """The run's world error: what the world said, and the last lines of its log when we started it."""
-        if self.process is None:  # a sidecar: its log is the pod's, and the world's own error says what failed
+        log_path = self.process.log_path if self.process is not None else self.log_path
+        if log_path is None:  # a sidecar: its log is the pod's, and the world's own error says what failed
             return WorldFailure(str(exc))
-        tail = self.process.log_tail(WORLD_LOG_LINES)
+        try:
+            tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-WORLD_LOG_LINES:])
+        except OSError:
+            tail = ""
         lines = " | ".join(line.strip() for line in tail.splitlines() if line.strip())
-        return WorldFailure(f"{exc}; world log ({self.process.log_path}): {lines}" if lines else str(exc))
+        return WorldFailure(f"{exc}; world log ({log_path}): {lines}" if lines else str(exc))
 
     async def inject_notifications(self, run: Any) -> None:
         """Add pending notifications to the conversation; wait for the next turn's user message if due."""
@@ -123,10 +129,12 @@ def format_notification(note: Notification) -> str:
 
 
 async def open_world(log_dir: Any, think_time_s: float | None) -> WorldSession:
-    """Connect to the pod's world sidecar, or start a world process for this run."""
+    """Connect to the world the sandbox gave this run (a pod's sidecar, a warm world of the local supervisor's
+    pool: LABKUBE_WORLD_URL), or start a world process for this run."""
     url = os.environ.get("LABKUBE_WORLD_URL")
     if url:
-        return WorldSession(WorldClient(url), None, think_time_s)
+        log = os.environ.get("LABKUBE_WORLD_LOG")
+        return WorldSession(WorldClient(url), None, think_time_s, log_path=Path(log) if log else None)
     try:
         process = start_world(world_python(), log_path=log_dir / "world.log")
     except Exception as exc:  # the ARE environment is missing or the world cannot start

@@ -53,13 +53,24 @@ class DriverError(RuntimeError):
 
 @ray.remote(num_cpus=0, max_concurrency=10_000)
 class SupervisorActor:
-    """Hosts many run supervisors as coroutines."""
+    """Hosts many run supervisors as coroutines, and what they keep warm (`operator/warm.py`)."""
+
+    def __init__(self) -> None:
+        from labkube.operator.warm import WarmWorker
+
+        self.warm = WarmWorker()
 
     async def supervise(self, run_dir: str, env: dict[str, str] | None = None, backend: dict | None = None) -> dict:
         from labkube.operator.supervisor import supervise_run
 
-        result = await supervise_run(run_dir, env, backend)
+        result = await supervise_run(run_dir, env, backend, None if backend is not None else self.warm)
         return result.model_dump(mode="json")
+
+    async def warm_up(self, slots: int, campaign_root: str, worlds: int, fork_agents: bool) -> None:
+        await self.warm.warm_up(slots, Path(campaign_root), worlds, fork_agents)
+
+    async def close(self) -> None:
+        await self.warm.close()
 
     def ping(self) -> bool:
         return True
@@ -355,6 +366,8 @@ async def drive(
     n_actors = actor_count(ctx, concurrency, len(runs))
     actors = [new_supervisor(ctx, i) for i in range(n_actors)]
     await asyncio.gather(*(a.ping.remote() for a in actors))
+    if backend is None:
+        await warm_up(actors, runs, concurrency, campaign_root)
     limit = asyncio.Semaphore(concurrency)
     meter = GpuHoursMeter(campaign_root, runs, pods=backend is not None) if gpu_hours_cap is not None else None
 
@@ -415,8 +428,29 @@ async def drive(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if backend is None:
+            await close_warm(actors)
         for a in actors:
             ray.kill(a)
+
+
+async def warm_up(actors: list, runs: list[RunSpec], concurrency: int, campaign_root: Path) -> None:
+    """Each supervisor starts what its share of the runs in flight reuses: Gaia2 worlds and the agent zygote."""
+    from labkube.operator.warm import forks_agent, uses_world
+
+    slots = math.ceil(min(concurrency, len(runs)) / len(actors))
+    worlds = min(slots, sum(1 for r in runs if uses_world(r)))
+    fork_agents = any(forks_agent(r) for r in runs)
+    if worlds or fork_agents:
+        await asyncio.gather(*(a.warm_up.remote(slots, str(campaign_root), worlds, fork_agents) for a in actors))
+
+
+async def close_warm(actors: list) -> None:
+    """Stop the supervisors' worlds and zygotes before their actors are killed (a world would otherwise notice its
+    parent gone a second later and stop by itself)."""
+    closing = asyncio.gather(*(a.close.remote() for a in actors), return_exceptions=True)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(closing, timeout=10)
 
 
 class GpuHoursMeter:

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labkube.agent.containment import TOKEN_VARIABLE, close_containment, join_cgroup, kill_pids, open_containment
+from labkube.operator.agent_zygote import AgentZygote, ZygoteChild, ZygoteError
+
+AgentProcess = asyncio.subprocess.Process | ZygoteChild
 
 
 @dataclass
@@ -54,38 +57,56 @@ async def run_local(
     env: dict[str, str] | None = None,
     memory_gb: float | None = None,
     cpus: float | None = None,
+    zygote: AgentZygote | None = None,
 ) -> SandboxExit:
     """Run `labkube agent` for `run_dir`; past `deadline_s`, SIGTERM the group, then SIGKILL it. Every process the
     run started is gone before this returns (`agent/containment.py`: the run's cgroup, with `memory_gb` and
-    `cpus` as its limits where the machine allows, else its process tree and token)."""
+    `cpus` as its limits where the machine allows, else its process tree and token). With `zygote`, the agent is
+    forked from that warm process (`operator/agent_zygote.py`) instead of started as a fresh interpreter; if the
+    zygote cannot, it is started as usual."""
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     box = await asyncio.to_thread(open_containment, run_dir, memory_gb, cpus)
     child_env, secrets = split_secrets({**os.environ, **(env or {})}, secret_names(run_dir))
+    child_env = {**child_env, TOKEN_VARIABLE: box.token}
     try:
-        with (logs / "agent.stdout").open("ab") as out, (logs / "agent.stderr").open("ab") as err:
-            proc = await asyncio.create_subprocess_exec(
-                *agent_command(run_dir, *extra),
-                cwd=run_dir,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=out,
-                stderr=err,
-                start_new_session=True,
-                env={**child_env, "LABKUBE_KEYS_ON_STDIN": "1", TOKEN_VARIABLE: box.token},
-            )
+        proc: AgentProcess | None = None
+        if zygote is not None:
+            with contextlib.suppress(ZygoteError):
+                proc = await zygote.spawn(run_dir, list(extra), child_env, secrets, logs)
+        if proc is None:
+            proc = await _start_agent(run_dir, extra, child_env, secrets, logs)
         box = join_cgroup(box, proc.pid)
-        return await _wait_agent(proc, secrets, deadline_s, grace_s)
+        try:
+            return await _wait_agent(proc, deadline_s, grace_s)
+        finally:
+            if zygote is not None and isinstance(proc, ZygoteChild):
+                zygote.forget(proc.pid)
     finally:
         await asyncio.to_thread(close_containment, run_dir, box)
 
 
-async def _wait_agent(
-    proc: asyncio.subprocess.Process, secrets: dict[str, str], deadline_s: float | None, grace_s: float
-) -> SandboxExit:
+async def _start_agent(
+    run_dir: Path, extra: tuple[str, ...], child_env: dict[str, str], secrets: dict[str, str], logs: Path
+) -> asyncio.subprocess.Process:
+    with (logs / "agent.stdout").open("ab") as out, (logs / "agent.stderr").open("ab") as err:
+        proc = await asyncio.create_subprocess_exec(
+            *agent_command(run_dir, *extra),
+            cwd=run_dir,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+            env={**child_env, "LABKUBE_KEYS_ON_STDIN": "1"},
+        )
     assert proc.stdin is not None
     proc.stdin.write(json.dumps(secrets).encode() + b"\n")
     await proc.stdin.drain()
     proc.stdin.close()
+    return proc
+
+
+async def _wait_agent(proc: AgentProcess, deadline_s: float | None, grace_s: float) -> SandboxExit:
     timed_out = False
     try:
         await asyncio.wait_for(proc.wait(), timeout=deadline_s)
@@ -108,7 +129,7 @@ async def _wait_agent(
     return SandboxExit(proc.returncode if proc.returncode is not None else -9, timed_out)
 
 
-async def _kill_agent_tree(proc: asyncio.subprocess.Process) -> None:
+async def _kill_agent_tree(proc: AgentProcess) -> None:
     """The agent and everything below it: as subreaper it holds every orphan of the run, which would go to init
     (and out of reach of a process-tree search) if the agent died first."""
     if proc.returncode is None:

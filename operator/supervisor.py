@@ -9,7 +9,9 @@ from pathlib import Path
 
 from labkube.agent.entrypoint import DISK_FULL_EXIT
 from labkube.budgets import StopReason
+from labkube.operator.agent_zygote import AgentZygote
 from labkube.operator.local_sandbox import SandboxExit, run_local
+from labkube.operator.warm import WarmWorker, forks_agent, uses_world
 from labkube.result import RunResult
 from labkube.run_spec import RunPhase, RunStatus
 from labkube.store import RunDir, read_model, utcnow, write_model
@@ -33,9 +35,12 @@ def _deadline(rd: RunDir) -> float | None:
     return max(0.0, spec.budgets.wall_seconds - spent) + GRADE_ALLOWANCE_S
 
 
-async def supervise_run(run_dir: str, env: dict[str, str] | None = None, backend: dict | None = None) -> RunResult:
+async def supervise_run(
+    run_dir: str, env: dict[str, str] | None = None, backend: dict | None = None, warm: WarmWorker | None = None
+) -> RunResult:
     """Drive one run to a final state; a finished run is returned as it is. With `backend` (a
-    `K8sBackend` as JSON) the run's agent runs in a pod (`k8s_backend.supervise_pod`)."""
+    `K8sBackend` as JSON) the run's agent runs in a pod (`k8s_backend.supervise_pod`). With `warm` (the
+    worker's `WarmWorker`), a Gaia2 run gets a warm world and a scripted agent is forked from the zygote."""
     if backend is not None:
         from labkube.operator.k8s_backend import supervise_pod
 
@@ -51,24 +56,48 @@ async def supervise_run(run_dir: str, env: dict[str, str] | None = None, backend
         env = await task_environment(rd, env)
     except SetupError as exc:
         return _harness_failure(rd, str(exc), StopReason.setup_error, exc.log_tail)
+    zygote = warm.zygote if warm is not None and forks_agent(spec) else None
+    # A Gaia2 run cannot resume (its world is gone with its agent): a run with a checkpoint needs no world.
+    lease = None
+    if warm is not None and uses_world(spec) and not rd.checkpoint_json.exists():
+        lease = await warm.lease_world(rd.root.parent.parent)
+    if lease is None:
+        result, _clean = await _attempts(rd, env, zygote)
+        return result
+    healthy = False
+    try:
+        result, clean = await _attempts(rd, {**(env or {}), **lease.env}, zygote)
+        healthy = clean and result.final and result.stop_reason is not StopReason.world_error
+        return result
+    finally:
+        assert warm is not None
+        warm.return_world(lease, rd.logs, healthy)
+
+
+async def _attempts(rd: RunDir, env: dict[str, str] | None, zygote: AgentZygote | None) -> tuple[RunResult, bool]:
+    """The run's agent until it leaves a final result (resumed after a crash, at most MAX_ATTEMPTS), then the
+    result; `clean` when every attempt's agent exited by itself (not killed, not past its deadline)."""
     exit_: SandboxExit | None = None
     limits = card_limits(rd)
+    clean = True
     for _attempt in range(MAX_ATTEMPTS):
         extra = ("--resume",) if rd.checkpoint_json.exists() else ()
-        exit_ = await run_local(rd.root, *extra, deadline_s=_deadline(rd), env=env, **limits)
+        exit_ = await run_local(rd.root, *extra, deadline_s=_deadline(rd), env=env, zygote=zygote, **limits)
+        clean = clean and exit_.returncode in (0, 1) and not exit_.timed_out
         done = _final(rd)
         if done is not None:
-            return done
+            return done, clean
         if exit_.returncode == DISK_FULL_EXIT:
-            return _harness_failure(rd, last_error_line(rd) or "disk full; free space and run the campaign again")
+            why = last_error_line(rd) or "disk full; free space and run the campaign again"
+            return _harness_failure(rd, why), clean
         if exit_.timed_out:
             break
     reason = StopReason.time if exit_ and exit_.timed_out else StopReason.killed
-    await run_local(rd.root, "--finalize", reason.value, deadline_s=GRADE_ALLOWANCE_S, env=env, **limits)
+    await run_local(rd.root, "--finalize", reason.value, deadline_s=GRADE_ALLOWANCE_S, env=env, zygote=zygote, **limits)
     done = _final(rd)
     if done is not None:
-        return done
-    return _harness_failure(rd, f"agent exited {exit_.returncode if exit_ else '?'} without a result; see logs/")
+        return done, False
+    return _harness_failure(rd, f"agent exited {exit_.returncode if exit_ else '?'} without a result; see logs/"), False
 
 
 def card_limits(rd: RunDir) -> dict[str, float]:

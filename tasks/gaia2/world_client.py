@@ -228,7 +228,8 @@ class WorldClient:
         self._timeout = timeout
         self._slow_timeout = slow_timeout
         self._is_alive = is_alive
-        self._http = httpx.AsyncClient(base_url=self.base_url, transport=transport, trust_env=False)
+        # A world speaks plain HTTP: no TLS context (loading the CA bundle cost ~25 ms per client, per run).
+        self._http = httpx.AsyncClient(base_url=self.base_url, transport=transport, trust_env=False, verify=False)
 
     async def __aenter__(self) -> Self:
         return self
@@ -296,6 +297,11 @@ class WorldClient:
             if value is not None:
                 body[key] = value
         return ScenarioInfo.model_validate(await self._call("POST", "/scenario", body, slow=True))
+
+    async def state(self) -> dict[str, Any]:
+        """ARE's dumps of the loaded scenario: `{"apps": [...], "event_log": [...]}` (`GET /state`)."""
+        data: dict[str, Any] = await self._call("GET", "/state")
+        return data
 
     async def scenario(self) -> ScenarioInfo:
         return ScenarioInfo.model_validate(await self._call("GET", "/scenario"))

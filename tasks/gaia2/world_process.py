@@ -141,18 +141,61 @@ def start_world(
 class WorldPool:
     """Warm world processes to reuse across runs (importing ARE is the slow part).
 
-    `acquire()` hands out an idle live process or starts one; `release()` takes it back (or stops it
-    when it is unhealthy or the pool already keeps `max_idle`). `close()` stops them all.
+    `acquire()` hands out an idle live process or starts one; `release()` takes it back, or stops it when the run
+    that used it went wrong (`healthy=False`: the world errored, its scenario failed to load, the run's agent was
+    killed) or the pool already keeps `max_idle`. A world keeps nothing of a run: the next `POST /scenario` unloads
+    the previous scenario and builds the next from its source. `prestart(n)` starts worlds ahead of the first run,
+    in parallel. With `log_dir`, world i logs to `log_dir/world-<i>.log`. `close()` stops them all.
     """
 
-    def __init__(self, python: Path | None = None, *, max_idle: int = 2, **start_kwargs: object) -> None:
+    def __init__(
+        self, python: Path | None = None, *, max_idle: int = 2, log_dir: Path | None = None, **start_kwargs: object
+    ) -> None:
         self._python = python
         self._max_idle = max_idle
+        self._log_dir = log_dir
         self._start_kwargs = start_kwargs
         self._idle: list[WorldProcess] = []
         self._busy: set[WorldProcess] = set()
         self._lock = threading.Lock()
         self._closed = False
+        self._started = 0
+
+    @property
+    def started(self) -> int:
+        """How many world processes this pool has started (a reused world is not counted again)."""
+        return self._started
+
+    def _start(self) -> WorldProcess:
+        with self._lock:
+            self._started += 1
+            number = self._started
+        kwargs = dict(self._start_kwargs)
+        if self._log_dir is not None:
+            self._log_dir.mkdir(parents=True, exist_ok=True)
+            kwargs["log_path"] = self._log_dir / f"world-{number}.log"
+        return start_world(self._python, **kwargs)  # type: ignore[arg-type]
+
+    def prestart(self, count: int) -> None:
+        """Start worlds until `count` are idle (at most `max_idle`), in parallel; a world that fails to start is
+        left to the first `acquire()`, which raises its error."""
+        with self._lock:
+            missing = min(count, self._max_idle) - len(self._idle) - len(self._busy)
+        if missing <= 0:
+            return
+        started: list[WorldProcess] = []
+
+        def one() -> None:
+            with contextlib.suppress(WorldStartError):
+                started.append(self._start())
+
+        threads = [threading.Thread(target=one, name="world-prestart") for _ in range(missing)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for world in started:
+            self.release(world)
 
     def acquire(self) -> WorldProcess:
         with self._lock:
@@ -164,7 +207,7 @@ class WorldPool:
                     self._busy.add(world)
                     return world
                 world.stop()
-        world = start_world(self._python, **self._start_kwargs)  # type: ignore[arg-type]
+        world = self._start()
         with self._lock:
             if self._closed:
                 world.stop()

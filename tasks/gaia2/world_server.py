@@ -591,6 +591,17 @@ class WorldSession:
         with self.lock:
             return self._info()
 
+    def state(self) -> dict[str, Any]:
+        """ARE's own dumps of the loaded scenario: its apps' state and its event log (a warm world's next
+        scenario is checked against a fresh world's with these)."""
+        with self.lock:
+            if self.env is None:
+                raise ProtocolError(404, "no scenario is loaded")
+            return {
+                "apps": json.loads(self.env.apps_state_json())["apps"],
+                "event_log": json.loads(self.env.event_log_json())["event_log"],
+            }
+
     def _info(self) -> dict[str, Any]:
         if self.scenario is None:
             raise ProtocolError(404, "no scenario is loaded")
@@ -1196,6 +1207,7 @@ class Handler(BaseHTTPRequestHandler):
         routes: dict[tuple[str, str], Callable[[dict[str, Any]], dict[str, Any]]] = {
             ("GET", "/health"): lambda _: {"status": "ok", "are_version": ARE_VERSION, "pid": os.getpid()},
             ("GET", "/scenario"): lambda _: s.info(),
+            ("GET", "/state"): lambda _: s.state(),
             ("POST", "/scenario"): s.load,
             ("GET", "/tools"): lambda _: s.list_tools(),
             ("POST", "/tools/call"): s.call_tool,

@@ -1,0 +1,115 @@
+"""What a supervisor worker keeps warm across the runs it supervises: Gaia2 world processes and an agent zygote.
+
+One `WarmWorker` lives in each supervisor process (a Ray actor: per machine locally, per worker node on a
+cluster) for the length of a campaign. Its worlds are started once, sized by the runs the worker may supervise
+at once, and each is lent to one run at a time: the run's agent reaches it through LABKUBE_WORLD_URL as it would
+a pod's sidecar. A world goes back to the pool only after the run's result is recorded and only when nothing went
+wrong with it (no world error, no failed load, an agent that exited by itself); otherwise it is stopped and the
+next run gets a fresh one. Scripted agents (oracle, noop, replay, cheat) are forked from the zygote instead of
+started as a new interpreter; model-driven agents keep a process of their own, started as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from labkube.model_ref import SCRIPTED, SCRIPTED_WITH_ARG, UnknownModel, parse_model
+from labkube.operator.agent_zygote import AgentZygote
+from labkube.run_spec import RunSpec
+from labkube.task_card import TaskFamily
+from labkube.tasks.gaia2.world_process import WorldPool, WorldProcess
+
+log = logging.getLogger(__name__)
+
+WORLDS_FOLDER = "worlds"  # under the campaign directory: the pooled worlds' logs
+
+
+def forks_agent(spec: RunSpec) -> bool:
+    """Runs whose agent needs no interpreter of its own: rg-agent on a scripted model."""
+    try:
+        provider = parse_model(spec.model).provider
+    except UnknownModel:
+        return False
+    return spec.agent == "rg-agent" and provider in SCRIPTED + SCRIPTED_WITH_ARG
+
+
+def uses_world(spec: RunSpec) -> bool:
+    return spec.family == TaskFamily.gaia2
+
+
+@dataclass
+class WorldLease:
+    world: WorldProcess
+    log_offset: int  # where this run's part of the world's log starts
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"LABKUBE_WORLD_URL": self.world.base_url, "LABKUBE_WORLD_LOG": str(self.world.log_path)}
+
+
+class WarmWorker:
+    def __init__(self) -> None:
+        self.zygote = AgentZygote()
+        self.worlds: WorldPool | None = None
+        self.slots = 1
+
+    def _pool(self, campaign_root: Path) -> WorldPool | None:
+        if self.worlds is None:
+            from labkube.tasks.gaia2 import WorldEnvError, world_python
+
+            try:
+                python = world_python()
+            except WorldEnvError:  # each run's agent says so in its own words (`labkube worlds setup`)
+                return None
+            self.worlds = WorldPool(python, max_idle=self.slots, log_dir=campaign_root / WORLDS_FOLDER)
+        return self.worlds
+
+    async def warm_up(self, slots: int, campaign_root: Path, worlds: int, fork_agents: bool) -> None:
+        """Before the first run: the zygote and `worlds` world processes (at most `slots`), started in parallel."""
+        self.slots = max(1, slots)
+        jobs = []
+        if fork_agents:
+            jobs.append(self.zygote.start())
+        pool = self._pool(campaign_root) if worlds else None
+        if pool is not None:
+            jobs.append(asyncio.to_thread(pool.prestart, min(worlds, self.slots)))
+        await asyncio.gather(*jobs)
+
+    async def lease_world(self, campaign_root: Path) -> WorldLease | None:
+        """A warm world for one run; None when there is none to give (the agent then starts its own and says why it
+        cannot)."""
+        pool = self._pool(campaign_root)
+        if pool is None:
+            return None
+        try:
+            world = await asyncio.to_thread(pool.acquire)
+        except Exception as exc:  # a world that would not start: the run's agent meets the same and reports it
+            log.warning("no warm world: %s", exc)
+            return None
+        try:
+            offset = world.log_path.stat().st_size
+        except OSError:
+            offset = 0
+        return WorldLease(world, offset)
+
+    def return_world(self, lease: WorldLease, run_logs: Path, healthy: bool) -> None:
+        """The run's part of the world's log goes to its `logs/world.log`; the world back to the pool if healthy."""
+        with contextlib.suppress(OSError):
+            with lease.world.log_path.open("rb") as src:
+                src.seek(lease.log_offset)
+                part = src.read()
+            if part:
+                run_logs.mkdir(parents=True, exist_ok=True)
+                with (run_logs / "world.log").open("ab") as dst:
+                    dst.write(part)
+        assert self.worlds is not None
+        self.worlds.release(lease.world, healthy)
+
+    async def close(self) -> None:
+        if self.worlds is not None:
+            await asyncio.to_thread(self.worlds.close)
+        await self.zygote.close()

@@ -1,0 +1,173 @@
+"""What a supervisor worker keeps warm (issue #26 items 1-2): pooled Gaia2 worlds and the agent zygote.
+
+Real parts throughout: ARE world processes, the supervisor (`supervise_run`, as a Ray actor runs it) with its
+`WarmWorker`, the zygote process and the `labkube agent` it forks, scripted models.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from labkube.operator.supervisor import supervise_run
+from labkube.operator.warm import WarmWorker
+from labkube.run_spec import RunSpec, make_run_id
+from labkube.store import write_model
+from labkube.task_card import TaskFamily
+from labkube.tasks import resolve_tasks
+from labkube.tasks.gaia2 import WorldPool, load_scenario, setup_world_env, world_python
+
+pytestmark = pytest.mark.gaia2
+
+
+@pytest.fixture(scope="module")
+def are_python() -> Path:
+    setup_world_env()
+    return world_python()
+
+
+def source(name: str) -> str:
+    return load_scenario(f"gaia2/{name}").source
+
+
+async def oracle_state(client, name: str, seed: int) -> dict:
+    await client.load_scenario(source(name), seed=seed, oracle=True)
+    verdict = await client.run_oracle()
+    assert verdict.success, verdict.rationale
+    return await client.state()
+
+
+async def test_a_warm_world_serves_the_next_scenario_as_a_fresh_world_would(are_python: Path) -> None:
+    """Scenario A then B in one world process: B's apps and event log equal B's in a fresh process."""
+    with WorldPool(are_python, max_idle=1) as pool:
+        with pool.world() as warm:
+            async with warm.client() as client:
+                a = await oracle_state(client, "adaptability_lunch_reschedule", seed=3)
+                after_a = await oracle_state(client, "execution_budget_email", seed=1)
+        with pool.world() as again:
+            assert again is warm and pool.started == 1  # a healthy world goes back to the pool
+    with WorldPool(are_python, max_idle=1) as other, other.world() as fresh:
+        async with fresh.client() as client:
+            alone = await oracle_state(client, "execution_budget_email", seed=1)
+    assert after_a["event_log"]["past_events"] and after_a["apps"]
+    assert comparable(after_a) == comparable(alone)
+    assert comparable(a) != comparable(alone)  # the dumps tell scenarios apart: the comparison above could fail
+
+
+ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|\b[0-9a-f]{32}\b")
+
+
+def comparable(dump: dict) -> object:
+    """A state dump without what differs between two fresh worlds too: ARE's random ids (uuid4; each becomes its
+    order of first appearance, so what refers to what is kept) and the sub-second wall jitter of simulated times."""
+    ids: dict[str, str] = {}
+
+    def walk(value: object) -> object:
+        if isinstance(value, dict):
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        if isinstance(value, float):
+            return round(value, 1)
+        if isinstance(value, str):
+            return ID.sub(lambda m: ids.setdefault(m.group(0), f"<id {len(ids)}>"), value)
+        return value
+
+    return walk(dump)
+
+
+def gaia2_run(root: Path, scenario: str, seed: int = 0) -> Path:
+    (card,) = resolve_tasks(scenario)
+    run = RunSpec(
+        run_id=make_run_id(card.ref, "oracle", seed),
+        campaign="warm",
+        task=card.ref,
+        task_path=card.path,
+        model="oracle",
+        seed=seed,
+        family=TaskFamily.gaia2,
+    )
+    run_dir = root / "runs" / run.run_id
+    write_model(run_dir / "run.json", run)
+    return run_dir
+
+
+async def test_pooled_worlds_are_reused_and_one_that_failed_a_load_is_replaced(are_python: Path, tmp_path) -> None:
+    broken = tmp_path / "broken.json"
+    scenario = json.loads(Path(source("time_door_code")).read_text())
+    scenario["apps"][-1]["class_name"] = "NoSuchAppClass"  # ARE's importer refuses it: the load fails (422)
+    broken.write_text(json.dumps(scenario))
+    warm = WarmWorker()
+    await warm.warm_up(1, tmp_path, worlds=1, fork_agents=True)
+    try:
+        pool = warm.worlds
+        assert pool is not None and pool.started == 1
+        first = await supervise_run(str(gaia2_run(tmp_path, "gaia2/time_door_code")), warm=warm)
+        second = await supervise_run(str(gaia2_run(tmp_path, "gaia2/search_pediatrician_message")), warm=warm)
+        assert first.score == 1.0 and second.score == 1.0
+        assert pool.started == 1, "the second run reused the first run's world"
+        failed = await supervise_run(str(gaia2_run(tmp_path, str(broken))), warm=warm)
+        assert failed.stop_reason is not None and failed.stop_reason.value == "world_error", failed.error
+        after = await supervise_run(str(gaia2_run(tmp_path, "gaia2/time_door_code", seed=1)), warm=warm)
+        assert after.score == 1.0
+        assert pool.started == 2, "the world whose scenario failed to load was replaced"
+        run_log = tmp_path / "runs" / after.run_id / "logs" / "world.log"
+        assert run_log.exists(), "the run's part of the world log is in its own logs"
+    finally:
+        await warm.close()
+
+
+def gaia_question(root: Path, task_id: str, commands: list[str], answer: str) -> Path:
+    """A GAIA run whose scripted model runs `commands` in bash, then answers."""
+    data = root / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    rows = [{"task_id": t, "Question": "What is 2+2?", "Level": 1, "Final answer": "4", "file_name": ""} for t in "ab"]
+    (data / "metadata.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (card,) = resolve_tasks(f"{data}#{task_id}")
+    calls = [{"name": "bash", "arguments": {"command": c}} for c in commands]
+    calls.append({"name": "end_task", "arguments": {"summary": f"FINAL ANSWER: {answer}"}})
+    plan = root / f"{task_id}.jsonl"
+    plan.write_text("".join(json.dumps({"type": "model_call", "message": {"tool_calls": [c]}}) + "\n" for c in calls))
+    model = f"replay:{plan}"
+    run = RunSpec(
+        run_id=make_run_id(card.ref, model, 0),
+        campaign="warm",
+        task=card.ref,
+        task_path=card.path,
+        task_id=task_id,
+        model=model,
+        seed=0,
+        family=TaskFamily.gaia,
+    )
+    run_dir = root / "runs" / run.run_id
+    write_model(run_dir / "run.json", run)
+    return run_dir
+
+
+async def test_a_forked_agent_that_crashes_ends_only_its_own_run(tmp_path: Path) -> None:
+    """Two runs forked from one zygote at once: one agent is killed (SIGKILL, by its own command) on every attempt;
+    the other finishes, the zygote lives on and serves the next run."""
+    warm = WarmWorker()
+    await warm.warm_up(2, tmp_path, worlds=0, fork_agents=True)
+    try:
+        zygote = warm.zygote.pid
+        assert zygote is not None
+        crash = gaia_question(tmp_path / "crash", "a", ["kill -9 $PPID"], "4")
+        calm = gaia_question(tmp_path / "calm", "b", ["sleep 1", "echo $PPID > agent.pid"], "4")
+        crashed, finished = await asyncio.gather(
+            supervise_run(str(crash), warm=warm), supervise_run(str(calm), warm=warm)
+        )
+        assert crashed.stop_reason is not None and crashed.stop_reason.value == "killed", crashed.error
+        assert finished.score == 1.0 and finished.status.value == "Finished"
+        agent_pid = int((calm / "workspace" / "agent.pid").read_text())
+        assert agent_pid not in (os.getpid(), zygote), "the agent was a process of its own"
+        assert warm.zygote.pid == zygote, "the zygote survived the crash"
+        again = await supervise_run(str(gaia_question(tmp_path / "again", "b", [], "4")), warm=warm)
+        assert again.score == 1.0 and warm.zygote.pid == zygote
+    finally:
+        await warm.close()
