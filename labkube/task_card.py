@@ -80,7 +80,11 @@ class Resources(BaseModel):
         default=None, gt=0, description="Size of /dev/shm in pods (data loaders, NCCL); default: half of memory_gb."
     )
     disk_gb: float | None = Field(
-        default=None, gt=0, description="Ephemeral storage a pod may use (requests = limits); default: the chart's."
+        default=None,
+        gt=0,
+        description="Disk the run needs: on a cluster, the size of its own claim (claim-per-run mode; the pod's "
+        "ephemeral storage stays the chart's), else the ephemeral storage its pod may use (requests = limits); "
+        "default: the chart's.",
     )
     runtime_class: str | None = Field(
         default=None, description="RuntimeClass of the run's pod (gVisor, Kata), if the chart allows it."

@@ -3,7 +3,8 @@
 The operator creates pods with its own service account, so every pod field a tenant can set is a
 right the tenant borrows from the operator (a confused deputy). The chart's `tenancy` values list
 what a Campaign, and the tasks it names, may choose: priority classes, node pools (node selector
-values), toleration keys, images, runtime classes and Kueue queues. Anything else is refused before a
+values), toleration keys, images, runtime classes, Kueue queues, and the keys of pod labels and annotations
+(labkube's own, `app.kubernetes.io/*` and `labkube.*`, never). Anything else is refused before a
 Run or pod exists, with one message per field naming the allowed values. The chart's own `runs.*`
 settings are always allowed: the cluster operator chose them.
 
@@ -16,10 +17,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from labkube.operator.k8s_models import PodOptions, RunResourceSpec, Tenancy
+from labkube.operator.k8s_models import PodOptions, RunResourceSpec, Tenancy, labkube_key
+from labkube.operator.pod_manifest import LABEL_QUEUE
 from labkube.store import read_model, write_model
 
-__all__ = ["admission_violations", "admitted_path", "read_admitted", "write_admitted"]
+__all__ = ["admission_violations", "admitted_path", "key_allowed", "read_admitted", "write_admitted"]
 
 
 def _allowed(values: Iterable[str]) -> str:
@@ -30,6 +32,14 @@ def _allowed(values: Iterable[str]) -> str:
 def image_allowed(image: str, allowed: Iterable[str]) -> bool:
     """An exact reference, or a prefix ending in `/` or `:` (a registry or repository)."""
     return any(image == a or (a.endswith(("/", ":")) and image.startswith(a)) for a in allowed)
+
+
+OWN_KEYS = f"app.kubernetes.io/*, labkube.*, and {LABEL_QUEUE}, which pod.queueName sets"
+
+
+def key_allowed(key: str, allowed: Iterable[str]) -> bool:
+    """An exact label or annotation key, or a prefix ending in `/` (every key of a DNS prefix) or `*`."""
+    return any(key == a or (a.endswith(("/", "*")) and key.startswith(a.rstrip("*"))) for a in allowed)
 
 
 def admission_violations(runs: list[RunResourceSpec], options: PodOptions, tenancy: Tenancy) -> list[str]:
@@ -71,6 +81,15 @@ def admission_violations(runs: list[RunResourceSpec], options: PodOptions, tenan
                 refuse(f"{where}: {runtime!r} is not allowed ({_allowed(tenancy.runtime_classes)})")
         if res.image and res.image != options.default_image and not image_allowed(res.image, tenancy.images):
             refuse(f"task {run.task}: resources.image {res.image!r} is not allowed ({_allowed(tenancy.images)})")
+        for field, asked, chart, allowed in (
+            ("labels", pod.labels, options.labels, tenancy.pod_labels),
+            ("annotations", pod.annotations, options.annotations, tenancy.pod_annotations),
+        ):
+            for key, value in sorted(asked.items()):
+                if labkube_key(key) or (field == "labels" and key == LABEL_QUEUE):
+                    refuse(f"spec.pod.{field}: {key} is set by labkube itself ({OWN_KEYS}); remove it")
+                elif chart.get(key) != value and not key_allowed(key, allowed):
+                    refuse(f"spec.pod.{field}: key {key!r} is not allowed ({_allowed(allowed)})")
     return found
 
 

@@ -15,7 +15,8 @@ The Ray campaign driver (`driver.drive`) hands every supervisor the run director
    grading pod (`k8s_grading`: `labkube agent --finalize REASON` in a pod of its own, without keys) whose
    termination message is the run's result; anything else (an eviction, a preemption, a deletion, an OOM
    kill) is replaced by a pod that resumes from the checkpoint (`--resume`), at most `max_attempts` crashes;
-5. the result goes into the Run's status first, and only then are the run's ended pods deleted.
+5. the result goes into the Run's status first, and only then are the run's ended pods deleted (and, with
+   `runs.workspace.keepFinished: false`, the claim the operator made for the run).
 
 Problems that keep a pod from starting become conditions with the kubelet's or scheduler's reason:
 `Scheduled=False` (`Unschedulable`, `SchedulingGated` for Kueue), `ImagePulled=False`
@@ -83,6 +84,7 @@ from labkube.operator.pod_manifest import (
     LABEL_RUN,
     build_pod_manifest,
     build_pvc_manifest,
+    pvc_name,
 )
 from labkube.result import RunResult
 from labkube.run_spec import RunPhase
@@ -768,6 +770,39 @@ class PodRun:
             if _status_of(exc) != 404:
                 raise
 
+    async def release_claim(self) -> None:
+        """Delete the run's own claim once its result is recorded (`runs.workspace.keepFinished: false`): only in
+        claim-per-run mode, only the claim the operator made for this Run (owned by it; the DELETE is conditional on
+        the claim's uid), and only once every pod of the run has ended (its grading pod, whose report the result
+        is). The workspace, transcript and checkpoints go with it; the result stays in the Run's status."""
+        if not self.backend.runs.workspace.claim_per_run:
+            return
+        await self.watcher.synced.wait()
+        if live := [p["metadata"]["name"] for p in self.watcher.of_run(self.name) if not _ended(p)]:
+            log.warning("run %s: claim kept: pod(s) %s of the run still running", self.name, ", ".join(live))
+            return
+        name = pvc_name(self.name)
+        try:
+            resp = await self.api(
+                self.session.core.read_namespaced_persistent_volume_claim, name, self.namespace, _preload_content=False
+            )
+            claim = raw_json(resp)
+            run_uid = (self.owner.get("metadata") or {}).get("uid")
+            owners = claim["metadata"].get("ownerReferences") or []
+            if not any(o.get("kind") == "Run" and o.get("uid") == run_uid for o in owners):
+                log.warning("run %s: claim %s is not the one the operator made for this Run; kept", self.name, name)
+                return
+            await self.api(
+                self.session.core.delete_namespaced_persistent_volume_claim,
+                name,
+                self.namespace,
+                body={"preconditions": {"uid": claim["metadata"]["uid"]}},
+                _preload_content=False,
+            )
+        except Exception as exc:
+            if _status_of(exc) != 404:  # gone already is the aim
+                log.warning("run %s: deleting its claim %s: %s", self.name, name, str(exc).splitlines()[0][:200])
+
     async def ensure_claim(self) -> None:
         pvc = build_pvc_manifest(self.resource, self.backend.runs, owner=self.owner)
         if pvc is None:
@@ -894,8 +929,11 @@ class PodRun:
             self.condition("Measured", False, result.outcome.value, last[0][-300:])
         self.status.report = report_of(result)
         await self.publish()
-        if self.backend.delete_finished_pods and self.published == self._status_body():
+        recorded = self.published == self._status_body()
+        if self.backend.delete_finished_pods and recorded:
             await self.delete_pods()
+        if recorded and not self.backend.runs.workspace.keep_finished:
+            await self.release_claim()
         return result
 
     async def fail(self, message: str) -> RunResult:
@@ -1105,6 +1143,10 @@ class PodRun:
             status=RunPhase.pending,
             error=f"run {self.name}: {why}",
         )
+
+
+def _ended(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") in _TERMINAL
 
 
 def unseen_deletion(end: PodEnd) -> bool:

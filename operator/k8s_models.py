@@ -51,6 +51,8 @@ __all__ = [
     "Toleration",
     "WorkspaceOptions",
     "WorldOptions",
+    "check_pod_metadata",
+    "labkube_key",
     "set_condition",
 ]
 
@@ -75,6 +77,31 @@ _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 _QUANTITY = r"^[0-9]+(\.[0-9]+)?([EPTGMK]i?|[mk])?$"
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+# A label or annotation key: an optional DNS-subdomain prefix and `/`, then a name of at most 63 characters.
+_META_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+
+def labkube_key(key: str) -> bool:
+    """Whether a label or annotation key is labkube's own on a run pod (`app.kubernetes.io/*`, `labkube.*`): what
+    selects, owns and describes its pods, which nobody else may set."""
+    prefix = key.partition("/")[0] if "/" in key else ""
+    return prefix == "app.kubernetes.io" or prefix.startswith("labkube.")
+
+
+def check_pod_metadata(labels: dict[str, str], annotations: dict[str, str], where: str) -> None:
+    """Raise ValueError (naming `where`) for a label or annotation Kubernetes would refuse."""
+    for key, value in labels.items():
+        if not _META_KEY.match(key):
+            raise ValueError(f"{where} labels: {key!r} is not a valid label key ([prefix/]name, name <= 63 characters)")
+        if not _LABEL_VALUE.match(value):
+            raise ValueError(
+                f"{where} labels: {key}={value!r} is not a valid label value (<= 63 letters, digits, '-', '_', '.')"
+            )
+    for key in annotations:
+        if not _META_KEY.match(key):
+            raise ValueError(f"{where} annotations: {key!r} is not a valid annotation key ([prefix/]name)")
 
 
 # -- the Kubernetes-only block of a spec ------------------------------------------------------
@@ -113,6 +140,16 @@ class PodSettings(BaseModel):
     runtime_class_name: str | None = Field(
         default=None, pattern=_DNS_SUBDOMAIN, description="RuntimeClass of the run pods (gVisor, Kata)."
     )
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="Added to the run pods' labels; labkube's own (app.kubernetes.io/*, labkube.*) cannot be set.",
+    )
+    annotations: dict[str, str] = Field(default_factory=dict, description="Added to the run pods' annotations.")
+
+    @model_validator(mode="after")
+    def _valid_pod_metadata(self) -> PodSettings:
+        check_pod_metadata(self.labels, self.annotations, "pod")
+        return self
 
 
 # -- specs -------------------------------------------------------------------------------------
@@ -320,6 +357,11 @@ class WorkspaceOptions(BaseModel):
     size: str = Field(default="100Gi", pattern=_QUANTITY, description="pvc mode: size of each run's claim.")
     storage_class_name: str | None = Field(default=None, description="pvc mode: storage class of each run's claim.")
     access_modes: list[AccessMode] = Field(default_factory=lambda: list[AccessMode](["ReadWriteOnce"]), min_length=1)
+    keep_finished: bool = Field(
+        default=True,
+        description="pvc mode, claim per run: keep a finished run's claim (its workspace, transcript, checkpoints) "
+        "until its Campaign is deleted; false deletes it once the run's result is in its Run status.",
+    )
 
     @property
     def claim_per_run(self) -> bool:
@@ -404,6 +446,12 @@ class PodOptions(PodSettings):
     ephemeral_storage: str = Field(
         default="20Gi", pattern=_QUANTITY, description="Ephemeral storage of the agent (requests = limits)."
     )
+    cpu_limits: bool = Field(
+        default=False,
+        description="Give every container of a run pod (and of its grading pod) a CPU limit: the agent's is the "
+        "task's cpus, as requested; the sidecars' and init containers' small fixed ones. For namespaces whose "
+        "ResourceQuota counts limits.cpu (it refuses pods without one). Off: no CPU limit, as CPU is shared.",
+    )
     affinity: dict[str, Any] = Field(default_factory=dict, description="Affinity of every run pod, as in a Pod spec.")
     topology_spread_constraints: list[dict[str, Any]] = Field(
         default_factory=list, description="Topology spread of run pods, as in a Pod spec (labels of run pods apply)."
@@ -422,6 +470,18 @@ class PodOptions(PodSettings):
                     f"runs.env: {name} looks like a secret; put it in a Secret and list it in runs.apiKeys"
                 )
         return env
+
+    @model_validator(mode="after")
+    def _no_labkube_keys(self) -> PodOptions:
+        for value, keys in (("podLabels", self.labels), ("podAnnotations", self.annotations)):
+            for key in keys:
+                if labkube_key(key):
+                    raise ValueError(
+                        f"runs.{value}: {key} is labkube's own (app.kubernetes.io/*, labkube.*); remove it"
+                    )
+        if _QUEUE_LABEL in self.labels:
+            raise ValueError(f"runs.podLabels: {_QUEUE_LABEL} is set from runs.queueName; set that instead")
+        return self
 
     @model_validator(mode="after")
     def _distinct_env(self) -> PodOptions:
@@ -459,6 +519,15 @@ class Tenancy(BaseModel):
     )
     runtime_classes: list[str] = Field(default_factory=list, description="RuntimeClasses a Campaign or task may set.")
     queue_names: list[str] = Field(default_factory=list, description="Kueue LocalQueues a Campaign may set.")
+    pod_labels: list[str] = Field(
+        default_factory=list,
+        description="Label keys a Campaign's pod.labels may set: exact keys, or prefixes ending in `/` or `*`.",
+    )
+    pod_annotations: list[str] = Field(
+        default_factory=list,
+        description="Annotation keys a Campaign's pod.annotations may set: exact keys, or prefixes ending in `/` "
+        "or `*`.",
+    )
 
 
 class OperatorConfig(BaseModel):

@@ -8,10 +8,15 @@ Anatomy of a run pod (docs/kubernetes.md, "The run pod"):
 - init container `world` (gaia2 runs only): the Gaia2 world as a native sidecar
   (`restartPolicy: Always`, Kubernetes >= 1.29), started before the agent and stopped after it;
 - container `agent`: `labkube agent --run-dir /runs/<run-id> [--resume]`, with the task's CPU,
-  memory, ephemeral storage and GPUs (requests equal limits for GPUs, memory and storage), API keys
+  memory, ephemeral storage and GPUs (requests equal limits for GPUs, memory and storage; for CPU too with
+  `runs.cpuLimits`, which gives every other container a CPU limit as well), API keys
   from Secrets by reference, `/dev/shm` sized from the task, and the Prometheus port `metrics`. Its
   termination message is the run's result (`labkube.result.termination_report`): how the operator
   learns the outcome without sharing the pod's volume.
+
+Labels and annotations: the chart's (`runs.podLabels`, `runs.podAnnotations`), then the Campaign's `pod.labels` and
+`pod.annotations` (admitted within `tenancy`), then labkube's own (`app.kubernetes.io/*`, `labkube.dev/*`), which
+neither can replace. The service-mesh opt-out annotations come first, so the chart may turn injection back on.
 
 Only the run's own directory is mounted, at `/runs/<run-id>`: an emptyDir, the run's own claim, or
 the folder `<namespace>/<campaign>/runs/<run-id>` of the namespace's shared claim (a `subPath`), so
@@ -95,6 +100,30 @@ def _memory(gb: float) -> str:
     return f"{round(gb * 1024)}Mi"
 
 
+def _gib(gb: float) -> str:
+    return f"{int(gb)}Gi" if float(gb).is_integer() else _memory(gb)
+
+
+# CPU limits of the containers that are not the agent's (`runs.cpuLimits`): a ResourceQuota on limits.cpu counts
+# every container, init containers and sidecars included, and refuses a pod where one has none.
+PREPARE_CPU = {"requests": "50m", "limits": "250m"}
+GATEWAY_CPU = {"requests": "100m", "limits": "500m"}
+WORLD_CPU = {"requests": "100m", "limits": "1"}
+
+
+def _limited(resources: dict[str, Any], cpu: Mapping[str, str], on: bool) -> dict[str, Any]:
+    """`resources` with a CPU limit when `on` (and a request, so the limit does not become the request too): the
+    container's own if it has one, else `cpu`'s; a request without a limit gets it as its limit."""
+    if not on:
+        return resources
+    requests = dict(resources.get("requests") or {})
+    limits = dict(resources.get("limits") or {})
+    if "cpu" not in limits:
+        limits["cpu"] = str(requests["cpu"]) if "cpu" in requests else cpu["limits"]
+    requests.setdefault("cpu", cpu["requests"])
+    return {**resources, "requests": requests, "limits": limits}
+
+
 def _run_meta(owner: Mapping[str, Any]) -> tuple[str, str | None]:
     meta = owner.get("metadata", {})
     if owner.get("kind") != "Run" or not meta.get("name"):
@@ -142,7 +171,8 @@ def build_pod_manifest(
     name, namespace = _run_meta(owner)
     run_dir = f"{RUNS_MOUNT}/{run.run_id}"
     image = run.resources.image or options.default_image
-    labels = {**run_labels(run.campaign, name), LABEL_ATTEMPT: str(attempt)}
+    # The chart's, then the campaign's (admitted within tenancy), then labkube's own, which nothing overrides.
+    labels = {**options.labels, **run.pod.labels, **run_labels(run.campaign, name), LABEL_ATTEMPT: str(attempt)}
     queue = run.pod.queue_name or options.queue_name
     if queue:
         labels[LABEL_QUEUE] = queue
@@ -188,13 +218,17 @@ def build_pod_manifest(
         if options.api_keys:  # the agent moves these to stdin and re-execs without them (see `labkube agent`)
             env.append({"name": "LABKUBE_STDIN_VARS", "value": ",".join(sorted({k.env for k in options.api_keys}))})
 
-    storage = _memory(run.resources.disk_gb) if run.resources.disk_gb else options.ephemeral_storage
+    # A claim of its own holds the run's files and takes the task's disk_gb; else the pod's own storage does.
+    sized_claim = options.workspace.claim_per_run and run.resources.disk_gb
+    storage = _memory(run.resources.disk_gb) if run.resources.disk_gb and not sized_claim else options.ephemeral_storage
     requests = {
         "cpu": _cpu(run.resources.cpus),
         "memory": _memory(run.resources.memory_gb),
         "ephemeral-storage": storage,
     }
     limits = {"memory": requests["memory"], "ephemeral-storage": storage}
+    if options.cpu_limits:
+        limits["cpu"] = requests["cpu"]
     if run.gpus:
         requests[options.gpu_resource_name] = limits[options.gpu_resource_name] = str(run.gpus)
 
@@ -275,6 +309,8 @@ def build_pod_manifest(
         "labels": labels,
         "annotations": {
             **MESH_OPT_OUT,
+            **options.annotations,
+            **run.pod.annotations,
             f"{ANNOTATION_PREFIX}task": run.task,
             f"{ANNOTATION_PREFIX}model": run.model,
             f"{ANNOTATION_PREFIX}seed": str(run.seed),
@@ -294,7 +330,8 @@ def build_pvc_manifest(run: RunResourceSpec, options: PodOptions, *, owner: Mapp
     if not ws.claim_per_run:
         return None
     name, namespace = _run_meta(owner)
-    spec: dict[str, Any] = {"accessModes": list(ws.access_modes), "resources": {"requests": {"storage": ws.size}}}
+    size = _gib(run.resources.disk_gb) if run.resources.disk_gb else ws.size
+    spec: dict[str, Any] = {"accessModes": list(ws.access_modes), "resources": {"requests": {"storage": size}}}
     if ws.storage_class_name:
         spec["storageClassName"] = ws.storage_class_name
     metadata: dict[str, Any] = {
@@ -356,7 +393,11 @@ def _prepare_container(
             {"name": "LABKUBE_RUN_DIR", "value": run_dir},
             {"name": "LABKUBE_RUN_SPEC", "value": run.to_run_spec().model_dump_json()},
         ],
-        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}},
+        "resources": _limited(
+            {"requests": {"cpu": PREPARE_CPU["requests"], "memory": "64Mi"}, "limits": {"memory": "128Mi"}},
+            PREPARE_CPU,
+            options.cpu_limits,
+        ),
         "securityContext": _secure(True),
         "volumeMounts": [_runs_mount(run, options, namespace)],
     }
@@ -392,7 +433,11 @@ def _task_env_container(
             # runs.env (a mirror's PIP_INDEX_URL or HF_ENDPOINT, say) reaches setup too, as it does the agent
             *({"name": k, "value": v} for k, v in sorted(options.env.items())),
         ],
-        "resources": {"requests": {"cpu": _cpu(run.resources.cpus), "memory": _memory(run.resources.memory_gb)}},
+        "resources": _limited(
+            {"requests": {"cpu": _cpu(run.resources.cpus), "memory": _memory(run.resources.memory_gb)}},
+            PREPARE_CPU,
+            options.cpu_limits,
+        ),
         "securityContext": _secure(options.read_only_root_filesystem),
         "volumeMounts": [
             {"name": "task-envs", "mountPath": TASK_ENVS_MOUNT},
@@ -443,7 +488,11 @@ def _gateway_container(
             "periodSeconds": 1,
             "failureThreshold": 60,
         },
-        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
+        "resources": _limited(
+            {"requests": {"cpu": GATEWAY_CPU["requests"], "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
+            GATEWAY_CPU,
+            options.cpu_limits,
+        ),
         "securityContext": _secure(True),
         "volumeMounts": [
             _runs_mount(run, options, namespace),
@@ -484,6 +533,7 @@ def _world_container(run: RunResourceSpec, options: PodOptions, run_dir: str, na
         container["command"] = list(world.command)
     if world.args:
         container["args"] = list(world.args)
-    if world.resources:
-        container["resources"] = {k: dict(v) for k, v in world.resources.items()}
+    resources = _limited({k: dict(v) for k, v in world.resources.items()}, WORLD_CPU, options.cpu_limits)
+    if resources:
+        container["resources"] = resources
     return container

@@ -164,6 +164,8 @@ def test_every_tenancy_field_is_refused_outside_its_list_and_allowed_inside() ->
             node_selector={"pool": "h100"},
             tolerations=[{"key": "dedicated", "operator": "Exists"}],
             runtime_class_name="kata",
+            labels={"team": "nlp"},
+            annotations={"example.com/owner": "me"},
         ),
         image="evil.example/x:1",
         runtime_class="gvisor",
@@ -180,6 +182,8 @@ def test_every_tenancy_field_is_refused_outside_its_list_and_allowed_inside() ->
         "spec.pod.runtimeClassName",
         "task t",  # resources.runtime_class
         "task t",  # resources.image
+        "spec.pod.labels",
+        "spec.pod.annotations",
     ]
     assert all("none allowed (chart value tenancy)" in line for line in refused)
     tenancy = Tenancy(
@@ -189,6 +193,8 @@ def test_every_tenancy_field_is_refused_outside_its_list_and_allowed_inside() ->
         toleration_keys=["dedicated"],
         runtime_classes=["kata", "gvisor"],
         images=["evil.example/"],
+        pod_labels=["team"],
+        pod_annotations=["example.com/"],
     )
     assert admission_violations([asking], OPTIONS, tenancy) == []
     # What the chart itself sets is always allowed.
@@ -369,3 +375,33 @@ async def test_api_turns_let_status_patches_go_before_pod_creations() -> None:
     await asyncio.gather(*waiters)
     assert order == ["status-a", "status-b", "create-a", "create-b"]
     assert turns.free == 1 and not turns.waiting
+
+
+def test_pod_label_and_annotation_keys_are_allowed_by_exact_key_or_prefix_and_labkubes_own_never() -> None:
+    tenancy = Tenancy(pod_labels=["team", "cost.example.com/*"], pod_annotations=["example.com/", "prometheus.io/*"])
+    allowed = run(
+        PodSettings(
+            labels={"team": "nlp", "cost.example.com/center": "42"},
+            annotations={"example.com/owner": "me", "prometheus.io/scrape": "true"},
+        )
+    )
+    assert admission_violations([allowed], OPTIONS, tenancy) == []
+    too_wide = run(PodSettings(labels={"teams": "x"}, annotations={"example.community/x": "1"}))
+    assert [line.split(":", 1)[0] for line in admission_violations([too_wide], OPTIONS, tenancy)] == [
+        "spec.pod.labels",
+        "spec.pod.annotations",
+    ]
+    # labkube's own keys are refused even when tenancy would allow them (a selector, an owner, the queue label)
+    everything = Tenancy(pod_labels=["app.kubernetes.io/", "labkube.dev/", "kueue.x-k8s.io/*"], pod_annotations=["*"])
+    own = run(
+        PodSettings(
+            labels={"app.kubernetes.io/component": "x", "labkube.dev/run": "other", "kueue.x-k8s.io/queue-name": "q"},
+            annotations={"labkube.dev/run-id": "forged"},
+        )
+    )
+    refused = admission_violations([own], OPTIONS, everything)
+    assert len(refused) == 4 and all("is set by labkube itself" in line for line in refused), refused
+    # what the chart itself sets (runs.podLabels) is allowed with the chart's value
+    chart = PodOptions(default_image="i", labels={"team": "vision"})
+    assert admission_violations([run(PodSettings(labels={"team": "vision"}))], chart, Tenancy()) == []
+    assert admission_violations([run(PodSettings(labels={"team": "nlp"}))], chart, Tenancy())

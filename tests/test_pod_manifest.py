@@ -384,8 +384,95 @@ def test_ephemeral_storage_is_requested_and_limited() -> None:
     agent = containers(build_pod_manifest(make_run(), make_options(), owner=OWNER))["agent"]["resources"]
     assert agent["requests"]["ephemeral-storage"] == agent["limits"]["ephemeral-storage"] == "20Gi"
     big = make_run().model_copy(update={"resources": Resources(cpus=4, memory_gb=16, disk_gb=100)})
-    agent = containers(build_pod_manifest(big, make_options(), owner=OWNER))["agent"]["resources"]
-    assert agent["limits"]["ephemeral-storage"] == "102400Mi"
+    shared = make_options(workspace=WORKSPACES["pvc-shared"])
+    agent = containers(build_pod_manifest(big, shared, owner=OWNER))["agent"]["resources"]
+    assert agent["limits"]["ephemeral-storage"] == "102400Mi"  # no claim of its own: the pod's storage
+
+
+def test_a_claim_per_run_is_sized_from_the_tasks_disk_gb() -> None:
+    """The run's files live on its claim, so the task's disk_gb sizes the claim (and not the node's ephemeral
+    storage too, which would reserve the same disk twice); without one, runs.workspace.size."""
+    options = make_options(workspace=WORKSPACES["pvc"])
+    big = make_run().model_copy(update={"resources": Resources(cpus=4, memory_gb=16, disk_gb=500)})
+    odd = make_run().model_copy(update={"resources": Resources(cpus=4, memory_gb=16, disk_gb=1.5)})
+    claims = {name: build_pvc_manifest(run, options, owner=OWNER) for name, run in [("big", big), ("odd", odd)]}
+    assert {name: c["spec"]["resources"]["requests"]["storage"] for name, c in claims.items() if c} == {
+        "big": "500Gi",
+        "odd": "1536Mi",
+    }
+    plain = build_pvc_manifest(make_run(), options, owner=OWNER)
+    assert plain is not None and plain["spec"]["resources"]["requests"]["storage"] == "200Gi"
+    agent = containers(build_pod_manifest(big, options, owner=OWNER))["agent"]["resources"]
+    assert agent["limits"]["ephemeral-storage"] == "20Gi"
+    for claim in claims.values():
+        kubernetes_validate.validate(claim, "1.33", strict=True)
+
+
+def millicores(quantity: str) -> float:
+    return float(quantity[:-1]) if quantity.endswith("m") else float(quantity) * 1000
+
+
+def test_cpu_limits_are_off_by_default_and_cover_every_container_when_on() -> None:
+    """A ResourceQuota on limits.cpu refuses a pod in which any container, init containers and native sidecars
+    included, has no CPU limit: with runs.cpuLimits every container of the run pod and of its grading pod has one
+    (the agent's equal to its request, the task's cpus), and none asks for less than it requests."""
+    from labkube.budgets import StopReason
+    from labkube.operator.k8s_grading import grading_manifest
+    from labkube.run_spec import CLI_AGENTS
+
+    run = make_run(family=TaskFamily.gaia2).model_copy(update={"agent": sorted(CLI_AGENTS)[0]})
+    plain = build_pod_manifest(run, make_options(), owner=OWNER)
+    assert not [c for c in containers(plain).values() if "cpu" in (c.get("resources") or {}).get("limits", {})]
+
+    world = WorldOptions(image="w", resources={"requests": {"cpu": "2", "memory": "1Gi"}})
+    for options in (make_options(cpu_limits=True), make_options(cpu_limits=True, world=world)):
+        pod = build_pod_manifest(run, options, owner=OWNER)
+        grading = grading_manifest(pod, StopReason.done, 600)
+        assert {"prepare", "world", "gateway", "agent"} <= set(containers(pod))
+        for manifest in (pod, grading):
+            check = containers(manifest)
+            for name, container in check.items():
+                resources = container.get("resources") or {}
+                limit, request = resources.get("limits", {}).get("cpu"), resources.get("requests", {}).get("cpu")
+                assert limit is not None and request is not None, (name, resources)
+                assert millicores(limit) >= millicores(request), (name, resources)  # the API refuses less
+            kubernetes_validate.validate(manifest, "1.33", strict=True)
+        agent = containers(pod)["agent"]["resources"]
+        assert agent["limits"]["cpu"] == agent["requests"]["cpu"] == "4000m"
+        assert containers(grading)["grade"]["resources"]["limits"]["cpu"] == "4000m"
+    assert containers(pod)["world"]["resources"]["limits"]["cpu"] == "2"  # its own request, as its limit
+
+
+def test_pod_labels_and_annotations_come_from_the_chart_and_the_campaign_and_never_replace_labkubes() -> None:
+    options = make_options(
+        labels={"team": "vision", "cost-center": "42"},
+        annotations={"example.com/owner": "chart", "sidecar.istio.io/inject": "true"},
+    )
+    run = make_run(pod=PodSettings(labels={"team": "nlp"}, annotations={"example.com/owner": "campaign"}))
+    pod = build_pod_manifest(run, options, owner=OWNER, attempt=1)
+    check_pod(pod)
+    labels, annotations = pod["metadata"]["labels"], pod["metadata"]["annotations"]
+    assert labels["team"] == "nlp" and labels["cost-center"] == "42"  # the campaign's wins over the chart's
+    assert {k: labels[k] for k in run_labels("cl-sweep", RUN_NAME)} == run_labels("cl-sweep", RUN_NAME)
+    assert labels["labkube.dev/attempt"] == "1"
+    assert annotations["example.com/owner"] == "campaign" and annotations["labkube.dev/run-id"] == RUN_ID
+    assert annotations["sidecar.istio.io/inject"] == "true"  # the chart may turn mesh injection back on
+    assert annotations["linkerd.io/inject"] == "disabled"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"labels": {"app.kubernetes.io/component": "agent"}}, r"runs\.podLabels: app\.kubernetes\.io/component"),
+        ({"annotations": {"labkube.dev/run-id": "x"}}, r"runs\.podAnnotations: labkube\.dev/run-id"),
+        ({"labels": {LABEL_QUEUE: "q"}}, r"runs\.queueName"),
+        ({"labels": {"team": "a b"}}, r"team='a b' is not a valid label value"),
+        ({"annotations": {"-bad": "x"}}, r"'-bad' is not a valid annotation key"),
+    ],
+)
+def test_chart_pod_labels_and_annotations_are_checked(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        make_options(**values)
 
 
 def test_runtime_class_affinity_and_spread_come_from_the_options_and_the_task() -> None:

@@ -278,3 +278,43 @@ async def test_gpu_hour_cap_stops_new_runs_and_marks_them(cluster: Cluster) -> N
     cdir = CampaignDir(cluster.campaign_dir("capped"))
     held_status = cdir.status(runs[1]["spec"]["run_id"])
     assert held_status is not None and "GPU-hour cap" in held_status.message
+
+
+@pytest.mark.parametrize("keep", [True, False], ids=["keepFinished", "releaseFinished"])
+async def test_a_finished_runs_claim_is_released_only_after_its_result_is_recorded(
+    cluster: Cluster, keep: bool
+) -> None:
+    """Claim per run with `runs.workspace.keepFinished: false`: once a run's result is in its Run status (from its
+    grading pod, which has ended), the claim the operator made for it is deleted; with the default it stays until
+    the Campaign goes. The fake API answers a DELETE whose uid precondition does not match with 409, as the real
+    one does."""
+    from conftest import RUNS
+
+    claims = ("", "v1", "persistentvolumeclaims")
+    status_at_release: dict[str, dict] = {}
+
+    def heard(type_: str, res: tuple[str, str, str], obj: dict) -> None:
+        if res == claims and type_ == "DELETED":
+            run = obj["metadata"]["ownerReferences"][0]["name"]
+            status_at_release[run] = (cluster.api.read_object(RUNS, NAMESPACE, run) or {}).get("status") or {}
+
+    cluster.api.listeners.append(heard)
+    task = tiny_task(cluster.root, "released", [WRITE, READ])
+    async with cluster.operator(workspace={"mode": "pvc", "keepFinished": keep}):
+        cluster.campaign("released", tasks=[str(task)], models=["oracle"], seeds=2, concurrency=2)
+        await eventually(lambda: phase(cluster, "released") == "Finished", 90, what="the campaign to finish")
+        runs = cluster.runs("released")
+        if not keep:
+            await eventually(lambda: len(status_at_release) == 2, 30, what="both claims to be released")
+
+    assert all(r["status"]["phase"] == "Finished" and r["status"]["score"] == pytest.approx(0.6) for r in runs)
+    left = cluster.api.objects(claims, NAMESPACE)
+    if keep:
+        assert sorted(c["metadata"]["name"] for c in left) == sorted(f"{r['metadata']['name']}-runs" for r in runs)
+        assert status_at_release == {}
+    else:
+        assert left == []
+        for run in runs:  # deleted after the result was recorded and the grading pod ended
+            status = status_at_release[run["metadata"]["name"]]
+            assert status["phase"] == "Finished" and status["report"] and status["podName"].endswith("-grade")
+        assert not [p for p in cluster.pods("released") if p["status"].get("phase") not in ("Succeeded", "Failed")]

@@ -314,7 +314,12 @@ async def test_a_campaign_asking_for_more_than_tenancy_allows_is_refused_naming_
             "greedy",
             tasks=[str(task)],
             models=["oracle"],
-            pod={"priorityClassName": "system-cluster-critical", "nodeSelector": {"pool": "h100"}},
+            pod={
+                "priorityClassName": "system-cluster-critical",
+                "nodeSelector": {"pool": "h100"},
+                "labels": {"app.kubernetes.io/component": "operator", "team": "miners"},
+                "annotations": {"sidecar.istio.io/inject": "true"},
+            },
         )
         await eventually(lambda: phase(cluster, "default", "greedy") == "Failed", 60, what="the refusal")
     ready = next(c for c in campaign(cluster, "default", "greedy")["status"]["conditions"] if c["type"] == "Ready")
@@ -323,6 +328,9 @@ async def test_a_campaign_asking_for_more_than_tenancy_allows_is_refused_naming_
     assert "spec.pod.priorityClassName: 'system-cluster-critical' is not allowed (allowed: research)" in message
     assert "spec.pod.nodeSelector: pool=h100 is not allowed (allowed: pool=a100)" in message
     assert "resources.image 'evil.example/miner:1' is not allowed (allowed: ghcr.io/labkube/)" in message
+    assert "spec.pod.labels: app.kubernetes.io/component is set by labkube itself" in message
+    assert "spec.pod.labels: key 'team' is not allowed (none allowed (chart value tenancy))" in message
+    assert "spec.pod.annotations: key 'sidecar.istio.io/inject' is not allowed" in message
     assert cluster.runs("greedy") == [] and cluster.pods("greedy") == []
 
 
