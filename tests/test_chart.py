@@ -60,9 +60,13 @@ ALL_FLAGS: dict[str, Any] = {
         "serviceAccountName": "labkube-runs",
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         "env": {"LABKUBE_WEB_SEARCH": "off"},
-        "workspace": {"mode": "pvc", "storageClassName": "fast", "size": "200Gi"},
+        "workspace": {"mode": "pvc", "storageClassName": "fast", "size": "200Gi", "keepFinished": False},
         "world": {"image": "ghcr.io/labkube/world:0.1.0", "command": ["labkube-world"], "port": 8765},
+        "cpuLimits": True,
+        "podLabels": {"team": "research"},
+        "podAnnotations": {"example.com/owner": "evals", "sidecar.istio.io/inject": "true"},
     },
+    "tenancy": {"podLabels": ["team", "cost.example.com/"], "podAnnotations": ["example.com/*"]},
 }
 
 
@@ -729,6 +733,15 @@ def test_common_labels_are_on_every_object_the_chart_renders(chart: helm_python.
         ({"operator": {"envFrom": [{"secretRefs": {"name": "s"}}]}}, "secretRefs"),
         ({"serviceMonitor": {"scrapeTimeout": "10"}}, "scrapeTimeout"),
         ({"commonLabels": {"team": "research and development"}}, "commonLabels"),
+        ({"runs": {"podLabels": {"app.kubernetes.io/component": "x"}}}, "app.kubernetes.io/component"),
+        ({"runs": {"podLabels": {"labkube.dev/run": "x"}}}, "labkube.dev/run"),
+        ({"runs": {"podLabels": {"kueue.x-k8s.io/queue-name": "q"}}}, "kueue.x-k8s.io/queue-name"),
+        ({"runs": {"podLabels": {"team": "research and development"}}}, "podLabels"),
+        ({"runs": {"podAnnotations": {"labkube.dev/run-id": "x"}}}, "labkube.dev/run-id"),
+        ({"runs": {"cpuLimits": "yes"}}, "cpuLimits"),
+        ({"runs": {"workspace": {"keepFinished": "no"}}}, "keepFinished"),
+        ({"tenancy": {"podLabels": [""]}}, "podLabels"),
+        ({"tenancy": {"podAnnotation": ["x"]}}, "podAnnotation"),
     ],
 )
 def test_values_that_violate_the_schema_are_rejected(
@@ -877,3 +890,42 @@ def test_the_real_dashboards_render_when_present() -> None:
         for key, data in doc.get("data", {}).items():
             if key.endswith(".json"):
                 json.loads(data)
+
+
+def test_run_pod_values_reach_the_config_and_every_pod_the_operator_builds(chart: helm_python.Chart) -> None:
+    """runs.podLabels/podAnnotations/cpuLimits and workspace.keepFinished, and tenancy.podLabels/podAnnotations,
+    as the operator reads them; the pod and claim it builds from them pass kubernetes-validate --strict, with a CPU
+    limit on every container and the claim sized from the task's disk_gb."""
+    from labkube.operator.pod_manifest import build_pvc_manifest
+
+    config = operator_config(render(chart, ALL_FLAGS))
+    assert config.runs.cpu_limits and not config.runs.workspace.keep_finished
+    assert config.runs.labels == {"team": "research"}
+    assert config.runs.annotations == {"example.com/owner": "evals", "sidecar.istio.io/inject": "true"}
+    assert config.tenancy.pod_labels == ["team", "cost.example.com/"]
+    assert config.tenancy.pod_annotations == ["example.com/*"]
+    defaults = operator_config(render(chart))
+    assert not defaults.runs.cpu_limits and defaults.runs.workspace.keep_finished
+    assert defaults.runs.labels == {} == defaults.runs.annotations
+    assert defaults.tenancy.pod_labels == [] == defaults.tenancy.pod_annotations
+
+    run = RunResourceSpec(
+        run_id="t--openai-gpt-5--s0",
+        campaign="c",
+        task="researchgym/t",
+        task_path="/opt/tasks/t",
+        model="openai:gpt-5",
+        seed=0,
+        resources=Resources(cpus=2, disk_gb=300),
+        family=TaskFamily.gaia2,
+    )
+    owner = {"apiVersion": "labkube.dev/v1alpha1", "kind": "Run", "metadata": {"name": "c-t", "uid": "u"}}
+    pod = build_pod_manifest(run, config.runs, owner=owner)
+    kubernetes_validate.validate(pod, KUBE_VERSION, strict=True)
+    assert pod["metadata"]["labels"]["team"] == "research"
+    assert pod["metadata"]["annotations"]["sidecar.istio.io/inject"] == "true"
+    for container in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]]:
+        assert "cpu" in container["resources"]["limits"], container["name"]
+    claim = build_pvc_manifest(run, config.runs, owner=owner)
+    assert claim is not None and claim["spec"]["resources"]["requests"]["storage"] == "300Gi"
+    kubernetes_validate.validate(claim, KUBE_VERSION, strict=True)
