@@ -63,7 +63,7 @@ class SupervisorActor:
     async def supervise(self, run_dir: str, env: dict[str, str] | None = None, backend: dict | None = None) -> dict:
         from labkube.operator.supervisor import supervise_run
 
-        result = await supervise_run(run_dir, env, backend, None if backend is not None else self.warm)
+        result = await supervise_run(run_dir, env, backend, self.warm if backend is None and warm_workers() else None)
         return result.model_dump(mode="json")
 
     async def warm_up(self, slots: int, campaign_root: str, worlds: int, fork_agents: bool) -> None:
@@ -259,7 +259,9 @@ async def _reserve(run: RunSpec, ctx: RayContext, strict: bool = True) -> Placem
     the cluster's (POD_GPU); a run needing more than that holds only its slot: the cluster's scheduler decides,
     and the run's pod says why it cannot be placed."""
     bundle: dict[str, float] = {}
-    if ctx.slots and strict:  # pods count their slot in `pod_slots`
+    # Pods count their slot in `pod_slots`; on a Ray this driver started, nothing else takes slots, so the driver's
+    # own bound on runs in flight is the slot (a placement group per short run cost a few hundred ms of raylet time).
+    if ctx.slots and strict and not (ctx.started_here and not run.gpus):
         bundle[SLOT] = 1.0
     if run.gpus and strict:
         if run.gpus > ctx.gpus:
@@ -366,7 +368,7 @@ async def drive(
     n_actors = actor_count(ctx, concurrency, len(runs))
     actors = [new_supervisor(ctx, i) for i in range(n_actors)]
     await asyncio.gather(*(a.ping.remote() for a in actors))
-    if backend is None:
+    if backend is None and warm_workers():
         await warm_up(actors, runs, concurrency, campaign_root)
     limit = asyncio.Semaphore(concurrency)
     meter = GpuHoursMeter(campaign_root, runs, pods=backend is not None) if gpu_hours_cap is not None else None
@@ -432,6 +434,12 @@ async def drive(
             await close_warm(actors)
         for a in actors:
             ray.kill(a)
+
+
+def warm_workers() -> bool:
+    """Whether supervisors keep worlds and an agent zygote warm (`operator/warm.py`); LABKUBE_WARM_WORKERS=0 turns
+    it off: a world and an interpreter per run, as before (the benchmarks' "before")."""
+    return os.environ.get("LABKUBE_WARM_WORKERS", "1") != "0"
 
 
 async def warm_up(actors: list, runs: list[RunSpec], concurrency: int, campaign_root: Path) -> None:
