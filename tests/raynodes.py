@@ -33,6 +33,7 @@ class RayNode:
 
     def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
         self.log = log
+        self.agent_port = free_port()  # the dashboard agent's HTTP port (KubeRay's probes ask it)
         self.handle = log.open("wb")
         self.proc = subprocess.Popen(
             [
@@ -42,7 +43,7 @@ class RayNode:
                 "--node-ip-address=127.0.0.1",
                 "--disable-usage-stats",
                 # several nodes on one machine: each needs ports of its own where Ray's defaults are fixed
-                f"--dashboard-agent-listen-port={free_port()}",
+                f"--dashboard-agent-listen-port={self.agent_port}",
                 f"--metrics-export-port={free_port()}",
                 *args,
             ],
