@@ -333,7 +333,7 @@ async def test_a_pod_preempted_while_the_pod_watch_is_down_is_a_disruption(clust
         "the watch lists again and finds the pod missing; the supervisor reconciles it with the last state seen "
         "(running, not being deleted): a disruption, not a crash, and a new pod resumes from the checkpoint",
     )
-    task = tiny_task(cluster.root, "unwatched", [WRITE, sleep(2), sleep(2), READ])
+    task = tiny_task(cluster.root, "unwatched", [WRITE, sleep(3), sleep(3), READ])
     async with cluster.operator():
         cluster.campaign("unwatched", tasks=[str(task)], models=["oracle"], seeds=1)
         pod, _ = await eventually(lambda: mid_step_pod(cluster, "unwatched", set()), 60, what="a pod mid-step")
@@ -341,6 +341,7 @@ async def test_a_pod_preempted_while_the_pod_watch_is_down_is_a_disruption(clust
         cluster.api[pod_list_or_watch] << gap
         cluster.api.expire_watches()
         await eventually(lambda: gap.hits >= 2, 30, what="the pod watch to list again into the gap")
+        assert pod in cluster.kubelet.running()  # preempted mid-run, not after it ended
         cluster.kubelet.preempt(pod)
         gap.close()
         await eventually(lambda: phase(cluster, "unwatched") == "Finished", 90, what="the campaign to finish")
