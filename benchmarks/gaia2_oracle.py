@@ -1,180 +1,190 @@
-"""Oracle-mode throughput: one warm world process against `are-run -s <id> -o` per scenario.
+"""Gaia2 oracle throughput: ARE's own runner against `labkube run`, same scenarios, seeds and concurrency.
 
-Both run ARE's own oracle and validation on the same scenarios: ARE's offline built-in scenarios and
-labkube's bundled Gaia2 JSON scenarios (`are-run --scenario-file <path> -o`). `are-run` pays for
-importing ARE on every scenario; the world process pays once (reported apart) and then only loads and
-runs. An `are-run` that printed its result but hangs at exit (it does after scenario_mcp_demo) is
-killed with its process group after a grace period, and timed up to its result line. For the Gaia2
-JSON scenarios the world does more than `are-run -o` (which only checks that the oracle run did not
-fail): it also judges the oracle trace with ARE's GraphPerEventJudge.
+One invocation runs both on labkube's bundled Gaia2 scenarios, each as its user runs it:
 
-    python benchmarks/gaia2_oracle.py [--rounds 3] [--grace 5]
+- `are-benchmark run -d DIR -o --num_runs SEEDS --max_concurrent_scenarios C` in ARE's virtualenv (one process;
+  it wants `DIR/<capability>/*.json`, so the scenarios are laid out that way in a temporary folder);
+- `labkube run gaia2 --model oracle --seeds SEEDS --concurrency C` (the CLI: Ray, supervisors, worlds, agents,
+  the judge on every oracle trace, the audit, results on disk).
+
+Printed: runs, wall seconds (the command's, start to exit) and scenarios per minute for each, their ratio, each
+side's time once started (ARE from its first log line, after its imports; labkube from its first run's start to
+its last result) and whether every verdict agrees (per scenario, the number of passing runs). ARE's oracle mode
+does not judge; labkube's judges every oracle trace with ARE's GraphPerEventJudge, and the benchmark checks it did.
+
+    python benchmarks/gaia2_oracle.py [--seeds 4] [--concurrency 2] [--write-docs]
+
+`--write-docs` replaces the table in docs/gaia2-world-protocol.md (`<!-- benchmark:gaia2_oracle -->`).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
+import json
 import os
-import select
+import re
+import shutil
 import signal
-import statistics
 import subprocess
+import sys
+import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
+from docs_block import REPO, markdown_table, write_block
 from rich.console import Console
 from rich.table import Table
 
-from labkube.tasks.gaia2 import load_scenario, resolve_scenarios, setup_world_env, start_world, world_python
+from labkube.tasks.gaia2 import load_scenario, resolve_scenarios, setup_world_env
 
-ARE_BUILTIN = [
-    "scenario_tutorial",
-    "scenario_apps_tutorial",
-    "scenario_events_tutorial",
-    "scenario_find_image_file",
-    "scenario_validation_tutorial",
-    "scenario_mcp_demo",
-]
+ARE_RESULT = re.compile(r"\[Scenario = (\S+), Run = (\d+)\] .*Result: ScenarioValidationResult\(success=(True|False)")
+ARE_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ", re.M)
 
 
 @dataclass
-class Row:
+class Side:
     name: str
-    are_run_args: list[str]
-    source: str
-    are_run: list[float] = field(default_factory=list)
-    world: list[float] = field(default_factory=list)
-    are_run_ok: list[bool] = field(default_factory=list)
-    world_ok: list[bool] = field(default_factory=list)
-    hung: int = 0
+    runs: int = 0
+    wall_s: float = 0.0
+    started_s: float | None = None  # from the first run's start (after imports and start-up) to the last result
+    passed: Counter[str] = field(default_factory=Counter)  # scenario id -> passing runs
+    judged: int = 0
+    error: str = ""
+
+    @property
+    def rate(self) -> float:
+        return 60 * self.runs / self.wall_s if self.wall_s else 0.0
 
 
-def run_are_run(are_run: Path, args: list[str], grace: float, limit: float) -> tuple[float, bool, bool]:
-    """(seconds to the result line, passed, hung at exit). Runs in its own process group."""
-    env = {**os.environ, "PATH": f"{are_run.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+def layout(dest: Path) -> list[str]:
+    """The bundled scenarios as `dest/<capability>/<name>.json`; their scenario ids."""
+    ids = []
+    for scenario in resolve_scenarios("gaia2"):
+        path = Path(load_scenario(scenario.ref).source)
+        capability = scenario.capabilities[0] if scenario.capabilities else "execution"
+        (dest / capability).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, dest / capability / path.name)
+        ids.append(scenario.scenario_id)
+    return ids
+
+
+def timed(cmd: list[str], env: dict[str, str], limit_s: float, log: Path) -> tuple[float, int]:
+    """Run `cmd` in its own process group, output to `log`; (wall seconds, exit code). Killed past `limit_s`."""
     started = time.monotonic()
-    proc = subprocess.Popen(
-        [str(are_run), *args, "-o"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-        env=env,
-        cwd="/tmp",
-    )
-    assert proc.stdout is not None
-    buffer, result_at, passed = b"", None, False
-    deadline = started + limit
-    try:
-        while time.monotonic() < deadline:
-            wait_until = min(deadline, result_at + grace) if result_at else deadline
-            ready, _, _ = select.select([proc.stdout], [], [], max(0.0, min(0.2, wait_until - time.monotonic())))
-            if ready:
-                chunk = os.read(proc.stdout.fileno(), 65536)
-                if not chunk:  # output closed: the process is exiting (or hanging after closing it)
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        proc.wait(timeout=max(0.0, wait_until - time.monotonic()))
-                    break
-                buffer += chunk
-                if result_at is None and b"Result: ScenarioValidationResult(" in buffer:
-                    result_at = time.monotonic()
-                    passed = b"Result: ScenarioValidationResult(success=True" in buffer
-            if result_at and time.monotonic() >= result_at + grace:
-                break
-        hung = proc.poll() is None
-    finally:
-        if proc.poll() is None:
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd="/tmp")
+        try:
+            code = proc.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-        proc.stdout.close()
-    end = result_at if result_at is not None else time.monotonic()
-    return end - started, passed, hung
+            code = proc.wait()
+    return time.monotonic() - started, code
 
 
-async def run_world(rows: list[Row], rounds: int) -> float:
-    startup = time.monotonic()
-    world = start_world(world_python())
-    startup = time.monotonic() - startup
-    try:
-        async with world.client() as client:
-            for _ in range(rounds):
-                for row in rows:
-                    started = time.monotonic()
-                    await client.load_scenario(row.source, oracle=True)
-                    result = await client.run_oracle()
-                    row.world.append(time.monotonic() - started)
-                    row.world_ok.append(result.success)
-    finally:
-        world.stop()
-    return startup
+def run_are(venv: Path, dataset: Path, seeds: int, concurrency: int, work: Path, limit_s: float) -> Side:
+    side = Side("ARE `are-benchmark run -o` (one process)")
+    env = {**os.environ, "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+    cmd = [str(venv / "bin" / "are-benchmark"), "run", "-d", str(dataset), "-o", "--num_runs", str(seeds)]
+    cmd += ["--max_concurrent_scenarios", str(concurrency), "--output_dir", str(work / "are-out")]
+    log = work / "are.log"
+    side.wall_s, code = timed(cmd, env, limit_s, log)
+    text = log.read_text(errors="replace")
+    seen: dict[tuple[str, str], bool] = {}
+    for scenario, run, success in ARE_RESULT.findall(text):
+        seen[(scenario, run)] = success == "True"
+    side.runs = len(seen)
+    for (scenario, _), ok in seen.items():
+        side.passed[scenario] += ok
+    stamps = [datetime.strptime(s, "%Y-%m-%d %H:%M:%S,%f") for s in ARE_TIME.findall(text)]
+    if len(stamps) >= 2:
+        side.started_s = (stamps[-1] - stamps[0]).total_seconds()
+    if code != 0:
+        side.error = f"are-benchmark exited {code}; see {log}"
+    return side
+
+
+def run_labkube(seeds: int, concurrency: int, work: Path, limit_s: float) -> Side:
+    side = Side("labkube `run gaia2 --model oracle`")
+    out = work / "labkube-campaign"
+    cmd = [sys.executable, "-P", "-m", "labkube", "run", "gaia2", "--model", "oracle"]
+    cmd += ["--seeds", str(seeds), "--concurrency", str(concurrency), "--out", str(out)]
+    env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
+    log = work / "labkube.log"
+    side.wall_s, code = timed(cmd, env, limit_s, log)
+    starts, ends = [], []
+    for result_json in sorted(out.glob("runs/*/result.json")):
+        result = json.loads(result_json.read_text())
+        verdict = (result.get("details") or {}).get("gaia2") or {}
+        side.runs += 1
+        side.passed[verdict.get("scenario_id", result["task"])] += bool(verdict.get("success"))
+        checks = verdict.get("checks") or []
+        side.judged += checks[:1] == ["oracle_run"] and len(checks) > 1  # the oracle trace went through the judge
+        if result.get("started_at") and result.get("finished_at"):
+            starts.append(datetime.fromisoformat(result["started_at"].replace("Z", "+00:00")))
+            ends.append(datetime.fromisoformat(result["finished_at"].replace("Z", "+00:00")))
+    if starts:
+        side.started_s = (max(ends) - min(starts)).total_seconds()
+    if code != 0:
+        side.error = f"labkube run exited {code}; see {log}"
+    return side
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3, help="runs of every scenario on each side")
-    parser.add_argument("--grace", type=float, default=5.0, help="seconds are-run may take to exit after its result")
-    parser.add_argument("--limit", type=float, default=180.0, help="seconds before an are-run is killed regardless")
+    parser.add_argument("--seeds", type=int, default=4, help="runs of every scenario (ARE's --num_runs)")
+    parser.add_argument("--concurrency", type=int, default=2, help="runs at once on each side")
+    parser.add_argument("--limit", type=float, default=600.0, help="seconds before either command is killed")
+    parser.add_argument("--write-docs", action="store_true", help="put the table into docs/gaia2-world-protocol.md")
+    parser.add_argument("--doc", type=Path, default=REPO / "docs" / "gaia2-world-protocol.md", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    console = Console(width=132)
-
-    setup_started = time.monotonic()
+    console = Console(width=140)
     venv = setup_world_env()
-    console.print(f"ARE environment: {venv} (ready in {time.monotonic() - setup_started:.1f} s)")
-    are_run = venv / "bin" / "are-run"
-
-    rows = [Row(s, ["-s", s], s) for s in ARE_BUILTIN]
-    for scenario in resolve_scenarios("gaia2"):
-        path = load_scenario(scenario.ref).source
-        rows.append(Row(scenario.ref, ["--scenario-file", path], path))
-
-    for _ in range(args.rounds):
-        for row in rows:
-            seconds, passed, hung = run_are_run(are_run, row.are_run_args, args.grace, args.limit)
-            row.are_run.append(seconds)
-            row.are_run_ok.append(passed)
-            row.hung += hung
-    startup = asyncio.run(run_world(rows, args.rounds))
-
-    table = Table(title=f"Gaia2 oracle mode, {args.rounds} round(s), one run")
-    for column in (
-        "scenario",
-        "are-run s (median)",
-        "passed",
-        "hung at exit",
-        "world s (median)",
-        "passed",
-        "speed-up",
-    ):
-        table.add_column(column, justify="left" if column == "scenario" else "right", no_wrap=True)
-    for row in rows:
-        are_median = statistics.median(row.are_run)
-        world_median = statistics.median(row.world)
-        table.add_row(
-            row.name,
-            f"{are_median:.2f}",
-            f"{sum(row.are_run_ok)}/{len(row.are_run_ok)}",
-            str(row.hung),
-            f"{world_median:.3f}",
-            f"{sum(row.world_ok)}/{len(row.world_ok)}",
-            f"{are_median / world_median:.0f}x",
+    with tempfile.TemporaryDirectory(prefix="gaia2-oracle-") as tmp:
+        work = Path(tmp)
+        ids = layout(work / "dataset")
+        are = run_are(venv, work / "dataset", args.seeds, args.concurrency, work, args.limit)
+        lk = run_labkube(args.seeds, args.concurrency, work, args.limit)
+        for side in (are, lk):
+            if side.error:
+                console.print(f"[red]{side.name}: {side.error}[/]")
+                console.print((work / ("are.log" if side is are else "labkube.log")).read_text()[-3000:])
+    expected = len(ids) * args.seeds
+    agree = are.runs == lk.runs == expected and all(are.passed[i] == lk.passed[i] for i in ids)
+    header = ("runner", "runs", "wall s", "scenarios/min", "once started s", "passed", "judged")
+    rows = []
+    for side in (are, lk):
+        rows.append(
+            (
+                side.name,
+                str(side.runs),
+                f"{side.wall_s:.1f}",
+                f"{side.rate:.0f}",
+                "unknown" if side.started_s is None else f"{side.started_s:.1f}",
+                str(sum(side.passed.values())),
+                "no (oracle mode skips the judge)" if side is are else f"{side.judged}/{side.runs}",
+            )
         )
-    are_total = sum(sum(r.are_run) for r in rows)
-    world_total = sum(sum(r.world) for r in rows)
-    runs = sum(len(r.world) for r in rows)
-    are_rate, world_rate = 60 * runs / are_total, 60 * runs / world_total
-    with_startup = 60 * runs / (world_total + startup)
-    table.add_section()
-    table.add_row(
-        "scenarios / minute", f"{are_rate:.1f}", "", "", f"{world_rate:.0f}", "", f"{world_rate / are_rate:.0f}x"
-    )
+    title = f"Gaia2 oracle, {len(ids)} bundled scenarios x {args.seeds} seeds, concurrency {args.concurrency}"
+    table = Table(title=title)
+    for i, column in enumerate(header):
+        table.add_column(column, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
     console.print(table)
-    console.print(
-        f"world process start-up (once): {startup:.1f} s; counting it, the world does {with_startup:.0f} "
-        f"scenarios/minute ({with_startup / are_rate:.0f}x are-run)"
-    )
+    ratio = lk.rate / are.rate if are.rate else float("nan")
+    verdicts = f"labkube / ARE scenarios per minute: {ratio:.2f}; every verdict agrees: {'yes' if agree else 'no'}"
+    console.print(f"{verdicts} (per scenario, passing runs: ARE {dict(are.passed)}, labkube {dict(lk.passed)})")
+    if args.write_docs:
+        command = f"python benchmarks/gaia2_oracle.py --seeds {args.seeds} --concurrency {args.concurrency}"
+        body = markdown_table(header, rows, [False] + [True] * 6)
+        body += f"\n\n{verdicts}."
+        write_block(args.doc, "gaia2_oracle", body, command)
+        console.print(f"written: {args.doc}")
+    if not agree or are.error or lk.error:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -29,9 +29,9 @@ from typing import Any
 from pydantic import BaseModel
 
 ZYGOTE_MODULE = "labkube.operator.agent_zygote"
-# What a scripted run imports (the agent, its Gaia2 and GAIA tasks, the audit), once for every child. Never
-# prometheus_client: it must be imported after the run's environment names its metrics directory.
+# What a scripted run imports (the agent, its Gaia2 and GAIA tasks, the audit, the metrics), once for every child.
 PRELOAD = (
+    "prometheus_client",
     "labkube.cli",
     "labkube.agent.entrypoint",
     "labkube.agent.world_session",
@@ -81,6 +81,7 @@ def _child(request: ChildRequest, inherited: list[int]) -> None:
         os.chdir(request.run_dir)
         os.environ.clear()
         os.environ.update({**request.env, "LABKUBE_KEYS_ON_STDIN": "1"})
+        _metrics_for_this_run()
         sys.argv = ["labkube", "agent", "--run-dir", request.run_dir, *request.args]
         from labkube.cli import main
 
@@ -102,6 +103,19 @@ def _child(request: ChildRequest, inherited: list[int]) -> None:
             with contextlib.suppress(BaseException):
                 stream.flush()
         os._exit(code)
+
+
+def _metrics_for_this_run() -> None:
+    """prometheus_client picks how values are kept (in this process, or in files of a shared directory) when it is
+    imported, from PROMETHEUS_MULTIPROC_DIR; the zygote imported it before any run's environment existed, so the
+    child picks again with its own (`labkube.metrics.use_multiprocess_dir`, as the agent's telemetry would)."""
+    from prometheus_client import values
+
+    from labkube.metrics import use_multiprocess_dir
+
+    if os.environ.get("LABKUBE_METRICS_DIR"):
+        use_multiprocess_dir(os.environ["LABKUBE_METRICS_DIR"])
+    values.ValueClass = values.get_value_class()
 
 
 def serve() -> None:

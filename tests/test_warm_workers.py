@@ -171,3 +171,23 @@ async def test_a_forked_agent_that_crashes_ends_only_its_own_run(tmp_path: Path)
         assert again.score == 1.0 and warm.zygote.pid == zygote
     finally:
         await warm.close()
+
+
+async def test_a_forked_agent_writes_its_series_where_the_campaign_reads_them(tmp_path: Path) -> None:
+    """The zygote imported prometheus_client before any run's environment named a metrics directory: the child
+    still writes its series to the campaign's (LABKUBE_METRICS_DIR), where the driver's /metrics reads them."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    warm = WarmWorker()
+    await warm.warm_up(1, tmp_path, worlds=0, fork_agents=True)
+    metrics = tmp_path / "metrics"
+    try:
+        run_dir = gaia_question(tmp_path, "a", [], "4")
+        result = await supervise_run(str(run_dir), env={"LABKUBE_METRICS_DIR": str(metrics)}, warm=warm)
+    finally:
+        await warm.close()
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(metrics))
+    finished = [s for m in registry.collect() if m.name == "labkube_run_finished" for s in m.samples]
+    assert [(s.labels["run_id"], s.value) for s in finished] == [(result.run_id, 1.0)]
