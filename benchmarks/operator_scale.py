@@ -366,6 +366,7 @@ async def bench(
                         + (f"  adopted {adopted}/{len(lease.live)}" if killed else "")
                         + "[/]",
                         highlight=False,
+                        soft_wrap=True,
                     )
                     if failover and not killed and len(running) >= runs:
                         lease.killed_holder = lease.holder

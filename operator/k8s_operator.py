@@ -59,6 +59,7 @@ from labkube.operator.crds import (
     build_run_resource,
     campaign_crd,
     campaign_resource_spec,
+    run_name,
     run_resource_spec,
     validate_resource,
 )
@@ -495,7 +496,10 @@ async def run_campaign(
         return
     await api.ensure_policies(namespace, runtime.config.run_policies)
 
-    created = await _create_runs(api, body, runs, cards, admitted)
+    # a new leader finds the Runs listed above: creating them again is a thousand 409s before any pod is adopted
+    existing = {str(r["metadata"]["name"]) for r in recorded}
+    missing = [r for r in runs if run_name(name, r.run_id) not in existing]
+    created = await _create_runs(api, body, missing, cards, admitted)
     if created:
         logger.info(f"campaign {name}: created {created} Run(s); results go to {cdir.root}")
     todo = [r for r in runs if r.run_id not in finished]
