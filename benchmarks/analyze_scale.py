@@ -36,7 +36,7 @@ from analyze_synth import (
 )
 from docs_block import REPO, markdown_table, write_block
 
-from labkube.analysis import analyze_campaigns
+from labkube.results.analysis import analyze_campaigns
 from labkube.store import CampaignDir
 
 PAD = "x" * 2000

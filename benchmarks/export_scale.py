@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from analyze_synth import MODELS, Planted, paper_result, plant_campaign, transcript_lines, write_run
 from docs_block import REPO, markdown_table, write_block
 
-from labkube.export import ExportFilter, export_campaigns
+from labkube.results.export import ExportFilter, export_campaigns
 from labkube.store import CampaignDir
 
 PAD = "x" * 2000

@@ -2,7 +2,7 @@
 
 import os as _os
 
-# In a source checkout the sub-packages live in sibling folders (agent/, tasks/, integrity/, operator/);
+# In a source checkout the sub-packages live in sibling folders (agent/, tasks/, integrity/, operator/, results/);
 # an installed labkube has them inside this package. A process that imports labkube from the checkout
 # (its working directory on sys.path, as Ray's workers have) must still find `labkube.operator` & co.
 _checkout = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))

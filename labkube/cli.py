@@ -41,14 +41,14 @@ from labkube.cli_checks import (
 )
 from labkube.integrity_report import IntegrityReport, verdict_basis
 from labkube.model_ref import UnknownModel
-from labkube.passk import Attempt, capability_scores, macro_average
 from labkube.report import aggregate, comparison_order, report_rows
 from labkube.result import RunResult
+from labkube.results.passk import Attempt, capability_scores, macro_average
+from labkube.results.views import aggregate_table, report_table, status_table
 from labkube.run_spec import RunSpec, RunStatus, scaffold_label, slug
 from labkube.store import CampaignDir, CampaignLocked, RunDir, StoreError
 from labkube.task_card import LabkubeYaml, TaskCard
 from labkube.tasks import TaskError
-from labkube.views import aggregate_table, report_table, status_table
 
 # Wide tables when output goes to a file or a pipe, the terminal's width otherwise.
 console = Console(width=None if sys.stdout.isatty() else 150)
@@ -592,7 +592,7 @@ def report(directory: Path, fmt: str, out_file: Path | None, exclude_suspicious:
     by side (or a self-contained HTML report with the same comparison)."""
     cdir = open_campaign(directory)
     if fmt == "html":
-        from labkube.html_report import render_report_html
+        from labkube.results.html_report import render_report_html
 
         target = out_file or cdir.root / "report.html"
         check_output_file(target)
@@ -653,7 +653,7 @@ def report(directory: Path, fmt: str, out_file: Path | None, exclude_suspicious:
 )
 def view(run_dir: Path, out_file: Path | None) -> None:
     """Write a self-contained HTML trajectory viewer for one run."""
-    from labkube.trajectory_view import render_run_html
+    from labkube.results.trajectory_view import render_run_html
 
     if out_file is not None:
         check_output_file(out_file)
@@ -668,7 +668,7 @@ def view(run_dir: Path, out_file: Path | None) -> None:
 
 def gaia2_scores(cdir: CampaignDir, exclude_suspicious: bool = False) -> list:
     """Per-capability pass@1 / pass@k / pass^k of the campaign's final Gaia2 runs (empty when it has none)."""
-    from labkube.html_report import CapabilityScore
+    from labkube.results.html_report import CapabilityScore
 
     scores = capability_scores(gaia2_attempts(cdir, exclude_suspicious))
     return [CapabilityScore(**s.model_dump(exclude={"stderr"})) for s in scores]
@@ -1257,7 +1257,7 @@ _register_task_env_commands()
 
 
 def _register_analyze_command() -> None:
-    from labkube.analysis_cli import analyze
+    from labkube.results.analysis_cli import analyze
 
     main.add_command(analyze)
 
@@ -1266,7 +1266,7 @@ _register_analyze_command()
 
 
 def _register_export_command() -> None:
-    from labkube.export_cli import export
+    from labkube.results.export_cli import export
 
     main.add_command(export)
 

@@ -7,16 +7,16 @@ scaffold), every row with the same columns, the scaffolds of one model next to e
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 from typing import get_args
 
 from pydantic import BaseModel, Field
 
 from labkube.budgets import Spend, total_cost
-from labkube.gpu_report import run_gpu_use
 from labkube.integrity_report import Verdict
-from labkube.result import Outcome
+from labkube.result import GPU_USE_FILE, GpuUse, Outcome, RunResult
 from labkube.run_spec import DEFAULT_AGENT, AgentName, RunPhase, scaffold_label
-from labkube.store import CampaignDir
+from labkube.store import CampaignDir, read_model
 
 # rg-agent first, then the others in the order `--agent` lists them; an unknown name sorts last.
 SCAFFOLD_ORDER = {name: i for i, name in enumerate(dict.fromkeys([DEFAULT_AGENT, *get_args(AgentName)]))}
@@ -174,6 +174,13 @@ def report_rows(cdir: CampaignDir) -> list[ReportRow]:
             )
         )
     return rows
+
+
+def run_gpu_use(run_root: Path, result: RunResult | None) -> GpuUse | None:
+    """The final result's GPU use, or, while the run goes on, what its meter has written so far."""
+    if result is not None and result.final:
+        return result.gpu
+    return read_model(run_root / GPU_USE_FILE, GpuUse)
 
 
 def dollars(spend: Spend) -> float | None:

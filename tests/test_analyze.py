@@ -30,9 +30,9 @@ from analyze_synth import (
 from browser import Browser
 from cli_helpers import BUNDLED_TASK, labkube
 
-from labkube.analysis import FLAG_RULES, Analysis, analyze_campaigns, phase_of, read_transcript
-from labkube.passk import pass_at_k, pass_hat_k
 from labkube.result import Outcome
+from labkube.results.analysis import FLAG_RULES, Analysis, analyze_campaigns, phase_of, read_transcript
+from labkube.results.passk import pass_at_k, pass_hat_k
 
 TOL = 1e-9  # exact quantities (sums, ratios of planted numbers) up to float rounding
 
@@ -288,7 +288,7 @@ def test_empty_campaign_is_a_one_line_error(tmp_path: Path) -> None:
 def test_page_renders_in_chromium_with_every_figure(
     synth: tuple[Path, Path, list[Planted]], analysis: Analysis, browser: Browser, tmp_path: Path
 ) -> None:
-    from labkube.analysis_html import render_analysis_html
+    from labkube.results.analysis_html import render_analysis_html
 
     page = tmp_path / "analysis.html"
     page.write_text(render_analysis_html(analysis), encoding="utf-8")
@@ -472,8 +472,8 @@ def test_a_run_without_a_value_that_claims_success_is_flagged(outcomes: Path) ->
 
 
 def test_markdown_and_html_label_what_is_left_out_and_what_counts_as_zero(outcomes: Path) -> None:
-    from labkube.analysis_html import render_analysis_html
-    from labkube.analysis_md import render_markdown
+    from labkube.results.analysis_html import render_analysis_html
+    from labkube.results.analysis_md import render_markdown
 
     a = analyze_campaigns([outcomes])
     md = render_markdown(a)

@@ -20,12 +20,12 @@ from fakellm import FakeLLM, Reply, Usage
 from labkube.agent.entrypoint import run_agent
 from labkube.budgets import Budgets
 from labkube.model_ref import parse_model
+from labkube.results.trajectory_view import build_trajectory, read_transcript
 from labkube.run_spec import RunSpec, make_run_id
 from labkube.store import write_model
 from labkube.task_card import TaskFamily
 from labkube.tasks import resolve_tasks
 from labkube.tasks.gaia2 import WorldLLM, WorldLLMError, setup_world_env, world_llm
-from labkube.trajectory_view import build_trajectory, read_transcript
 
 pytestmark = pytest.mark.gaia2
 

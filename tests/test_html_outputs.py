@@ -18,9 +18,9 @@ import pytest
 from browser import Browser
 from cli_helpers import BUNDLED_TASK, labkube
 
-from labkube.html_report import CapabilityScore, render_gaia2_section, render_report_html
+from labkube.results.html_report import CapabilityScore, render_gaia2_section, render_report_html
+from labkube.results.trajectory_view import build_flags, build_trajectory, read_transcript, render_run_html
 from labkube.store import CampaignDir, StoreError
-from labkube.trajectory_view import build_flags, build_trajectory, read_transcript, render_run_html
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SUBPACKAGES = ["labkube.agent", "labkube.tasks", "labkube.integrity", "labkube.operator"]
+SUBPACKAGES = ["labkube.agent", "labkube.tasks", "labkube.integrity", "labkube.operator", "labkube.results"]
 
 
 @pytest.fixture(scope="module")
@@ -30,11 +30,12 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_wheel_maps_top_level_folders_to_subpackages(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
-    for folder in ("agent", "tasks", "integrity", "operator"):
+    for folder in ("agent", "tasks", "integrity", "operator", "results"):
         assert f"labkube/{folder}/__init__.py" in names
     assert not any(n.startswith(("operator/", "agent/")) for n in names), "a top-level package would shadow"
     assert "labkube/agent/prices.yaml" in names
     assert "labkube/data/demo.yaml" in names
+    assert "labkube/results/templates/report.html.j2" in names
     task = "labkube/tasks/bundled/researchgym/continual-learning-lite/"
     for f in (
         "task_description.md",
@@ -59,6 +60,7 @@ def test_installed_wheel_imports_every_subpackage(wheel: Path, tmp_path: Path) -
         "import importlib, labkube; "
         f"mods = [importlib.import_module(m) for m in {SUBPACKAGES!r}]; "
         "from labkube.tasks import bundled_tasks; "
+        "from labkube.results.html_report import template_env; template_env().get_template('report.html.j2'); "
         "print(labkube.__file__); print(bundled_tasks())"
     )
     proc = subprocess.run(
@@ -92,5 +94,5 @@ def test_a_process_importing_labkube_from_the_checkout_finds_every_subpackage() 
     )
     proc = subprocess.run([sys.executable, "-S", "-c", code, str(REPO)], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
-    for folder in ("agent", "tasks", "integrity", "operator"):
+    for folder in ("agent", "tasks", "integrity", "operator", "results"):
         assert str(REPO / folder / "__init__.py") in proc.stdout

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from labkube.passk import Attempt, capability_scores, macro_average, pass_at_k, pass_hat_k
+from labkube.results.passk import Attempt, capability_scores, macro_average, pass_at_k, pass_hat_k
 
 
 @pytest.mark.parametrize(

@@ -23,9 +23,9 @@ from cli_helpers import labkube
 
 from labkube.budgets import Budgets, Spend, StopReason, Usage
 from labkube.campaign import CampaignSpec
-from labkube.html_report import render_report_html
 from labkube.report import aggregate, comparison_order, report_rows
 from labkube.result import RunResult, SubtaskScore
+from labkube.results.html_report import render_report_html
 from labkube.run_spec import RunPhase, RunSpec, make_run_id
 from labkube.store import CampaignDir
 from labkube.tasks import BUNDLED

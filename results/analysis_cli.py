@@ -31,8 +31,8 @@ class BadInput(click.ClickException):
 def analyze(campaigns: tuple[Path, ...], fmt: str, out_file: Path | None, exclude_suspicious: bool) -> None:
     """Capability, reliability, efficiency, behaviour and failure-mode analysis of campaigns (pooled). Runs that
     ended in an error outcome are left out of every number and counted."""
-    from labkube.analysis import AnalysisError, analyze_campaigns  # numpy and friends: only when analysing
-    from labkube.analysis_md import render_markdown
+    from labkube.results.analysis import AnalysisError, analyze_campaigns  # numpy and friends: only when analysing
+    from labkube.results.analysis_md import render_markdown
 
     try:
         analysis = analyze_campaigns(list(campaigns), progress=True, exclude_suspicious=exclude_suspicious)
@@ -44,7 +44,7 @@ def analyze(campaigns: tuple[Path, ...], fmt: str, out_file: Path | None, exclud
     elif fmt == "md":
         text = render_markdown(analysis)
     else:
-        from labkube.analysis_html import render_analysis_html
+        from labkube.results.analysis_html import render_analysis_html
 
         text = render_analysis_html(analysis)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from labkube.analysis import (
+from labkube.results.analysis import (
     DENSITY_RULE,
     PHASE_RULE,
     PHASES,
@@ -17,7 +17,7 @@ from labkube.analysis import (
 )
 
 if TYPE_CHECKING:
-    from labkube.analysis import RunData
+    from labkube.results.analysis import RunData
 
 
 def build_figures(a: Analysis, paper_runs: dict[str, RunData]) -> list[FigureData]:

@@ -1,8 +1,8 @@
 """`labkube analyze`: the ResearchGym paper's analyses over one or more campaign directories (pooled).
 
     analyze_campaigns([dir, ...])  ->  Analysis        (pydantic: the JSON file holds every number of every figure)
-    labkube.analysis_md.render_markdown(analysis) -> str
-    labkube.analysis_html.render_analysis_html(analysis) -> str
+    labkube.results.analysis_md.render_markdown(analysis) -> str
+    labkube.results.analysis_html.render_analysis_html(analysis) -> str
 
 What it computes, from what the store keeps per run (run.json, result.json, transcript.jsonl):
 
@@ -39,8 +39,9 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
-from labkube.analysis_stats import Correlation, Interval, bootstrap, correlation
-from labkube.analysis_transcript import (
+from labkube.result import Outcome, RunResult
+from labkube.results.analysis_stats import Correlation, Interval, bootstrap, correlation
+from labkube.results.analysis_transcript import (
     FLAT_LOSS_MIN,
     PHASES,
     PROGRESS_WORDS,
@@ -50,8 +51,7 @@ from labkube.analysis_transcript import (
     phase_of,
     read_transcript,
 )
-from labkube.passk import Attempt, capability_scores, pass_at_k, pass_hat_k
-from labkube.result import Outcome, RunResult
+from labkube.results.passk import Attempt, capability_scores, pass_at_k, pass_hat_k
 from labkube.run_spec import RunSpec, scaffold_label
 from labkube.store import CampaignDir, StoreError
 
@@ -328,7 +328,7 @@ def load_run(cdir: CampaignDir, run_id: str) -> RunData | None:
         return None
     baseline = None
     if spec.family.value != "gaia2":
-        from labkube.html_report import task_reference
+        from labkube.results.html_report import task_reference
 
         baseline = task_reference(spec).baseline
     run_dir = cdir.run_dir(run_id)
@@ -586,8 +586,8 @@ def gaia2_row(run: RunData) -> Gaia2Row:
 
 
 def gaia2_capabilities(rows: list[Gaia2Row]) -> list[Gaia2Capability]:
-    """pass@1, pass@k, pass^k per capability and model (scaffold), by labkube.passk; a run without a pass or fail
-    (an error outcome, no verdict) is left out and counted in `excluded`."""
+    """pass@1, pass@k, pass^k per capability and model (scaffold), by labkube.results.passk; a run without a pass or
+    fail (an error outcome, no verdict) is left out and counted in `excluded`."""
     attempts = [
         Attempt(
             scenario=r.task,
@@ -684,7 +684,7 @@ def analyze_campaigns(paths: list[Path], progress: bool = False, exclude_suspici
         figures=[],
     )
     analysis.gaia2_capabilities = gaia2_capabilities(analysis.gaia2)
-    from labkube.analysis_figures import build_figures
+    from labkube.results.analysis_figures import build_figures
 
     analysis.figures = build_figures(analysis, {r.result.run_id: r for r in paper})
     return analysis

@@ -6,23 +6,14 @@ A run without a GPU (none asked for, or none NVML could see) reads "no GPU", nev
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from labkube.result import GPU_USE_FILE, GpuUse, RunResult
-from labkube.store import read_model
+from labkube.result import GpuUse
 
 if TYPE_CHECKING:
     from markupsafe import Markup
 
 NO_GPU = "no GPU"
-
-
-def run_gpu_use(run_root: Path, result: RunResult | None) -> GpuUse | None:
-    """The final result's GPU use, or, while the run goes on, what its meter has written so far."""
-    if result is not None and result.final:
-        return result.gpu
-    return read_model(run_root / GPU_USE_FILE, GpuUse)
 
 
 def gpu_text(utilization: float | None, peak_memory_bytes: int | None) -> str:
@@ -37,7 +28,7 @@ def gpu_plot(runs: Sequence[tuple[str, GpuUse | None]], salt: str, title: str) -
     curves = [(label, use) for label, use in runs if use is not None and use.curve]
     if not curves:
         return None
-    from labkube.html_report import SEED_COLORS, _time_unit, figure_legend, figure_svg, new_figure, plot_style
+    from labkube.results.html_report import SEED_COLORS, _time_unit, figure_legend, figure_svg, new_figure, plot_style
 
     scale, unit = _time_unit(max(p.at_seconds for _l, use in curves for p in use.curve))
     with plot_style():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from labkube.analysis import DENSITY_RULE, FLAG_RULES, PHASE_RULE, PLATEAU_RULE, SHARE_RULE, Analysis, Interval
+from labkube.results.analysis import DENSITY_RULE, FLAG_RULES, PHASE_RULE, PLATEAU_RULE, SHARE_RULE, Analysis, Interval
 
 __all__ = ["render_markdown"]
 

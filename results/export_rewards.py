@@ -1,4 +1,4 @@
-"""The rewards of an exported run, each with its source (the module docstring of labkube/export.py says which come
+"""The rewards of an exported run, each with its source (the module docstring of results/export.py says which come
 from where). Unknown is null, never 0: a grading that failed is skipped, a run without a value has null terminal
 rewards, and a run that ended in an error outcome has every terminal reward and every Gaia2 action match null. The
 one place a missing value counts as 0 is labelled on the reward itself: a score change from or to a clean grading

@@ -7,8 +7,8 @@ from rich.table import Table
 from rich.text import Text
 
 from labkube.budgets import format_usd
-from labkube.gpu_report import gpu_text
 from labkube.report import Aggregate, ReportRow
+from labkube.results.gpu_report import gpu_text
 
 PHASE_STYLE = {
     "Pending": "dim",

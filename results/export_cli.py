@@ -44,7 +44,7 @@ def export(
 ) -> None:
     """Export finished runs as ATIF trajectories (with rewards) or OpenAI chat fine-tuning JSONL. Runs that ended in
     an error outcome are left out (and counted) unless --include-errors."""
-    from labkube.export import ExportError, ExportFilter, export_campaigns
+    from labkube.results.export import ExportError, ExportFilter, export_campaigns
 
     if min_score is not None and not math.isfinite(min_score):
         raise BadInput(f"--min-score {min_score}: give a finite number (runs scoring below it are left out)")

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 from markupsafe import Markup
 
-from labkube.analysis import Analysis, FigureData
-from labkube.html_report import (
+from labkube.results.analysis import Analysis, FigureData
+from labkube.results.html_report import (
     BASELINE_COLOR,
     MODEL_COLORS,
     SEED_COLORS,
@@ -72,7 +72,7 @@ def render_figure(fig_data: FigureData) -> Markup:
 
 
 def _draw(ax: Axes, kind: str, panel: object) -> None:
-    from labkube.analysis import Panel
+    from labkube.results.analysis import Panel
 
     assert isinstance(panel, Panel)
     colors = SEED_COLORS if kind == "lines" else MODEL_COLORS

@@ -31,10 +31,10 @@ from markupsafe import Markup
 from pydantic import BaseModel, Field
 
 from labkube.budgets import total_cost
-from labkube.gpu_report import gpu_plot, gpu_text
 from labkube.integrity_report import Verdict, verdict_basis
 from labkube.report import Aggregate, ReportRow, aggregate, report_rows, scaffold_rank
 from labkube.result import RunResult
+from labkube.results.gpu_report import gpu_plot, gpu_text
 from labkube.run_spec import RunSpec
 from labkube.store import CampaignDir
 

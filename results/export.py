@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from labkube.agent.transcript import iter_jsonl
-from labkube.export_rewards import STEP_REWARD_SOURCE, Gaia2Matcher, step_rewards, terminal_rewards
 from labkube.result import RunResult
+from labkube.results.export_rewards import STEP_REWARD_SOURCE, Gaia2Matcher, step_rewards, terminal_rewards
 from labkube.run_spec import CLI_AGENTS
 from labkube.store import CampaignDir
 

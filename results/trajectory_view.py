@@ -25,7 +25,9 @@ from markupsafe import Markup
 
 from labkube.agent.transcript import iter_jsonl
 from labkube.budgets import total_cost
-from labkube.html_report import (
+from labkube.integrity_report import IntegrityReport, Violation
+from labkube.result import RunResult
+from labkube.results.html_report import (
     BASELINE_COLOR,
     SOTA_COLOR,
     figure_legend,
@@ -36,8 +38,6 @@ from labkube.html_report import (
     task_reference,
     template_env,
 )
-from labkube.integrity_report import IntegrityReport, Violation
-from labkube.result import RunResult
 from labkube.run_spec import RunSpec, RunStatus
 from labkube.store import RunDir, StoreError, read_model
 
