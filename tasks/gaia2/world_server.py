@@ -56,6 +56,7 @@ from are.simulation.types import (
 from are.simulation.utils.serialization import make_serializable
 from are.simulation.validation import ScriptedGraphPerEventJudgeConfig
 from are.simulation.validation import judge as are_judge
+from are.simulation.validation import tool_judge as are_tool_judge
 from are.simulation.validation.utils import llm_utils as are_llm_utils
 from world_health import (
     WorldBroken,
@@ -141,10 +142,39 @@ def _install_template_cache() -> None:
             if not all(k in kwargs for k in variables):
                 raise ValueError(f"Expected: {set(variables)}, got: {sorted(kwargs)}.\nTemplate:\n{template}")
             kwargs = {k: kwargs[k] for k in variables}
+        if all(isinstance(v, str) for v in kwargs.values()):  # a plain template of strings renders the same each time
+            return _rendered(template, tuple(sorted(kwargs.items())))
         return compiled.render(**kwargs)
 
     are_llm_utils.jinja_format = jinja_format
     are_judge.jinja_format = jinja_format
+    # Each judge's tool judges read their checkers' parameter names: about 1,800 signatures per judge, the same ones.
+    are_tool_judge.inspect = _SignatureCache()
+
+
+@functools.lru_cache(maxsize=65536)
+def _rendered(template: str, kwargs: tuple[tuple[str, str], ...]) -> str:
+    return _template(template)[0].render(**dict(kwargs))
+
+
+class _SignatureCache:
+    """`inspect` for ARE's tool judges, with `signature` remembered per function (a bound method's by its function:
+    the same parameters, less the first)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[Any, bool], inspect.Signature] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(inspect, name)
+
+    def signature(self, fn: Any) -> inspect.Signature:
+        function = getattr(fn, "__func__", None)
+        if function is None or not inspect.ismethod(fn):
+            return inspect.signature(fn)
+        key = (function, True)
+        if key not in self._seen:
+            self._seen[key] = inspect.signature(fn)
+        return self._seen[key]
 
 
 # ---------------------------------------------------------------------------------------------------
