@@ -3,28 +3,25 @@ HTML page draws exactly these series)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from labkube.results.analysis import (
+from labkube.result import RunResult
+from labkube.results.analysis_schema import (
     DENSITY_RULE,
     PHASE_RULE,
-    PHASES,
     Analysis,
     FigureData,
     Panel,
     Series,
     curve_points,
 )
-
-if TYPE_CHECKING:
-    from labkube.results.analysis import RunData
+from labkube.results.analysis_transcript import PHASES
 
 
-def build_figures(a: Analysis, paper_runs: dict[str, RunData]) -> list[FigureData]:
+def build_figures(a: Analysis, paper_results: dict[str, RunResult]) -> list[FigureData]:
+    """Every figure of the analysis; `paper_results` (paper-task runs' results by run id) give the score curves."""
     figures: list[FigureData] = []
     for g_task in dict.fromkeys(g.task for g in a.groups):
         figures.append(_task_points(a, g_task))
-        figures.append(_task_curves(a, g_task, paper_runs))
+        figures.append(_task_curves(a, g_task, paper_results))
     if a.behaviour:
         figures += _behaviour(a)
     if a.gaia2:
@@ -59,14 +56,14 @@ def _task_points(a: Analysis, task: str) -> FigureData:
     )
 
 
-def _task_curves(a: Analysis, task: str, runs: dict[str, RunData]) -> FigureData:
+def _task_curves(a: Analysis, task: str, results: dict[str, RunResult]) -> FigureData:
     rows = [e for e in a.efficiency if e.task == task]
     axes = [("hours", 0, 1 / 3600), ("dollars", 2, 1.0), ("tokens", 1, 1.0), ("steps", 3, 1.0)]
     panels = []
     for name, axis, scale in axes:
         series = []
         for e in rows:
-            pts = curve_points(runs[e.run_id].result)
+            pts = curve_points(results[e.run_id])
             series.append(Series(label=e.run_id, x=[p[axis] * scale for p in pts], y=[p[4] for p in pts]))
         panels.append(
             Panel(

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from markupsafe import Markup
 
-from labkube.results.analysis import Analysis, FigureData
+from labkube.results.analysis_schema import Analysis, FigureData, Panel
 from labkube.results.html_report import (
     BASELINE_COLOR,
     MODEL_COLORS,
@@ -71,10 +71,7 @@ def render_figure(fig_data: FigureData) -> Markup:
         return figure_svg(fig, fig_data.id, fig_data.title)
 
 
-def _draw(ax: Axes, kind: str, panel: object) -> None:
-    from labkube.results.analysis import Panel
-
-    assert isinstance(panel, Panel)
+def _draw(ax: Axes, kind: str, panel: Panel) -> None:
     colors = SEED_COLORS if kind == "lines" else MODEL_COLORS
     if kind == "points":
         for i, s in enumerate(panel.series):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from labkube.results.analysis import DENSITY_RULE, FLAG_RULES, PHASE_RULE, PLATEAU_RULE, SHARE_RULE, Analysis, Interval
+from labkube.results.analysis_schema import DENSITY_RULE, FLAG_RULES, PHASE_RULE, PLATEAU_RULE, SHARE_RULE, Analysis
+from labkube.results.analysis_stats import Interval
 
 __all__ = ["render_markdown"]
 

@@ -31,7 +31,8 @@ from browser import Browser
 from cli_helpers import BUNDLED_TASK, labkube
 
 from labkube.result import Outcome
-from labkube.results.analysis import FLAG_RULES, Analysis, analyze_campaigns, phase_of, read_transcript
+from labkube.results.analysis import analyze_campaigns, phase_of, read_transcript
+from labkube.results.analysis_schema import FLAG_RULES, Analysis
 from labkube.results.passk import pass_at_k, pass_hat_k
 
 TOL = 1e-9  # exact quantities (sums, ratios of planted numbers) up to float rounding
