@@ -40,6 +40,13 @@ PRELOAD = (
     "labkube.tasks.gaia",
     "labkube.tasks.gaia2.cards",
     "httpx",
+    # What httpx imports on its first request (the world client's): its async stack, trio included where installed.
+    "httpcore",
+    "h11",
+    "anyio",
+    "anyio._backends._asyncio",
+    "sniffio",
+    "trio",
 )
 
 
@@ -123,7 +130,8 @@ def serve() -> None:
     import importlib
 
     for module in PRELOAD:
-        importlib.import_module(module)
+        with contextlib.suppress(ImportError):  # an optional one (trio) that is not installed
+            importlib.import_module(module)
 
     children: dict[int, int] = {}  # pidfd -> pid
     buffer = b""
