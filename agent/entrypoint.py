@@ -48,6 +48,7 @@ from labkube.store import RunDir, read_model, utcnow, write_model
 from labkube.task_card import TaskCard
 from labkube.tasks import card_for_run, grade_run, prepare_run_workspace
 from labkube.tasks.gaia2 import WorldError, WorldLLMError, world_llm
+from labkube.tasks.gaia2.verdict_message import WORLD_VERDICT_SOURCE, WORLD_VERDICT_VARIABLE, verdict_from_report
 from labkube.tasks.scoring import primary_scores
 from labkube.tasks.workspace import run_git
 
@@ -579,6 +580,19 @@ def audit(rd: RunDir, spec: RunSpec, result: RunResult, telemetry: RunTelemetry 
     return result
 
 
+# Stops whose outcome is an error already: a missing verdict is not what went wrong.
+FAILURE_STOPS = frozenset(
+    {
+        StopReason.auth,
+        StopReason.model_error,
+        StopReason.world_error,
+        StopReason.error,
+        StopReason.setup_error,
+        StopReason.killed,
+    }
+)
+
+
 def finalize_stopped(run_dir: Path, reason: StopReason) -> RunResult:
     """Grade a run whose agent was stopped from outside (time budget overrun, unrecoverable crash)."""
     rd = RunDir(run_dir)
@@ -588,7 +602,14 @@ def finalize_stopped(run_dir: Path, reason: StopReason) -> RunResult:
     prepare_run_workspace(card, rd.workspace, spec.idea_hint)
     ckpt = read_model(rd.checkpoint_json, Checkpoint) or Checkpoint()
     ckpt.stop_reason = ckpt.stop_reason or reason
-    return finalize(rd, spec, card, ckpt, telemetry=start_telemetry(spec))
+    error = None
+    if card.gaia2 is not None and os.environ.get(WORLD_VERDICT_SOURCE) == "operator":
+        # A grading pod: the checkpoint is on the agent's volume; the verdict is the one the world sidecar reported.
+        ckpt.world_verdict = verdict_from_report(os.environ.get(WORLD_VERDICT_VARIABLE))
+        if ckpt.world_verdict is None and ckpt.stop_reason not in FAILURE_STOPS:
+            ckpt.stop_reason = StopReason.world_error
+            error = "the run's world sidecar reported no verdict (it never judged the run, or ended first)"
+    return finalize(rd, spec, card, ckpt, error, telemetry=start_telemetry(spec))
 
 
 def time_is_up(spec: RunSpec, tracker: BudgetTracker) -> bool:

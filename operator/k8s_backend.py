@@ -67,6 +67,7 @@ from labkube.operator.k8s_grading import (
     is_grading_pod,
     report_of,
     result_from_status,
+    world_verdict_of,
 )
 from labkube.operator.k8s_ledger import PodLedger, ledger_path, pod_time, restore_ledger
 from labkube.operator.k8s_models import (
@@ -959,7 +960,9 @@ class PodRun:
             spent_wall_seconds=self.ledger.seconds(),  # the API's pod times, not the run's own account
         )
         if finalize is not None:
-            pod = grading_manifest(pod, finalize, self.backend.runs.deadline_grace_seconds)
+            pod = grading_manifest(
+                pod, finalize, self.backend.runs.deadline_grace_seconds, world_verdict=self.status.world_verdict
+            )
         return pod
 
     async def start_pod(self, attempt: int, finalize: StopReason | None) -> str:
@@ -1073,6 +1076,10 @@ class PodRun:
                 next_attempt += 1
             end = await self.follow(current)
             self.track(end.pod)
+            verdict = world_verdict_of(end.pod or end.last) if grading is None else None
+            if verdict is not None and verdict != self.status.world_verdict:
+                self.status.world_verdict = verdict  # recorded before a grading pod is given it
+                await self.publish()
             if end.gave_up is not None:
                 return await self.fail(end.gave_up)
             kind, why = self.outcome(end)

@@ -16,6 +16,14 @@ named `grade` that the agent never ran in: the task's pristine grader (protected
 grade, the integrity audit, `result.json`. It has no API keys, no model gateway and no Gaia2 world. Its
 termination message is the run's result; the operator accepts it only from the grading pod it created.
 
+A Gaia2 run is judged by ARE in the pod's `world` sidecar, a container the agent never ran in. The world writes its
+verdict to its own termination-message file (`tasks/gaia2/verdict_message.py`); when the agent's pod ends, the
+operator reads it from the API, records it in the Run's status (`worldVerdict`) and gives it to the grading pod
+(`LABKUBE_WORLD_VERDICT`, with `LABKUBE_WORLD_VERDICT_FROM=operator`), whose grader takes no other: the copy in the
+checkpoint is on the agent's volume. No verdict reported (the world never judged, or died first): a `world_error`.
+The world serves only the scenario its harness loaded before the agent started (a second load is refused), so the
+agent's shell, which reaches its port, cannot swap in an oracle run.
+
 A workspace must outlive the agent's pod for this: `runs.workspace.mode: pvc` (a claim per run, or the shared
 claim). An `emptyDir` workspace is refused (`OperatorConfig`, and the chart's `labkube.validateConfig`).
 """
@@ -31,6 +39,7 @@ from labkube.operator.crds import dns_label
 from labkube.operator.k8s_models import RunStatus
 from labkube.operator.pod_manifest import GATEWAY_MOUNT, GATEWAY_TMP
 from labkube.result import RunResult, result_from_report, termination_report
+from labkube.tasks.gaia2.verdict_message import WORLD_VERDICT_SOURCE, WORLD_VERDICT_VARIABLE, verdict_from_report
 
 __all__ = [
     "GRADE_CONTAINER",
@@ -42,6 +51,7 @@ __all__ = [
     "grading_pod_name",
     "is_grading_pod",
     "result_from_status",
+    "world_verdict_of",
 ]
 
 LABEL_FINALIZE = "labkube.dev/finalize"
@@ -51,7 +61,8 @@ GRADE_CONTAINER = "grade"
 _AGENT_ONLY_ENV = frozenset(
     {"LABKUBE_WORLD_URL", "LABKUBE_GATEWAY_URL", "LABKUBE_GATEWAY_TOKEN_FILE", "LABKUBE_STDIN_VARS"}
 )
-# Sidecars the agent talked to: a grading pod has neither (no key, no world; Gaia2's verdict is in the checkpoint).
+# Sidecars the agent talked to: a grading pod has neither (no key, no world; Gaia2's verdict comes from the operator,
+# which read it from the world sidecar's termination message).
 _AGENT_SIDECARS = frozenset({"world", "gateway"})
 
 
@@ -63,8 +74,12 @@ def is_grading_pod(pod: Mapping[str, Any]) -> bool:
     return LABEL_FINALIZE in (((pod.get("metadata") or {}).get("labels")) or {})
 
 
-def grading_manifest(pod: dict[str, Any], reason: StopReason, deadline_s: int) -> dict[str, Any]:
-    """The agent pod `pod` (as built for this attempt) turned into the pod that grades the stopped run."""
+def grading_manifest(
+    pod: dict[str, Any], reason: StopReason, deadline_s: int, world_verdict: str | None = None
+) -> dict[str, Any]:
+    """The agent pod `pod` (as built for this attempt) turned into the pod that grades the stopped run. A Gaia2 run's
+    grader is given the verdict its world sidecar reported (`world_verdict`, that container's termination message),
+    and told to take no other: the checkpoint's copy is the agent's to write."""
     pod = copy.deepcopy(pod)
     spec = pod["spec"]
     agent = next(c for c in spec["containers"] if c["name"] == "agent")
@@ -74,6 +89,10 @@ def grading_manifest(pod: dict[str, Any], reason: StopReason, deadline_s: int) -
         for e in agent.get("env", [])
         if e["name"] not in _AGENT_ONLY_ENV and "secretKeyRef" not in (e.get("valueFrom") or {})
     ]
+    if any(c["name"] == "world" for c in spec.get("initContainers", [])):
+        env.append({"name": WORLD_VERDICT_SOURCE, "value": "operator"})
+        if world_verdict:
+            env.append({"name": WORLD_VERDICT_VARIABLE, "value": world_verdict})
     mounts = [m for m in agent.get("volumeMounts", []) if m["mountPath"] != GATEWAY_MOUNT]
     grade = {**agent, "name": GRADE_CONTAINER, "command": command, "env": env, "volumeMounts": mounts}
     grade.pop("ports", None)
@@ -90,11 +109,21 @@ def grading_manifest(pod: dict[str, Any], reason: StopReason, deadline_s: int) -
 
 
 def container_terminated(pod: Mapping[str, Any], name: str) -> dict[str, Any] | None:
-    """Container `name`'s `state.terminated`, once it ended."""
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+    """Container `name`'s `state.terminated` (a container, or an init container such as a sidecar), once it ended."""
+    status = pod.get("status") or {}
+    for cs in [*(status.get("containerStatuses") or []), *(status.get("initContainerStatuses") or [])]:
         if cs.get("name") == name:
             return (cs.get("state") or {}).get("terminated")
     return None
+
+
+def world_verdict_of(pod: Mapping[str, Any] | None) -> str | None:
+    """The verdict an agent pod's world sidecar wrote as its termination message (None: it judged nothing). Only
+    the world container can write that file; the agent's own container and volume are not read for it."""
+    if pod is None or is_grading_pod(pod):
+        return None
+    message = (container_terminated(pod, "world") or {}).get("message")
+    return message if verdict_from_report(message) is not None else None
 
 
 def agent_ended_reason(code: int | None) -> StopReason | None:

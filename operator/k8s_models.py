@@ -287,6 +287,12 @@ class RunStatus(_Status):
         description="The grading pod's termination report (the run's result), once final: the record a new "
         "leader with an empty runs root reads the result from.",
     )
+    world_verdict: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="A Gaia2 run's verdict as its pod's world sidecar reported it (that container's termination "
+        "message): what the grading pod is given, never the copy in the agent-writable checkpoint.",
+    )
     observed_generation: int | None = Field(default=None, ge=0)
     conditions: list[Condition] = Field(default_factory=list)
 

@@ -37,6 +37,7 @@ from labkube.operator.crds import LABEL_CAMPAIGN, LABEL_RUN, SchemaError, dns_la
 from labkube.operator.k8s_models import PodOptions, RunResourceSpec, Toleration
 from labkube.run_spec import CLI_AGENTS
 from labkube.task_card import TaskFamily
+from labkube.tasks.gaia2.verdict_message import ONE_SCENARIO_VARIABLE, VERDICT_FILE_VARIABLE
 
 __all__ = [
     "LABEL_ATTEMPT",
@@ -277,6 +278,7 @@ def build_pod_manifest(
             *([{"name": "task-envs", "emptyDir": {}}] if task_env else []),
             *([{"name": "gateway", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}] if gateway else []),
             *([{"name": GATEWAY_TMP, "emptyDir": {"sizeLimit": "1Gi"}}] if gateway else []),
+            *([{"name": WORLD_TMP, "emptyDir": {"sizeLimit": "1Gi"}}] if run.family == TaskFamily.gaia2 else []),
         ],
     }
     wall = run.budgets.wall_seconds
@@ -502,7 +504,14 @@ def _gateway_container(
     }
 
 
+WORLD_TMP = "world-tmp"  # the world's own /tmp and HOME: nothing the agent writes there is code the world imports
+WORLD_TERMINATION_LOG = "/dev/termination-log"
+
+
 def _world_container(run: RunResourceSpec, options: PodOptions, run_dir: str, namespace: str | None) -> dict[str, Any]:
+    """The Gaia2 world (ARE) as a native sidecar. The agent's shell reaches its port, so it serves only the scenario
+    the harness loaded first; it shares no writable volume with the agent (the run's directory is read-only to it),
+    and its verdict leaves through its own termination message, which only it can write."""
     world = options.world
     assert world is not None
     container: dict[str, Any] = {
@@ -511,10 +520,16 @@ def _world_container(run: RunResourceSpec, options: PodOptions, run_dir: str, na
         "imagePullPolicy": options.image_pull_policy,
         "restartPolicy": "Always",  # a native sidecar: it ends when the agent does
         "env": [
-            {"name": "HOME", "value": "/tmp"},
+            {"name": "HOME", "value": "/tmp"},  # its own /tmp (world-tmp), not the agent's
+            {"name": "PYTHONNOUSERSITE", "value": "1"},
             {"name": "LABKUBE_RUN_DIR", "value": run_dir},
             {"name": "LABKUBE_WORLD_PORT", "value": str(world.port)},
+            # Its verdict, as its termination message: the record the grading pod is given (k8s_grading.py).
+            {"name": VERDICT_FILE_VARIABLE, "value": WORLD_TERMINATION_LOG},
+            {"name": ONE_SCENARIO_VARIABLE, "value": "1"},
         ],
+        "terminationMessagePath": WORLD_TERMINATION_LOG,
+        "terminationMessagePolicy": "File",  # never its log: what the agent sent it may be in there
         # The world listens on 127.0.0.1 only (the agent is in the same pod; nothing else may drive it), which a
         # tcpSocket probe (to the pod's IP) cannot reach: the probe connects from inside the container.
         "startupProbe": {
@@ -526,7 +541,7 @@ def _world_container(run: RunResourceSpec, options: PodOptions, run_dir: str, na
         "securityContext": _secure(True),
         "volumeMounts": [
             _runs_mount(run, options, namespace, read_only=True),
-            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": WORLD_TMP, "mountPath": "/tmp"},
         ],
     }
     if world.command:

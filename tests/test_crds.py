@@ -212,7 +212,15 @@ def test_status_fields_are_camel_case_and_spec_fields_are_the_cli_names() -> Non
     assert {"gpuHoursUsed", "observedGeneration", "runs", "progress"} <= set(campaign["status"]["properties"])
     assert {"gpu_hours_cap", "api_key_env"} <= set(campaign["spec"]["properties"])
     pod = campaign["spec"]["properties"]["pod"]["properties"]
-    assert {"nodeSelector", "tolerations", "priorityClassName", "queueName", "runtimeClassName"} == set(pod)
+    assert {
+        "nodeSelector",
+        "tolerations",
+        "priorityClassName",
+        "queueName",
+        "runtimeClassName",
+        "labels",
+        "annotations",
+    } == set(pod)
 
 
 def test_conditions_are_a_map_list_keyed_by_type() -> None:

@@ -32,6 +32,7 @@ from labkube.operator.pod_manifest import (
 )
 from labkube.run_spec import RunSpec
 from labkube.task_card import Resources, TaskFamily
+from labkube.tasks.gaia2.verdict_message import ONE_SCENARIO_VARIABLE, VERDICT_FILE_VARIABLE
 
 RUN_ID = "continual-learning-lite--openai-gpt-5--s0"
 RUN_NAME = "cl-sweep-continual-learning-lite--openai-gpt-5--s0"
@@ -690,6 +691,28 @@ def test_the_gateway_shares_no_writable_volume_with_the_agent_but_the_run_direct
     assert gateway_mounts["/tmp"] == home_volume
     assert env_of(gateway)["PYTHONNOUSERSITE"]["value"] == "1" and env_of(gateway)["PYTHONSAFEPATH"]["value"] == "1"
     assert gateway["startupProbe"]["exec"]["command"][:2] == ["python", "-s"]
+
+
+def test_the_world_shares_no_writable_volume_with_the_agent_and_reports_its_verdict_itself() -> None:
+    """The Gaia2 world judges the run: the agent must not be able to plant code it imports (its HOME and /tmp are a
+    volume only it mounts, no user site-packages) nor write its verdict (its own termination message, never its
+    log), and it serves only the scenario loaded first (the agent's shell reaches its port)."""
+    pod = build_pod_manifest(
+        make_run(family=TaskFamily.gaia2), make_options(world=WorldOptions(image="w:1")), owner=OWNER
+    )
+    check_pod(pod)
+    by_name = containers(pod)
+    world, agent = by_name["world"], by_name["agent"]
+    assert not set(_writable_mounts(pod, world).values()) & set(_writable_mounts(pod, agent).values())
+    mounts = {m["mountPath"]: m for m in world["volumeMounts"]}
+    assert mounts["/tmp"]["name"] == "world-tmp" and env_of(world)["HOME"]["value"] == "/tmp"
+    users = [c["name"] for c in by_name.values() if "world-tmp" in {m["name"] for m in c["volumeMounts"]}]
+    assert users == ["world"]
+    assert all(m.get("readOnly") for m in world["volumeMounts"] if m["name"] == "runs")
+    env = {name: e["value"] for name, e in env_of(world).items()}
+    assert env["PYTHONNOUSERSITE"] == "1" and env[ONE_SCENARIO_VARIABLE] == "1"
+    assert env[VERDICT_FILE_VARIABLE] == world["terminationMessagePath"] == "/dev/termination-log"
+    assert world["terminationMessagePolicy"] == "File"
 
 
 def test_a_planted_user_site_never_runs_in_the_gateway(tmp_path: Path) -> None:

@@ -58,6 +58,7 @@ from are.simulation.validation import ScriptedGraphPerEventJudgeConfig
 from are.simulation.validation import judge as are_judge
 from are.simulation.validation import tool_judge as are_tool_judge
 from are.simulation.validation.utils import llm_utils as are_llm_utils
+from verdict_message import ONE_SCENARIO_VARIABLE, VERDICT_FILE_VARIABLE, verdict_report
 from world_health import (
     WorldBroken,
     WorldEnvironment,
@@ -557,6 +558,7 @@ class WorldSession:
         self.paused_at: float | None = None
         self.loaded_wall = 0.0
         self.load_params: dict[str, Any] = {}
+        self.loaded_once = False
 
     # -- helpers ------------------------------------------------------------------------------------
 
@@ -665,6 +667,11 @@ class WorldSession:
         if req.get("judge") is not None:
             _llm_spec(req["judge"], "judge")
         with self.lock:
+            if self.loaded_once and os.environ.get(ONE_SCENARIO_VARIABLE) == "1":
+                # A pod's sidecar serves the one scenario its harness loaded before the agent started; the agent's
+                # shell reaches this port too, and a reload (say, as an oracle run) would replace what it is judged on.
+                raise ProtocolError(409, "this world serves one run's scenario, loaded already: start a new world")
+            self.loaded_once = True
             self._unload()
             self.finished = False
             self.broken = False
@@ -1107,7 +1114,7 @@ class WorldSession:
             else:
                 rationale = "the scenario's validation returned success=False (ARE gives no rationale for it)"
         turns_total = self._nb_turns()
-        return {
+        body = {
             "scenario_id": self.scenario.scenario_id,
             "success": success,
             "rationale": rationale,
@@ -1123,6 +1130,17 @@ class WorldSession:
             "wall_seconds": time.monotonic() - self.loaded_wall,
             "matches": judge_matches(judge if judge is not None else getattr(self.scenario, "judge", None)),
         }
+        publish_verdict(body)
+        return body
+
+
+def publish_verdict(body: dict[str, Any]) -> None:
+    """Also write the verdict where `LABKUBE_WORLD_VERDICT_FILE` says: in a pod, the world container's termination
+    message, which only this container can write. The operator hands it to the grading pod; the copy the agent's
+    harness keeps in its checkpoint is on a volume the agent can write, so on a cluster it is not the record."""
+    path = os.environ.get(VERDICT_FILE_VARIABLE)
+    if path:
+        Path(path).write_text(verdict_report(body))
 
 
 def _judge_usd(engine: Any) -> float | None:

@@ -28,7 +28,7 @@
   `LABKUBE_METRICS_PORT=0`, and each world sidecar a free local port: its `LABKUBE_WORLD_PORT` (and
   a command or probe argument equal to the old port) is replaced, and the agent's
   `LABKUBE_WORLD_URL` is rewritten to the new port.
-- Termination messages: a container's `terminationMessagePath` is a file of its own (an environment
+- Termination messages: a container's (a sidecar's too) `terminationMessagePath` is a file of its own (an environment
   value naming that path is rewritten to it); after the container ends, its first 4096 bytes become
   `state.terminated.message`, or, with `terminationMessagePolicy: FallbackToLogsOnError` and an empty
   file after a failure, the last 80 lines (at most 2048 bytes) of its log, as the real kubelet does.
@@ -448,7 +448,10 @@ class FakeKubelet:
         for name, proc in reversed(list(state.sidecars.items())):
             await _terminate(proc, self.grace_s if grace_s is None else grace_s)
             container = next(c for c in state.pod["spec"]["initContainers"] if c["name"] == name)
-            state.init_statuses[name] = _terminated(container, _exit_code(proc))
+            code = _exit_code(proc)
+            state.init_statuses[name] = _terminated(
+                container, code, message=self.termination_message(state, container, code)
+            )
 
     def _volumes(self, state: PodState) -> dict[str, Path]:
         paths: dict[str, Path] = {}

@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,10 +18,14 @@ from conftest import NAMESPACE, PODS, WORLD_IMAGE, Cluster, eventually
 from fakekube import FakeKube
 from kubelet import FakeKubelet
 
+from labkube.agent.entrypoint import finalize_stopped
+from labkube.budgets import StopReason
 from labkube.operator.k8s_models import WorldOptions
 from labkube.operator.pod_manifest import pod_name
+from labkube.result import Outcome
 from labkube.store import CampaignDir
 from labkube.tasks.gaia2 import setup_world_env
+from labkube.tasks.gaia2.verdict_message import WORLD_VERDICT_SOURCE, WORLD_VERDICT_VARIABLE, verdict_from_report
 
 pytestmark = [pytest.mark.slow, pytest.mark.gaia2]
 
@@ -220,3 +226,67 @@ async def test_sidecars_are_killed_when_the_agent_ends_the_pod_goes_or_the_kubel
             status = (api.read_object(PODS, NAMESPACE, "evicted") or {})["status"]
             assert status["reason"] == "Evicted" and status["initContainerStatuses"][0]["state"]["terminated"]
         assert gone(sidecars["left"])
+
+
+async def test_a_verdict_the_agent_forges_in_its_checkpoint_is_not_the_result(
+    cluster: Cluster, plans: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#24 item 2 for Gaia2: ARE fails the email to the wrong Dana. A hostile agent's process (here a thread of the
+    test, writing as the agent's processes can: the run's volume) keeps rewriting the checkpoint's verdict to a pass
+    from the moment the harness writes it until the run is recorded. The grading pod takes the verdict the world
+    sidecar wrote to its own termination message (recorded in the Run's status), so the run fails, 0.0.
+
+    The fake kubelet reads a sidecar's termination-message file as the real one does (the world's own file, bound
+    at its `terminationMessagePath`); what only it is trusted with here is that the agent cannot write that file,
+    which on a cluster is the container boundary."""
+    wrong = send_to(plans, WELLS)
+    forged = {"success": True, "rationale": None, "exception": None, "oracle": False, "checks": ["forged"]}
+    stop = threading.Event()
+    writes = 0
+
+    def forge() -> None:
+        nonlocal writes
+        while not stop.is_set():
+            for ckpt in cluster.volume.glob(f"{NAMESPACE}/forged/runs/*/checkpoint.json"):
+                with contextlib.suppress(OSError, ValueError):
+                    data = json.loads(ckpt.read_text())
+                    if data.get("world_verdict") and data["world_verdict"].get("checks") != ["forged"]:
+                        data["world_verdict"] = forged
+                        tmp = ckpt.with_suffix(".forged")
+                        tmp.write_text(json.dumps(data))
+                        tmp.replace(ckpt)
+                        writes += 1
+            stop.wait(0.02)
+
+    forger = threading.Thread(target=forge, daemon=True)
+    forger.start()
+    try:
+        async with cluster.operator(world=WORLD):
+            cluster.campaign("forged", tasks=[TASK], models=[wrong], seeds=1)
+            await until_done(cluster, "forged")
+    finally:
+        stop.set()
+        forger.join()
+
+    (run,) = cluster.runs("forged")
+    cdir = CampaignDir(cluster.campaign_dir("forged"))
+    run_id = run["spec"]["run_id"]
+    assert writes >= 1, "the forger never saw the harness's verdict in the checkpoint"
+    assert json.loads(cdir.run_dir(run_id).joinpath("checkpoint.json").read_text())["world_verdict"] == forged
+    assert run["status"]["phase"] == "Finished" and run["status"]["score"] == 0.0, run["status"]
+    reported = verdict_from_report(run["status"]["worldVerdict"])
+    assert reported is not None and reported["success"] is False and reported["scenario_id"]
+    result = cdir.result(run_id)
+    assert result is not None and result.score == 0.0 and result.details["gaia2"]["success"] is False
+    assert "EmailClientV2__send_email" in result.details["gaia2"]["rationale"]
+
+    # The same stopped run graded as a grading pod is, but with no verdict from the world (it never judged): the
+    # forged checkpoint does not stand in for one; the run is a world error, not a pass.
+    copy = cluster.root / "regraded"
+    shutil.copytree(cdir.run_dir(run_id), copy)
+    (copy / "result.json").unlink()
+    monkeypatch.setenv(WORLD_VERDICT_SOURCE, "operator")
+    monkeypatch.delenv(WORLD_VERDICT_VARIABLE, raising=False)
+    regraded = finalize_stopped(copy, StopReason.done)
+    assert regraded.outcome is Outcome.world_error and regraded.score is None, regraded
+    assert "reported no verdict" in (regraded.error or "")

@@ -18,6 +18,7 @@ from labkube.operator.k8s_grading import (
     graded_result,
     grading_manifest,
     result_from_status,
+    world_verdict_of,
 )
 from labkube.operator.k8s_ledger import PodLedger, PodTime, ledger_path
 from labkube.operator.k8s_models import (
@@ -34,6 +35,7 @@ from labkube.result import RunResult, termination_report
 from labkube.run_spec import RunPhase, RunSpec
 from labkube.store import CampaignDir, read_model
 from labkube.task_card import TaskFamily
+from labkube.tasks.gaia2.verdict_message import WORLD_VERDICT_SOURCE, WORLD_VERDICT_VARIABLE, verdict_report
 
 OWNER = {
     "apiVersion": "labkube.dev/v1alpha1",
@@ -168,3 +170,33 @@ def test_a_new_leader_rebuilds_results_and_ledgers_from_run_statuses(tmp_path: P
         fresh, runs[:1], [{"metadata": {"name": "c-done"}, "status": bare.to_status()}], shared=False
     ) == {"done"}
     assert fresh.result("done") is None
+
+
+def test_a_gaia2_grader_is_given_the_verdict_the_world_sidecar_reported_and_no_other() -> None:
+    """The world container's termination message is the verdict; the agent container's message, or a grading pod's,
+    is never read for one; the grading pod of a Gaia2 run is told to take only the operator's."""
+    options = PodOptions(default_image="img", world=WorldOptions(image="world:1"))
+    pod = build_pod_manifest(run_spec(family=TaskFamily.gaia2), options, owner=OWNER)
+    judged = verdict_report({"scenario_id": "s", "success": False, "rationale": "wrong recipient"})
+    forged = verdict_report({"scenario_id": "s", "success": True, "rationale": None})
+    ended_pod = ended(pod, "agent", forged)
+    ended_pod["status"]["initContainerStatuses"] = [
+        {"name": "prepare", "state": {"terminated": {"exitCode": 0, "message": forged}}},
+        {"name": "world", "state": {"terminated": {"exitCode": 0, "message": judged}}},
+    ]
+    assert world_verdict_of(ended_pod) == judged
+    assert world_verdict_of(ended(pod, "agent", forged)) is None  # a world that judged nothing
+    grading = grading_manifest(pod, StopReason.done, 900, world_verdict=judged)
+    validate(grading, "1.33", strict=True)
+    env = {e["name"]: e.get("value") for e in grading["spec"]["containers"][0]["env"]}
+    assert env[WORLD_VERDICT_SOURCE] == "operator" and env[WORLD_VERDICT_VARIABLE] == judged
+    assert world_verdict_of(grading) is None
+    unjudged = grading_manifest(pod, StopReason.done, 900)
+    unjudged_env = {e["name"] for e in unjudged["spec"]["containers"][0]["env"]}
+    assert WORLD_VERDICT_SOURCE in unjudged_env and WORLD_VERDICT_VARIABLE not in unjudged_env
+    paper = grading_manifest(build_pod_manifest(run_spec(), options, owner=OWNER), StopReason.done, 900, judged)
+    assert not {e["name"] for e in paper["spec"]["containers"][0]["env"]} & {
+        WORLD_VERDICT_SOURCE,
+        WORLD_VERDICT_VARIABLE,
+    }
+    assert RunStatus(world_verdict=judged).to_status()["worldVerdict"] == judged  # the record a new leader reads
