@@ -33,8 +33,8 @@ from pydantic import BaseModel, Field
 from labkube.budgets import total_cost
 from labkube.integrity_report import Verdict, verdict_basis
 from labkube.report import Aggregate, ReportRow, aggregate, report_rows, scaffold_rank
-from labkube.result import RunResult
-from labkube.results.gpu_report import gpu_plot, gpu_text
+from labkube.result import GpuUse, RunResult
+from labkube.results.gpu_report import gpu_text
 from labkube.run_spec import RunSpec
 from labkube.store import CampaignDir
 
@@ -430,6 +430,28 @@ def _curve(entry: RunEntry) -> list[tuple[float, float, float, float]]:
         usd = spend.cost_usd if spend.cost_usd is not None else math.nan
         points.append((spend.wall_seconds, float(spend.usage.total), usd, result.score))
     return points
+
+
+def gpu_plot(runs: Sequence[tuple[str, GpuUse | None]], salt: str, title: str) -> Markup | None:
+    """Utilisation and memory over time, one line per run; None when no run had a GPU."""
+    curves = [(label, use) for label, use in runs if use is not None and use.curve]
+    if not curves:
+        return None
+    scale, unit = _time_unit(max(p.at_seconds for _l, use in curves for p in use.curve))
+    with plot_style():
+        fig = new_figure(10.5, 2.4)
+        util_ax, mem_ax = fig.subplots(1, 2, sharex=True)
+        for i, (label, use) in enumerate(curves):
+            xs = [p.at_seconds / scale for p in use.curve]
+            color = SEED_COLORS[i % len(SEED_COLORS)]
+            util_ax.plot(xs, [100 * p.utilization for p in use.curve], color=color, linewidth=1.2, label=label)
+            mem_ax.plot(xs, [p.memory_used_bytes / 2**30 for p in use.curve], color=color, linewidth=1.2, label=label)
+        util_ax.set_ylim(0, 100)
+        util_ax.set_title(f"GPU utilisation (%) over wall time ({unit})")
+        mem_ax.set_ylim(bottom=0)
+        mem_ax.set_title(f"GPU memory used (GiB) over wall time ({unit})")
+        figure_legend(fig)
+        return figure_svg(fig, salt, title)
 
 
 def _time_unit(max_seconds: float) -> tuple[float, str]:
