@@ -1,4 +1,11 @@
-"""labkube: a testbed for long-horizon AI agents."""
+"""labkube: a testbed for long-horizon AI agents. This folder is the spine every room stands on.
+
+It holds only what every part shares: the schemas (task card, run spec, campaign, result, budgets, model
+references, the integrity verdict), the results store and its report rows, and the metrics registry; and, until
+#27 item 2 gives it a room, the command line (`cli*.py`, `*_cli.py`). The rooms are sub-packages in sibling
+folders: tasks/, agent/, integrity/, operator/ (the write side) and results/ (the read side); docs/architecture.md
+says what each may import.
+"""
 
 import os as _os
 

@@ -1,4 +1,5 @@
-"""Campaign execution: the Ray campaign driver, run supervisors and sandbox backends."""
+"""Campaign execution: the Ray campaign driver, run supervisors, sandbox backends (a local process, a Kubernetes
+pod), and the Kubernetes operator that turns Campaign and Run resources into the same runs."""
 
 if __name__ == "operator":  # pragma: no cover - depends on how Python was started
     # This folder installs as `labkube.operator`. Only when a checkout's root is on sys.path

@@ -1,5 +1,5 @@
-"""Task families (ResearchGym paper tasks, GAIA questions; Gaia2 worlds come later), their graders,
-and the bundled tasks."""
+"""Task families (ResearchGym paper tasks, GAIA questions, Gaia2 worlds in `gaia2/`), their graders, task
+environments, and the bundled tasks: what a run is asked to do and how its work is scored."""
 
 from __future__ import annotations
 
