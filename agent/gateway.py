@@ -17,7 +17,9 @@ is reported so the run's wall budget does not pay for it. `before_call`/`after_c
 world's clock around each call.
 
 The gateway's running totals are kept in `GatewayState`, written to `gateway.json` in the run directory after
-every call, so a pod's agent container can read what its gateway sidecar counted.
+every call, so a pod's agent container can read what its gateway sidecar counted. The file is written off the
+call's path (in a thread, within milliseconds; `close()` waits for the last write): an atomic rename costs
+milliseconds on a busy disk, more than the rest of the gateway's work on a call (benchmarks/gateway_overhead.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import logging
 import os
 import random
 import secrets
@@ -45,7 +48,7 @@ from labkube.agent.usage import anthropic_usage, chat_usage, responses_usage
 from labkube.budgets import Budgets, Spend, StopReason, Usage
 from labkube.model_ref import ModelRef, parse_model
 from labkube.run_spec import RunSpec
-from labkube.store import write_model
+from labkube.store import write_json_atomic
 
 Family = Literal["openai", "anthropic"]
 OPENAI_DEFAULT_BASE = "https://api.openai.com/v1"
@@ -54,6 +57,8 @@ MODEL_CALLS: dict[Family, tuple[str, ...]] = {
     "openai": ("responses", "chat/completions"),
     "anthropic": ("messages",),
 }
+# A Responses stream's last event holds the whole response: the hundreds of deltas before it need not be parsed.
+RESPONSES_FINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 # Request headers the client sends that go upstream as they are; the rest (its token, hop-by-hop headers, the
 # SDK's own retry counters) stay here.
@@ -164,6 +169,13 @@ class CallDigest:
         self._anthropic_usage: dict[str, Any] = {}
         self._blocks: dict[int, dict[str, Any]] = {}
 
+    @property
+    def stream_events(self) -> frozenset[bytes] | None:
+        """The names of the streamed events this digest reads (None: all of them)."""
+        if self.family == "openai" and self.endpoint == "responses":
+            return frozenset(name.encode() for name in RESPONSES_FINAL_EVENTS)
+        return None
+
     def message(self) -> dict[str, Any]:
         calls = []
         for call in self.calls.values():
@@ -233,7 +245,7 @@ class CallDigest:
         if self.family == "anthropic":
             self._anthropic_event(data)
         elif self.endpoint == "responses":
-            if data.get("type") in ("response.completed", "response.incomplete", "response.failed"):
+            if data.get("type") in RESPONSES_FINAL_EVENTS:
                 self.body(data.get("response") or {})
         else:
             self._chat_chunk(data)
@@ -289,17 +301,23 @@ class CallDigest:
 
 
 class SseReader:
-    """Server-sent events from a byte stream fed in arbitrary chunks: each complete event's JSON `data`."""
+    """Server-sent events from a byte stream fed in arbitrary chunks: each complete event's JSON `data`; with
+    `names`, only the events named so (or not named at all), so that the others are not parsed."""
 
-    def __init__(self) -> None:
+    def __init__(self, names: frozenset[bytes] | None = None) -> None:
         self._buffer = b""
+        self._names = names
 
     def feed(self, chunk: bytes) -> list[dict[str, Any]]:
-        self._buffer += chunk.replace(b"\r\n", b"\n")
+        *complete, self._buffer = (self._buffer + chunk.replace(b"\r\n", b"\n")).split(b"\n\n")
         events = []
-        while b"\n\n" in self._buffer:
-            raw, self._buffer = self._buffer.split(b"\n\n", 1)
-            data = b"\n".join(line[5:].strip() for line in raw.split(b"\n") if line.startswith(b"data:"))
+        for raw in complete:
+            lines = raw.split(b"\n")
+            if self._names is not None:
+                name = next((line[6:].strip() for line in lines if line.startswith(b"event:")), None)
+                if name is not None and name not in self._names:
+                    continue
+            data = b"\n".join(line[5:].strip() for line in lines if line.startswith(b"data:"))
             if not data or data == b"[DONE]":
                 continue
             with contextlib.suppress(ValueError):
@@ -351,6 +369,8 @@ class ModelGateway(GatewayAddress):
         self.on_refusal = on_refusal
         self._runner: aiohttp.web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._state_writer: asyncio.Task[None] | None = None
+        self._state_changed = False
         self.url = ""
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> ModelGateway:
@@ -371,6 +391,9 @@ class ModelGateway(GatewayAddress):
     async def close(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+        await asyncio.sleep(0)  # the last calls' transcript lines (written on the loop's next turn) go out first
+        if self._state_writer is not None:
+            await self._state_writer
         if self._session is not None:
             await self._session.close()
 
@@ -395,8 +418,22 @@ class ModelGateway(GatewayAddress):
         return None
 
     def _save(self) -> None:
-        if self.state_path is not None:
-            write_model(self.state_path, self.state)
+        """Have `gateway.json` rewritten, off the call's path: a writer task writes the latest state in a thread, and
+        once more if it changed meanwhile (a burst of calls costs a write or two, not one each)."""
+        if self.state_path is None:
+            return
+        self._state_changed = True
+        if self._state_writer is None or self._state_writer.done():
+            self._state_writer = asyncio.get_running_loop().create_task(self._write_state(self.state_path))
+
+    async def _write_state(self, path: Path) -> None:
+        while self._state_changed:
+            self._state_changed = False
+            snapshot = self.state.model_dump(mode="json")
+            try:
+                await asyncio.to_thread(write_json_atomic, path, snapshot)
+            except OSError as exc:  # the call was counted in memory, and budgets are enforced from there
+                logging.getLogger(__name__).warning("labkube gateway: could not write %s: %s", path, exc)
 
     def _authorized(self, request: aiohttp.web.Request) -> bool:
         given = request.headers.get("x-api-key") or request.headers.get("authorization", "").removeprefix("Bearer ")
@@ -418,25 +455,23 @@ class ModelGateway(GatewayAddress):
         endpoint = tail.rstrip("/")
         if request.method != "POST" or endpoint not in MODEL_CALLS[family]:
             return await self._forward(request, family, upstream, tail, raw, None)
-        try:
-            body = json.loads(raw) if raw else {}
-        except ValueError:
-            return aiohttp.web.json_response(
-                error_body(family, 400, "invalid_request_error", "request body is not JSON"), status=400
-            )
         spent = self.spent()
         if spent is not None:
             return self._refuse(family, *spent)
-        if body.get("stream") and endpoint == "chat/completions":
-            # without it a streamed Chat Completion carries no usage at all
-            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
-            raw = json.dumps(body).encode()
+        # The request goes upstream as it came (a long session's is hundreds of kB of JSON, milliseconds to parse);
+        # only a Chat Completion is read first, and it is the provider that answers a body that is not JSON.
+        if endpoint == "chat/completions":
+            try:
+                raw = with_stream_usage(raw)
+            except ValueError:
+                message = "request body is not a JSON object"
+                return aiohttp.web.json_response(error_body(family, 400, "invalid_request_error", message), status=400)
         digest = CallDigest(family, endpoint)
         if self.before_call is not None:
             await self.before_call()
         started = time.monotonic()
         try:
-            return await self._forward(request, family, upstream, tail, raw, digest, body)
+            return await self._forward(request, family, upstream, tail, raw, digest)
         finally:
             if self.after_call is not None:  # the world is charged the model's time, not the retries' back-off
                 await self.after_call(max(0.0, time.monotonic() - started - digest.backoff_s))
@@ -469,7 +504,6 @@ class ModelGateway(GatewayAddress):
         tail: str,
         raw: bytes,
         digest: CallDigest | None,
-        body: dict[str, Any] | None = None,
     ) -> aiohttp.web.StreamResponse:
         assert self._session is not None
         base = upstream.base_url.rstrip("/")
@@ -504,12 +538,12 @@ class ModelGateway(GatewayAddress):
         if upstream_response is None:
             message = f"labkube gateway: the provider at {base} failed {attempt} times ({failure})"
             self.state.last_error = message
-            self._record(digest, body, started, backoff, attempt, error=message, path=tail)
+            self._record(digest, raw, started, backoff, attempt, error=message, path=tail)
             return aiohttp.web.json_response(error_body(family, 502, "api_error", message), status=502)
         try:
             if "text/event-stream" in upstream_response.headers.get("content-type", ""):
                 return await self._relay_stream(
-                    request, upstream_response, digest, body, started, backoff, attempt, tail
+                    request, upstream_response, digest, raw, started, backoff, attempt, tail
                 )
             data = await upstream_response.read()
             error = None
@@ -519,7 +553,7 @@ class ModelGateway(GatewayAddress):
             elif upstream_response.status >= 400:
                 error = f"HTTP {upstream_response.status}: {data[:500].decode(errors='replace')}"
             if digest is not None:
-                self._record(digest, body, started, backoff, attempt, error=error, path=tail)
+                self._record(digest, raw, started, backoff, attempt, error=error, path=tail)
             content_type = upstream_response.headers.get("content-type", "application/json")
             return aiohttp.web.Response(
                 body=data, status=upstream_response.status, headers=_passed_back(upstream_response, content_type)
@@ -539,7 +573,7 @@ class ModelGateway(GatewayAddress):
         request: aiohttp.web.Request,
         upstream_response: aiohttp.ClientResponse,
         digest: CallDigest | None,
-        body: dict[str, Any] | None,
+        raw: bytes,
         started: float,
         backoff: float,
         attempt: int,
@@ -550,21 +584,23 @@ class ModelGateway(GatewayAddress):
             headers=_passed_back(upstream_response, upstream_response.headers.get("content-type", "text/event-stream")),
         )
         await response.prepare(request)
-        reader = SseReader()
+        reader = SseReader(digest.stream_events if digest is not None else None)
         error = None
         try:
             async for chunk in upstream_response.content.iter_any():
-                if digest is not None:
-                    for event in reader.feed(chunk):
-                        digest.event(event)
-                await response.write(chunk)
+                try:
+                    await response.write(chunk)  # to the agent first; it is counted after
+                finally:
+                    if digest is not None:
+                        for event in reader.feed(chunk):
+                            digest.event(event)
         except (aiohttp.ClientError, TimeoutError) as exc:
             error = f"the provider's stream broke: {type(exc).__name__}: {exc}"
         except ConnectionResetError:
             error = "the agent closed the stream"
         finally:
             if digest is not None:
-                self._record(digest, body, started, backoff, attempt, error=error, path=tail)
+                self._record(digest, raw, started, backoff, attempt, error=error, path=tail)
         if error is None:
             with contextlib.suppress(ConnectionResetError):
                 await response.write_eof()
@@ -573,19 +609,26 @@ class ModelGateway(GatewayAddress):
     def _record(
         self,
         digest: CallDigest | None,
-        body: dict[str, Any] | None,
+        raw: bytes,
         started: float,
         backoff: float,
         attempts: int,
         error: str | None,
         path: str,
     ) -> None:
-        """Count one model call (even a failed one: its back-off and attempts are real) and write its line."""
+        """Count one model call (even a failed one: its back-off and attempts are real) at once, before the answer's
+        last bytes go out, so that the next call's budget check sees it. Its transcript line, series and state file
+        are written on the event loop's next turn, once aiohttp has sent the answer: they are no part of what the
+        agent waits for."""
         if digest is None:
             return
         digest.backoff_s = backoff
         usage = digest.usage or Usage()
-        model = digest.model or (body or {}).get("model") or ""
+        body = None
+        model = digest.model
+        if not model:  # an answer that does not name its model: the request does
+            body = request_body(raw)
+            model = str(body.get("model") or "")
         priced_as = f"{self.config.provider_prefix}:{model}"
         usd = cost_usd(priced_as, usage, self.config.prices) if model else 0.0
         s = self.state
@@ -599,28 +642,63 @@ class ModelGateway(GatewayAddress):
             s.last_error = error
         self._save()
         duration = time.monotonic() - started
+        line = {
+            "type": "model_call",
+            "purpose": "step",
+            "step": s.spend.steps,
+            "ts": now_iso(),
+            "model": model,
+            "via": "gateway",
+            "request": body,  # summarized when the line is written
+            "message": None,
+            "stop_reason": digest.stop_reason,
+            "usage": usage.model_dump(),
+            "cost_usd": usd,
+            "duration_s": round(duration, 4),
+            "backoff_s": round(backoff, 4),
+            "attempts": attempts,
+            **({"error": error} if error else {}),
+        }
+        asyncio.get_running_loop().call_soon(self._log_call, line, digest, raw, path, usage, usd, duration - backoff)
+
+    def _log_call(
+        self,
+        line: dict[str, Any],
+        digest: CallDigest,
+        raw: bytes,
+        path: str,
+        usage: Usage,
+        usd: float | None,
+        model_seconds: float,
+    ) -> None:
         if self.transcript is not None:
-            self.transcript.append(
-                {
-                    "type": "model_call",
-                    "purpose": "step",
-                    "step": s.spend.steps,
-                    "ts": now_iso(),
-                    "model": model,
-                    "via": "gateway",
-                    "request": request_summary(path, body or {}),
-                    "message": digest.message(),
-                    "stop_reason": digest.stop_reason,
-                    "usage": usage.model_dump(),
-                    "cost_usd": usd,
-                    "duration_s": round(duration, 4),
-                    "backoff_s": round(backoff, 4),
-                    "attempts": attempts,
-                    **({"error": error} if error else {}),
-                }
-            )
+            body = line["request"] if line["request"] is not None else request_body(raw)
+            line["request"] = request_summary(path, body)
+            line["message"] = digest.message()
+            self.transcript.append(line)
         if self.telemetry is not None:
-            self.telemetry.model_call(usage, usd, max(0.0, duration - backoff))
+            self.telemetry.model_call(usage, usd, max(0.0, model_seconds))
+
+
+def request_body(raw: bytes) -> dict[str, Any]:
+    """The request as the agent sent it ({} when it is not a JSON object: the provider said so)."""
+    try:
+        body = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def with_stream_usage(raw: bytes) -> bytes:
+    """A Chat Completion request as sent upstream: streamed, it asks for the usage chunk, without which a streamed
+    Chat Completion carries no usage at all. ValueError when the body is not a JSON object."""
+    body = json.loads(raw) if raw else {}
+    if not isinstance(body, dict):
+        raise ValueError("not a JSON object")
+    if not body.get("stream"):
+        return raw
+    body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+    return json.dumps(body).encode()
 
 
 def request_summary(path: str, body: dict[str, Any]) -> dict[str, Any]:

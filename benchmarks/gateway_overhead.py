@@ -9,12 +9,15 @@ of conversation and tool definitions).
 
 Direct and gateway calls alternate so that the machine's load falls on both alike: at concurrency 1 each pair is
 one call each way, in random order; at concurrency C each pair is a round of C simultaneous calls each way, in random
-order. Warm-up pairs (connections opened, code paths warm) are not counted. The added latency at a percentile is the
+order. Warm-up pairs (connections opened, code paths warm) are not counted. `--baseline REF` adds a third way, the
+gateway as it was at commit REF (its agent/gateway.py, in a process of its own), to the same alternation: a before
+and after measured under the same load. The added latency at a percentile is the
 gateway's percentile minus the direct one (a difference of percentiles, not a percentile of differences); the
 median of the paired differences is shown beside it as a check. A streamed call's latency is to its last event;
 its first token is its first text delta as the SDK yields it.
 
-    python benchmarks/gateway_overhead.py [--calls 400] [--rounds 100] [--concurrency 1,16] [--write-docs]
+    python benchmarks/gateway_overhead.py [--calls 400] [--rounds 100] [--concurrency 1,16] [--baseline REF]
+                                          [--write-docs]
 
 `--write-docs` replaces the table in docs/third-party-agents.md (`<!-- benchmark:gateway_overhead -->`).
 """
@@ -46,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from docs_block import REPO, markdown_table, write_block
 
 Api = Literal["responses", "messages"]
-Side = Literal["direct", "gateway"]
+Side = Literal["direct", "gateway", "baseline"]
 APIS: tuple[Api, ...] = ("responses", "messages")
 MODELS: dict[Api, str] = {"responses": "gpt-5", "messages": "claude-sonnet-4-6"}
 ANSWER = "The file result.txt now holds the answer, and the tests pass. " * 3
@@ -89,10 +92,25 @@ def serve_upstream(event_interval_s: float) -> None:
         sys.stdin.read()
 
 
-async def serve_gateways(upstream_url: str, run_dir: Path) -> None:
+def gateway_module(source: Path | None) -> Any:
+    """labkube's gateway, or the one in `source` (an earlier commit's agent/gateway.py, importing today's labkube)."""
+    if source is None:
+        from labkube.agent import gateway
+
+        return gateway
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("labkube_gateway_baseline", source)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # pydantic resolves the models' annotations from it
+    spec.loader.exec_module(module)
+    return module
+
+
+async def serve_gateways(upstream_url: str, run_dir: Path, source: Path | None) -> None:
     """One run's gateway per API family, metering as a run's does; prints their addresses and tokens as JSON, serves
     until stdin closes."""
-    from labkube.agent.gateway import GatewayConfig, ModelGateway, Upstream
     from labkube.agent.telemetry import RunTelemetry
     from labkube.agent.transcript import JsonlLog
     from labkube.run_spec import RunSpec
@@ -108,8 +126,9 @@ async def serve_gateways(upstream_url: str, run_dir: Path) -> None:
             model=f"{family}:m",
             seed=0,
         )
-        config = GatewayConfig(**{family: Upstream(base_url=base, api_key=UPSTREAM_KEY)}, provider_prefix=family)  # type: ignore[arg-type]
-        gateway = ModelGateway(
+        gw = gateway_module(source)
+        config = gw.GatewayConfig(**{family: gw.Upstream(base_url=base, api_key=UPSTREAM_KEY)}, provider_prefix=family)
+        gateway = gw.ModelGateway(
             config,
             transcript=JsonlLog(run_dir / family / "transcript.jsonl"),
             telemetry=RunTelemetry(spec),
@@ -118,6 +137,7 @@ async def serve_gateways(upstream_url: str, run_dir: Path) -> None:
         gateways.append(await gateway.start())
     openai_gw, anthropic_gw = gateways
     address = {
+        "pid": os.getpid(),
         "responses": {"base_url": openai_gw.openai_base_url, "token": openai_gw.config.token},
         "messages": {"base_url": anthropic_gw.anthropic_base_url, "token": anthropic_gw.config.token},
     }
@@ -209,7 +229,17 @@ class Case:
     api: Api
     stream: bool
     concurrency: int
-    samples: dict[Side, list[Sample]] = field(default_factory=lambda: {"direct": [], "gateway": []})
+    samples: dict[Side, list[Sample]] = field(default_factory=dict)
+    cpu_ms_per_call: dict[Side, float | None] = field(default_factory=dict)  # each gateway process's, warm-up included
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """The user and system CPU time a process has used so far (None where /proc is not there to say)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def one_call(client: Any, api: Api, stream: bool, bulk: dict[str, Any]) -> Sample:
@@ -245,32 +275,44 @@ async def one_call(client: Any, api: Api, stream: bool, bulk: dict[str, Any]) ->
     return Sample(ended - started, None if first is None else first - started)
 
 
-def clients(upstream_url: str, gateways: dict[str, dict[str, str]]) -> dict[tuple[Side, Api], Any]:
+def clients(upstream_url: str, gateways: dict[Side, dict[str, Any]]) -> dict[tuple[Side, Api], Any]:
     """The SDKs' async clients, each with its own connection pool (their default limits are far above 16)."""
     import anthropic
     import openai
 
-    gw_openai, gw_anthropic = gateways["responses"], gateways["messages"]
-    return {
+    made: dict[tuple[Side, Api], Any] = {
         ("direct", "responses"): openai.AsyncOpenAI(api_key=UPSTREAM_KEY, base_url=upstream_url + "/v1", max_retries=0),
-        ("gateway", "responses"): openai.AsyncOpenAI(
-            api_key=gw_openai["token"], base_url=gw_openai["base_url"], max_retries=0
-        ),
         ("direct", "messages"): anthropic.AsyncAnthropic(api_key=UPSTREAM_KEY, base_url=upstream_url, max_retries=0),
-        ("gateway", "messages"): anthropic.AsyncAnthropic(
-            api_key=gw_anthropic["token"], base_url=gw_anthropic["base_url"], max_retries=0
-        ),
     }
+    for side, address in gateways.items():
+        gw_openai, gw_anthropic = address["responses"], address["messages"]  # type: ignore[index]
+        made[(side, "responses")] = openai.AsyncOpenAI(
+            api_key=gw_openai["token"], base_url=gw_openai["base_url"], max_retries=0
+        )
+        made[(side, "messages")] = anthropic.AsyncAnthropic(
+            api_key=gw_anthropic["token"], base_url=gw_anthropic["base_url"], max_retries=0
+        )
+    return made
 
 
 async def measure(
-    case: Case, made: dict[tuple[Side, Api], Any], request: dict[str, Any], pairs: int, warmup: int, seed: int
+    case: Case,
+    made: dict[tuple[Side, Api], Any],
+    sides: list[Side],
+    pids: dict[Side, int],
+    request: dict[str, Any],
+    pairs: int,
+    warmup: int,
+    seed: int,
 ) -> None:
     """`pairs` counted pairs (after `warmup` uncounted ones) of a call each way (concurrency 1) or a round of
-    simultaneous calls each way, the side going first drawn at random each time."""
+    simultaneous calls each way, in an order drawn at random each time."""
     rng = random.Random(seed)
+    case.samples = {side: [] for side in sides}
+    cpu_before = {side: cpu_seconds(pids[side]) for side in pids}
     for i in range(warmup + pairs):
-        order: tuple[Side, Side] = ("direct", "gateway") if rng.random() < 0.5 else ("gateway", "direct")
+        order = list(sides)
+        rng.shuffle(order)
         for side in order:
             client = made[(side, case.api)]
             calls = [one_call(client, case.api, case.stream, request) for _ in range(case.concurrency)]
@@ -281,6 +323,10 @@ async def measure(
                 raise SystemExit(f"{where}: {exc!r} ({exc.__cause__!r})") from exc
             if i >= warmup:
                 case.samples[side].extend(samples)
+    for side, before in cpu_before.items():
+        after = cpu_seconds(pids[side])
+        calls = (warmup + pairs) * case.concurrency
+        case.cpu_ms_per_call[side] = None if before is None or after is None else (after - before) * 1e3 / calls
 
 
 # -- figures
@@ -305,9 +351,9 @@ class Figures:
     first_added_ms: dict[int, float] = field(default_factory=dict)
 
 
-def figures(case: Case) -> Figures:
+def figures(case: Case, side: Side = "gateway") -> Figures:
     direct = [s.total_s * 1e3 for s in case.samples["direct"]]
-    gateway = [s.total_s * 1e3 for s in case.samples["gateway"]]
+    gateway = [s.total_s * 1e3 for s in case.samples[side]]
     paired = [g - d for g, d in zip(gateway, direct, strict=True)]
     out = Figures(
         direct_p50_ms=percentile(direct, 50),
@@ -317,7 +363,7 @@ def figures(case: Case) -> Figures:
     )
     if case.stream:
         first_direct = [s.first_token_s * 1e3 for s in case.samples["direct"] if s.first_token_s is not None]
-        first_gateway = [s.first_token_s * 1e3 for s in case.samples["gateway"] if s.first_token_s is not None]
+        first_gateway = [s.first_token_s * 1e3 for s in case.samples[side] if s.first_token_s is not None]
         out.first_direct_p50_ms = percentile(first_direct, 50)
         out.first_added_ms = {q: percentile(first_gateway, q) - percentile(first_direct, q) for q in (50, 95)}
     return out
@@ -336,28 +382,69 @@ HEADER = (
     "1st token direct p50",
     "1st token added p50",
     "1st token added p95",
+    "gateway CPU per call",
+)
+COMPARISON_HEADER = (
+    "API",
+    "streamed",
+    "at once",
+    "gateway",
+    "added p50",
+    "added p95",
+    "added p99",
+    "1st token added p50",
+    "1st token added p95",
+    "gateway CPU per call",
 )
 API_NAMES: dict[Api, str] = {"responses": "OpenAI Responses", "messages": "Anthropic Messages"}
 
 
-def row(case: Case, f: Figures) -> tuple[str, ...]:
-    def ms(value: float | None) -> str:
-        return "" if value is None else f"{value:+.2f}" if value < 0 else f"{value:.2f}"
+def ms(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}"
 
+
+def row(case: Case, f: Figures) -> tuple[str, ...]:
     return (
         API_NAMES[case.api],
         "yes" if case.stream else "no",
         str(case.concurrency),
         f"{len(case.samples['direct']):,}",
-        f"{f.direct_p50_ms:.2f}",
+        ms(f.direct_p50_ms),
         ms(f.added_ms[50]),
         ms(f.added_ms[95]),
         ms(f.added_ms[99]),
         ms(f.paired_median_ms),
-        ms(f.first_direct_p50_ms) if case.stream else "",
+        ms(f.first_direct_p50_ms),
         ms(f.first_added_ms.get(50)),
         ms(f.first_added_ms.get(95)),
+        cpu(case.cpu_ms_per_call.get("gateway")),
     )
+
+
+def cpu(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:.2f}"
+
+
+def comparison_rows(case: Case, baseline: str) -> list[tuple[str, ...]]:
+    """The case's added latency through the gateway at `baseline` and through today's."""
+    out = []
+    for side, label in (("baseline", f"at {baseline}"), ("gateway", "now")):
+        f = figures(case, side)  # type: ignore[arg-type]
+        out.append(
+            (
+                API_NAMES[case.api],
+                "yes" if case.stream else "no",
+                str(case.concurrency),
+                label,
+                ms(f.added_ms[50]),
+                ms(f.added_ms[95]),
+                ms(f.added_ms[99]),
+                ms(f.first_added_ms.get(50)),
+                ms(f.first_added_ms.get(95)),
+                cpu(case.cpu_ms_per_call.get(side)),  # type: ignore[call-overload]
+            )
+        )
+    return out
 
 
 def misses(case: Case, f: Figures) -> list[str]:
@@ -371,7 +458,9 @@ def misses(case: Case, f: Figures) -> list[str]:
     return out
 
 
-async def run_cases(args: argparse.Namespace, upstream_url: str, gateways: dict[str, dict[str, str]]) -> list[Case]:
+async def run_cases(args: argparse.Namespace, upstream_url: str, gateways: dict[Side, dict[str, Any]]) -> list[Case]:
+    sides: list[Side] = ["direct", *gateways]
+    pids: dict[Side, int] = {side: address["pid"] for side, address in gateways.items()}  # type: ignore[misc]
     cases = []
     for concurrency in args.concurrency:
         made = clients(upstream_url, gateways)
@@ -381,12 +470,36 @@ async def run_cases(args: argparse.Namespace, upstream_url: str, gateways: dict[
             request = agent_request(api, args.request_kb)
             for stream in (False, True):
                 case = Case(api, stream, concurrency)
-                await measure(case, made, request, pairs, warmup, seed=len(cases))
+                await measure(case, made, sides, pids, request, pairs, warmup, seed=len(cases))
                 cases.append(case)
                 print(f"  measured {API_NAMES[api]}, stream={stream}, concurrency {concurrency}", file=sys.stderr)
         for client in made.values():
             await client.close()
     return cases
+
+
+def baseline_source(ref: str, into: Path) -> Path:
+    """agent/gateway.py as it was at commit `ref`."""
+    try:
+        text = subprocess.run(
+            ["git", "show", f"{ref}:agent/gateway.py"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout
+    except subprocess.CalledProcessError as exc:
+        raise SystemExit(
+            f"--baseline {ref}: git has no agent/gateway.py at that commit ({exc.stderr.strip()})"
+        ) from exc
+    path = into / "gateway_baseline.py"
+    path.write_text(text)
+    return path
+
+
+def table(title: str, header: Sequence[str], rows: list[tuple[str, ...]]) -> Table:
+    out = Table(title=title, title_justify="left")
+    for col in header:
+        out.add_column(col, justify="left" if col in ("API", "streamed", "gateway") else "right")
+    for r in rows:
+        out.add_row(*r)
+    return out
 
 
 def main() -> None:
@@ -398,65 +511,81 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=50, help="uncounted pairs first (divided by the concurrency)")
     parser.add_argument("--request-kb", type=int, default=64, help="size of each request's JSON")
     parser.add_argument("--event-interval-ms", type=float, default=2.0, help="the provider's pause between events")
+    parser.add_argument("--baseline", metavar="REF", help="also measure the gateway as it was at this commit")
     parser.add_argument("--write-docs", action="store_true", help="put the table into docs/third-party-agents.md")
     parser.add_argument("--doc", type=Path, default=REPO / "docs" / "third-party-agents.md", help=argparse.SUPPRESS)
+    parser.add_argument("--profile-gateway", type=Path, help="write the gateway process's cProfile stats here")
     parser.add_argument("--serve-upstream", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--serve-gateways", metavar="UPSTREAM_URL", help=argparse.SUPPRESS)
+    parser.add_argument("--gateway-source", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--run-dir", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--profile-gateway", type=Path, help="write the gateway process's cProfile stats here")
     args = parser.parse_args()
     if args.serve_upstream:
         return serve_upstream(args.event_interval_ms / 1e3)
     if args.serve_gateways:
+        serve = serve_gateways(args.serve_gateways, args.run_dir, args.gateway_source)
         if args.profile_gateway is None:
-            return asyncio.run(serve_gateways(args.serve_gateways, args.run_dir))
+            return asyncio.run(serve)
         import cProfile
 
-        with cProfile.Profile() as profile:
-            asyncio.run(serve_gateways(args.serve_gateways, args.run_dir))
+        with cProfile.Profile(time.process_time) as profile:  # CPU time: wall time counts being preempted
+            asyncio.run(serve)
         return profile.dump_stats(args.profile_gateway)
     try:
         args.concurrency = [int(c) for c in args.concurrency.split(",")]
-        args.apis = [a for a in args.apis.split(",")]
     except ValueError:
         parser.error("--concurrency takes numbers separated by commas, e.g. 1,16")
+    args.apis = args.apis.split(",")
     if unknown := set(args.apis) - set(APIS):
         parser.error(f"--apis: unknown {', '.join(sorted(unknown))} (choose from {', '.join(APIS)})")
-    if min(args.calls, args.rounds) < 1 or min(args.concurrency) < 1:
+    if min(args.calls, args.rounds, *args.concurrency) < 1:
         parser.error("--calls, --rounds and --concurrency must be at least 1")
     command = (
         f"python benchmarks/gateway_overhead.py --calls {args.calls} --rounds {args.rounds}"
         f" --concurrency {','.join(map(str, args.concurrency))} --request-kb {args.request_kb}"
-        f" --event-interval-ms {args.event_interval_ms:g}"
+        f" --event-interval-ms {args.event_interval_ms:g}" + (f" --baseline {args.baseline}" if args.baseline else "")
     )
     profiling = ["--profile-gateway", str(args.profile_gateway.resolve())] if args.profile_gateway else []
     load_before = os.getloadavg()
     started = time.monotonic()
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        server_process("--serve-upstream", "--event-interval-ms", str(args.event_interval_ms)) as upstream_url,
-        server_process("--serve-gateways", upstream_url, "--run-dir", tmp, *profiling) as line,
-    ):
-        cases = asyncio.run(run_cases(args, upstream_url, json.loads(line)))
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        source = baseline_source(args.baseline, tmp) if args.baseline else None
+        upstream_url = stack.enter_context(
+            server_process("--serve-upstream", "--event-interval-ms", str(args.event_interval_ms))
+        )
+        gateways: dict[Side, dict[str, Any]] = {}
+        gateways["gateway"] = json.loads(
+            stack.enter_context(server_process("--serve-gateways", upstream_url, "--run-dir", str(tmp), *profiling))
+        )
+        if source is not None:
+            baseline_args = ["--gateway-source", str(source), "--run-dir", str(tmp / "baseline")]
+            gateways["baseline"] = json.loads(
+                stack.enter_context(server_process("--serve-gateways", upstream_url, *baseline_args))
+            )
+        cases = asyncio.run(run_cases(args, upstream_url, gateways))
     load_after = os.getloadavg()
-    table = Table(title="The model gateway's added latency (ms)", title_justify="left")
-    for col in HEADER:
-        table.add_column(col, justify="left" if col in ("API", "streamed") else "right")
     rows, missed = [], []
     for case in cases:
         f = figures(case)
         rows.append(row(case, f))
-        table.add_row(*rows[-1])
         missed += misses(case, f)
     footer = (
-        f"Added = the gateway's percentile minus the direct one; paired median = the median of (gateway - direct) over"
-        f" pairs. {args.request_kb} KB requests, streamed events {args.event_interval_ms:g} ms apart,"
-        f" {args.warmup} warm-up pairs per case (divided by the concurrency) not counted. Load average (1 min) "
-        f"{load_before[0]:.2f} before, {load_after[0]:.2f} after, on {os.cpu_count()} CPUs;"
+        "Milliseconds. Added = the gateway's percentile minus the direct call's (a difference of percentiles);"
+        " paired median = the median of (gateway - direct) over the pairs; gateway CPU per call = the gateway"
+        " process's user and system time over the case's calls, warm-up included."
+        f" {args.request_kb} KB requests, streamed events {args.event_interval_ms:g} ms apart,"
+        f" {args.warmup} warm-up pairs per case (divided by the concurrency) not counted."
+        f" Load average (1 min) {load_before[0]:.2f} before, {load_after[0]:.2f} after, on {os.cpu_count()} CPUs;"
         f" {time.monotonic() - started:.0f} s in all."
     )
     console = Console(width=max(Console().width, 170))
-    console.print(table)
+    console.print(table("The model gateway's added latency (ms)", HEADER, rows))
+    body = markdown_table(HEADER, rows, [False] * 2 + [True] * 11)
+    if args.baseline:
+        compared = [r for case in cases for r in comparison_rows(case, args.baseline)]
+        console.print(table(f"Before ({args.baseline}) and after, measured together (ms)", COMPARISON_HEADER, compared))
+        body += "\n\n" + markdown_table(COMPARISON_HEADER, compared, [False] * 4 + [True] * 6)
     console.print(footer)
     for line in missed:
         console.print(f"[red]missed:[/red] {line}")
@@ -466,12 +595,7 @@ def main() -> None:
             f" {TARGET_FIRST_TOKEN_MS:g} ms)"
         )
     if args.write_docs:
-        write_block(
-            args.doc,
-            "gateway_overhead",
-            markdown_table(HEADER, rows, [False] * 2 + [True] * 10) + "\n\n" + footer,
-            command,
-        )
+        write_block(args.doc, "gateway_overhead", f"{body}\n\n{footer}", command)
         print(f"written: {args.doc}")
 
 
