@@ -134,22 +134,49 @@ def ray_host_port(address: str) -> tuple[str, int] | None:
     return parts.hostname, port
 
 
+# An HTTP/2 client's connection preface and an empty SETTINGS frame (RFC 9113 §3.4): a gRPC server, which both a
+# Ray head's GCS and its Ray Client server are, answers with a SETTINGS frame of its own.
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+_HTTP2_SETTINGS = 4
+
+
 def check_ray_address(address: str | None, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
-    """Something answers at the Ray address, found with one bounded connect (Ray's own client retries for minutes)."""
+    """A gRPC server answers at the Ray address, found with one bounded connect and an HTTP/2 handshake (Ray's own
+    client retries for minutes, and a port that answers something else, a web server, would fail only then)."""
     if address is None:
         return
     host_port = ray_host_port(address)
     if host_port is None:
         return
     try:
-        with socket.create_connection(host_port, timeout=timeout_s):
-            pass
+        with socket.create_connection(host_port, timeout=timeout_s) as sock:
+            sock.settimeout(timeout_s)
+            sock.sendall(_HTTP2_PREFACE)
+            header = _read_exactly(sock, 9)
     except OSError as exc:
         why = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
         raise UsageFailure(
             f"--ray-address {address}: no Ray cluster answers there ({why} after at most {timeout_s:g} s); start one "
             "with `ray start --head` and pass the address it prints, or leave --ray-address out to start one here"
         ) from None
+    if len(header) < 9 or header[3] != _HTTP2_SETTINGS:
+        said = header.split(b"\r\n", 1)[0].decode(errors="replace").strip() or "nothing"
+        raise UsageFailure(
+            f"--ray-address {address}: something answers there, but not Ray (it does not speak gRPC; it said "
+            f"{said[:60]!r}); pass the address `ray start --head` printed (the GCS port, 6379 by default) or "
+            "ray://HOST:10001"
+        )
+
+
+def _read_exactly(sock: socket.socket, n: int) -> bytes:
+    """Up to `n` bytes; fewer when the peer closes first."""
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
 
 
 def check_finite_positive(value: float | None, flag: str) -> None:

@@ -7,6 +7,7 @@ empty `replay:` files in tests/test_local_paths.py; this file does not repeat th
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import shutil
@@ -14,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -131,6 +133,32 @@ def test_a_ray_address_where_nothing_answers_is_refused_within_seconds(tmp_path:
         expected=f"--ray-address {address}: no Ray cluster answers there",
     )
     assert time.monotonic() - started < 20  # one bounded connect of 3 s, not Ray's minutes of retries
+    assert "ray start --head" in line
+
+
+@pytest.mark.parametrize("form", ["{}", "ray://{}"], ids=["gcs-address", "ray-client-address"])
+def test_a_ray_address_where_something_else_answers_is_refused(tmp_path: Path, form: str) -> None:
+    """A web server on the port passes a TCP connect; the HTTP/2 handshake every gRPC server (a Ray head's GCS and its
+    Ray Client server, tests/test_ray_connect.py) answers is what tells Ray from it."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    address = form.format(f"127.0.0.1:{server.server_port}")
+    try:
+        line = refused_writing_nothing(
+            tmp_path,
+            "run",
+            BUNDLED_TASK,
+            "--model",
+            "noop",
+            "--ray-address",
+            address,
+            "--out",
+            "c",
+            expected=f"--ray-address {address}: something answers there, but not Ray",
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
     assert "ray start --head" in line
 
 

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from raynodes import LocalRayCluster, free_port
 
+from labkube.cli_checks import check_ray_address
+
 pytestmark = pytest.mark.slow
 
 DRIVER = textwrap.dedent(
@@ -87,6 +89,7 @@ def test_a_head_that_starts_after_the_driver_is_waited_for(tmp_path: Path, form:
         cluster = LocalRayCluster(tmp_path / "ray", 0, env, {"probe": 1}, token=token, **ports)  # type: ignore[arg-type]
         out = finish(proc, 120)
         connected_after = time.monotonic() - started_after
+        check_ray_address(address)  # the CLI's pre-flight handshake passes on the real GCS and Ray Client ports
     finally:
         if proc.poll() is None:
             proc.kill()
