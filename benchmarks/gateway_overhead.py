@@ -458,6 +458,11 @@ def misses(case: Case, f: Figures) -> list[str]:
     return out
 
 
+def warmup_pairs(warmup_calls: int, concurrency: int) -> int:
+    """Uncounted pairs first: `warmup_calls` calls each way, in rounds of `concurrency`."""
+    return -(-warmup_calls // concurrency)
+
+
 async def run_cases(args: argparse.Namespace, upstream_url: str, gateways: dict[Side, dict[str, Any]]) -> list[Case]:
     sides: list[Side] = ["direct", *gateways]
     pids: dict[Side, int] = {side: address["pid"] for side, address in gateways.items()}  # type: ignore[misc]
@@ -465,7 +470,7 @@ async def run_cases(args: argparse.Namespace, upstream_url: str, gateways: dict[
     for concurrency in args.concurrency:
         made = clients(upstream_url, gateways)
         pairs = args.calls if concurrency == 1 else args.rounds
-        warmup = args.warmup if concurrency == 1 else max(2, args.warmup // concurrency)
+        warmup = warmup_pairs(args.warmup, concurrency)
         for api in args.apis:
             request = agent_request(api, args.request_kb)
             for stream in (False, True):
@@ -478,19 +483,25 @@ async def run_cases(args: argparse.Namespace, upstream_url: str, gateways: dict[
     return cases
 
 
-def baseline_source(ref: str, into: Path) -> Path:
-    """agent/gateway.py as it was at commit `ref`."""
+def baseline_source(ref: str, into: Path) -> tuple[Path, str]:
+    """agent/gateway.py as it was at commit `ref`, and the commit's short hash."""
     try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short=12", f"{ref}^{{commit}}"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         text = subprocess.run(
-            ["git", "show", f"{ref}:agent/gateway.py"], cwd=REPO, capture_output=True, text=True, check=True
+            ["git", "show", f"{sha}:agent/gateway.py"], cwd=REPO, capture_output=True, text=True, check=True
         ).stdout
     except subprocess.CalledProcessError as exc:
-        raise SystemExit(
-            f"--baseline {ref}: git has no agent/gateway.py at that commit ({exc.stderr.strip()})"
-        ) from exc
+        why = exc.stderr.strip().splitlines()[-1] if exc.stderr.strip() else "git failed"
+        raise SystemExit(f"--baseline {ref}: no agent/gateway.py at that commit ({why})") from None
     path = into / "gateway_baseline.py"
     path.write_text(text)
-    return path
+    return path, sha
 
 
 def table(title: str, header: Sequence[str], rows: list[tuple[str, ...]]) -> Table:
@@ -508,7 +519,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=100, help="pairs of simultaneous rounds per case above 1")
     parser.add_argument("--concurrency", default="1,16")
     parser.add_argument("--apis", default=",".join(APIS))
-    parser.add_argument("--warmup", type=int, default=50, help="uncounted pairs first (divided by the concurrency)")
+    parser.add_argument("--warmup", type=int, default=50, help="uncounted calls each way first, per case")
     parser.add_argument("--request-kb", type=int, default=64, help="size of each request's JSON")
     parser.add_argument("--event-interval-ms", type=float, default=2.0, help="the provider's pause between events")
     parser.add_argument("--baseline", metavar="REF", help="also measure the gateway as it was at this commit")
@@ -538,19 +549,14 @@ def main() -> None:
     args.apis = args.apis.split(",")
     if unknown := set(args.apis) - set(APIS):
         parser.error(f"--apis: unknown {', '.join(sorted(unknown))} (choose from {', '.join(APIS)})")
-    if min(args.calls, args.rounds, *args.concurrency) < 1:
-        parser.error("--calls, --rounds and --concurrency must be at least 1")
-    command = (
-        f"python benchmarks/gateway_overhead.py --calls {args.calls} --rounds {args.rounds}"
-        f" --concurrency {','.join(map(str, args.concurrency))} --request-kb {args.request_kb}"
-        f" --event-interval-ms {args.event_interval_ms:g}" + (f" --baseline {args.baseline}" if args.baseline else "")
-    )
+    if min(args.calls, args.rounds, *args.concurrency) < 1 or args.warmup < 0:
+        parser.error("--calls, --rounds and --concurrency must be at least 1, --warmup at least 0")
     profiling = ["--profile-gateway", str(args.profile_gateway.resolve())] if args.profile_gateway else []
     load_before = os.getloadavg()
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        source = baseline_source(args.baseline, tmp) if args.baseline else None
+        source, baseline = baseline_source(args.baseline, tmp) if args.baseline else (None, None)
         upstream_url = stack.enter_context(
             server_process("--serve-upstream", "--event-interval-ms", str(args.event_interval_ms))
         )
@@ -570,23 +576,32 @@ def main() -> None:
         f = figures(case)
         rows.append(row(case, f))
         missed += misses(case, f)
+    command = (
+        f"python benchmarks/gateway_overhead.py --calls {args.calls} --rounds {args.rounds}"
+        f" --concurrency {','.join(map(str, args.concurrency))} --warmup {args.warmup} --request-kb {args.request_kb}"
+        f" --event-interval-ms {args.event_interval_ms:g}" + (f" --baseline {baseline}" if baseline else "")
+    )
+    warmups = ", ".join(
+        f"{warmup_pairs(args.warmup, c)} {'pairs' if c == 1 else 'rounds'} at {c} at once" for c in args.concurrency
+    )
     footer = (
         "Milliseconds. Added = the gateway's percentile minus the direct call's (a difference of percentiles);"
         " paired median = the median of (gateway - direct) over the pairs; gateway CPU per call = the gateway"
         " process's user and system time over the case's calls, warm-up included."
-        f" {args.request_kb} KB requests, streamed events {args.event_interval_ms:g} ms apart,"
-        f" {args.warmup} warm-up pairs per case (divided by the concurrency) not counted."
-        f" Load average (1 min) {load_before[0]:.2f} before, {load_after[0]:.2f} after, on {os.cpu_count()} CPUs;"
-        f" {time.monotonic() - started:.0f} s in all."
+        f" {args.request_kb} KB requests, streamed events {args.event_interval_ms:g} ms apart;"
+        f" warm-up not counted: {warmups}; {time.monotonic() - started:.0f} s in all."
     )
     console = Console(width=max(Console().width, 170))
     console.print(table("The model gateway's added latency (ms)", HEADER, rows))
     body = markdown_table(HEADER, rows, [False] * 2 + [True] * 11)
-    if args.baseline:
-        compared = [r for case in cases for r in comparison_rows(case, args.baseline)]
-        console.print(table(f"Before ({args.baseline}) and after, measured together (ms)", COMPARISON_HEADER, compared))
+    if baseline:
+        compared = [r for case in cases for r in comparison_rows(case, baseline)]
+        console.print(table(f"Before ({baseline}) and after, measured together (ms)", COMPARISON_HEADER, compared))
         body += "\n\n" + markdown_table(COMPARISON_HEADER, compared, [False] * 4 + [True] * 6)
-    console.print(footer)
+    console.print(
+        f"{footer} Load average (1 min) {load_before[0]:.2f} before, {load_after[0]:.2f} after, on"
+        f" {os.cpu_count()} CPUs."
+    )
     for line in missed:
         console.print(f"[red]missed:[/red] {line}")
     if not missed:

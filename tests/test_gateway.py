@@ -5,6 +5,9 @@ transcript lines and Prometheus series are the gateway's, whatever the client.""
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import anthropic
@@ -21,6 +24,7 @@ from labkube.budgets import Budgets, StopReason, Usage
 from labkube.model_ref import parse_model
 from labkube.run_spec import RunSpec
 
+REPO = Path(__file__).resolve().parents[1]
 REAL_KEY = "sk-real-provider-key"
 PLANTED = FakeUsage(input=1200, output=300, reasoning=40, cached=200)
 EXPECTED = Usage(input=1200, output=300, reasoning=40, cached=200)
@@ -231,3 +235,27 @@ def test_the_upstream_is_resolved_as_the_sdks_resolve_it() -> None:
     assert (family, up.base_url, up.api_key) == ("openai", "http://gpu-box:8000/v1", None)
     with pytest.raises(Exception, match="no model API"):
         upstream_for(parse_model("oracle"), None, env)
+
+
+def test_the_overhead_benchmark_measures_every_case_and_writes_its_table(tmp_path: Path) -> None:
+    """benchmarks/gateway_overhead.py end to end with two calls a case: the real SDKs, a gateway process and the fake
+    provider, every API, streamed and not, at each concurrency, and its table written into the docs block."""
+    doc = tmp_path / "doc.md"
+    doc.write_text("# Gateway\n\n<!-- benchmark:gateway_overhead -->\nold\n<!-- /benchmark -->\n")
+    argv = [sys.executable, str(REPO / "benchmarks" / "gateway_overhead.py"), "--calls", "2", "--rounds", "1"]
+    argv += ["--warmup", "0", "--concurrency", "1,2", "--request-kb", "1", "--event-interval-ms", "0"]
+    proc = subprocess.run([*argv, "--write-docs", "--doc", str(doc)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    text = doc.read_text()
+    rows = [line.strip("| ").split(" | ") for line in text.splitlines() if re.match(r"\| (OpenAI|Anthropic)", line)]
+    assert [tuple(r[:4]) for r in rows] == [
+        (api, streamed, at_once, calls)
+        for at_once, calls in (("1", "2"), ("2", "2"))
+        for api in ("OpenAI Responses", "Anthropic Messages")
+        for streamed in ("no", "yes")
+    ]
+    for r in rows:  # latencies, and the first token's only where the call streamed
+        assert all(re.fullmatch(r"-?\d+\.\d\d", cell) for cell in r[4:9] + r[12:]), r
+        assert all(re.fullmatch(r"-?\d+\.\d\d", cell) if r[1] == "yes" else cell == "" for cell in r[9:12]), r
+    assert "old" not in text
+    assert "Written by `python benchmarks/gateway_overhead.py --calls 2 --rounds 1 --concurrency 1,2 --warmup 0" in text
