@@ -191,3 +191,34 @@ async def test_a_forked_agent_writes_its_series_where_the_campaign_reads_them(tm
     MultiProcessCollector(registry, path=str(metrics))
     finished = [s for m in registry.collect() if m.name == "labkube_run_finished" for s in m.samples]
     assert [(s.labels["run_id"], s.value) for s in finished] == [(result.run_id, 1.0)]
+
+
+def test_what_a_forked_agent_leaves_running_ends_with_its_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forked agent is contained as a started one is: its escaped processes (setsid, a double fork, an async
+    job's escapee) are gone when the run ends on its wall budget (tests/test_run_processes.py's checks)."""
+    from test_run_processes import ESCAPES, WAIT, alive, assert_nothing_left, started_pids
+    from tinytask import make_run_dir, make_tiny_task
+
+    from labkube.agent.containment import MODE_VARIABLE
+    from labkube.budgets import Budgets
+
+    monkeypatch.setenv(MODE_VARIABLE, "processes")
+    task = make_tiny_task(tmp_path, [*ESCAPES, *WAIT])
+    run_dir = make_run_dir(tmp_path, task, budgets=Budgets(wall_hours=6 / 3600))
+    pids: dict[str, int] = {}
+
+    async def run() -> str:
+        warm = WarmWorker()
+        await warm.warm_up(1, tmp_path, worlds=0, fork_agents=True)
+        try:
+            supervising = asyncio.create_task(supervise_run(str(run_dir), warm=warm))
+            pids.update(await asyncio.to_thread(started_pids, run_dir / "workspace"))
+            assert all(alive(p) for p in pids.values()), "the processes ran while the run did"
+            stop_reason = (await supervising).stop_reason
+            assert warm.zygote.pid is not None, "the run was forked from the zygote"
+            return stop_reason
+        finally:
+            await warm.close()
+
+    assert asyncio.run(run()) == "time"
+    assert_nothing_left(run_dir, pids)
