@@ -461,6 +461,39 @@ def run_capabilities(card: TaskCard, spec: RunSpec) -> list[str]:
     return sorted(tags)
 
 
+# Set on a run pod's agent container (operator/pod_manifest.py), never on its grading pod's: the operator grades
+# the run in a pod of its own once this one ended and takes no result from this one (operator/k8s_grading.py), so
+# the final grade and the audit here would only spend the pod's time, and its GPUs, twice.
+GRADED_BY_OPERATOR_VARIABLE = "LABKUBE_GRADED_BY_OPERATOR"
+
+
+def hand_over_to_grading(
+    rd: RunDir, spec: RunSpec, ckpt: Checkpoint, error: str | None, telemetry: RunTelemetry | None
+) -> RunResult:
+    """The agent's loop ended in a run pod: its checkpoint is saved for the grading pod; no grade, no `result.json`.
+    The returned result is provisional, written nowhere: only its status becomes the exit code (0: the loop ended, 1: it
+    failed), which is all the operator reads of this pod."""
+    reason = ckpt.stop_reason or StopReason.killed
+    ckpt.stop_reason = reason
+    save_checkpoint(rd, ckpt)
+    write_status(rd, spec, ckpt, RunPhase.grading, "graded in a pod of its own once this one ends")
+    if telemetry is not None:
+        telemetry.finished()
+    return RunResult(
+        run_id=spec.run_id,
+        task=spec.task,
+        model=spec.model,
+        agent=spec.agent,
+        seed=spec.seed,
+        status=RunPhase.failed if reason in FAILURE_STOPS else RunPhase.finished,
+        stop_reason=reason,
+        error=error,
+        spend=ckpt.spend,
+        started_at=ckpt.started_at,
+        resumes=ckpt.resumes,
+    )
+
+
 def finalize(
     rd: RunDir,
     spec: RunSpec,
@@ -469,7 +502,10 @@ def finalize(
     error: str | None = None,
     telemetry: RunTelemetry | None = None,
 ) -> RunResult:
-    """Take the final grade from the pristine grader and write `result.json`."""
+    """Take the final grade from the pristine grader and write `result.json` (in a run pod: leave it to the grading
+    pod, `hand_over_to_grading`)."""
+    if os.environ.get(GRADED_BY_OPERATOR_VARIABLE) == "1":
+        return hand_over_to_grading(rd, spec, ckpt, error, telemetry)
     record_workspace(rd)
     write_status(rd, spec, ckpt, RunPhase.grading)
     final = take_grade(rd, card, ckpt)

@@ -34,6 +34,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+from labkube.agent.entrypoint import GRADED_BY_OPERATOR_VARIABLE
 from labkube.budgets import StopReason
 from labkube.operator.crds import dns_label
 from labkube.operator.k8s_models import RunStatus
@@ -57,9 +58,15 @@ __all__ = [
 LABEL_FINALIZE = "labkube.dev/finalize"
 GRADE_CONTAINER = "grade"
 # Variables of the agent container that a grading pod does not get: the gateway's and the world's addresses, the
-# key hand-over, and the metrics port (nothing scrapes a grading pod).
+# key hand-over, the metrics port (nothing scrapes a grading pod), and the word that the grading is left to it.
 _AGENT_ONLY_ENV = frozenset(
-    {"LABKUBE_WORLD_URL", "LABKUBE_GATEWAY_URL", "LABKUBE_GATEWAY_TOKEN_FILE", "LABKUBE_STDIN_VARS"}
+    {
+        "LABKUBE_WORLD_URL",
+        "LABKUBE_GATEWAY_URL",
+        "LABKUBE_GATEWAY_TOKEN_FILE",
+        "LABKUBE_STDIN_VARS",
+        GRADED_BY_OPERATOR_VARIABLE,
+    }
 )
 # Sidecars the agent talked to: a grading pod has neither (no key, no world; Gaia2's verdict comes from the operator,
 # which read it from the world sidecar's termination message).

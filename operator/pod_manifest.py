@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from labkube.agent.entrypoint import GRADED_BY_OPERATOR_VARIABLE
 from labkube.operator.crds import LABEL_CAMPAIGN, LABEL_RUN, SchemaError, dns_label, owner_reference
 from labkube.operator.k8s_models import PodOptions, RunResourceSpec, Toleration
 from labkube.run_spec import CLI_AGENTS
@@ -183,6 +184,7 @@ def build_pod_manifest(
         {"name": "LABKUBE_RUN_DIR", "value": run_dir},
         {"name": "LABKUBE_METRICS_PORT", "value": str(options.metrics_port)},
         {"name": "LABKUBE_TERMINATION_LOG", "value": TERMINATION_LOG},
+        {"name": GRADED_BY_OPERATOR_VARIABLE, "value": "1"},  # the grading pod grades (k8s_grading.py)
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
     init_containers = [_prepare_container(run, image, options, run_dir, namespace)]

@@ -3,13 +3,17 @@ new leader rebuilds what it knows from the Run statuses (the API is the record).
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes_validate import validate
+from tinytask import make_run_dir, make_tiny_task
 
+from labkube.agent.checkpoint import Checkpoint
+from labkube.agent.entrypoint import GRADED_BY_OPERATOR_VARIABLE, finalize_stopped, run_agent
 from labkube.budgets import StopReason
 from labkube.operator.k8s_grading import (
     GRADE_CONTAINER,
@@ -200,3 +204,26 @@ def test_a_gaia2_grader_is_given_the_verdict_the_world_sidecar_reported_and_no_o
         WORLD_VERDICT_VARIABLE,
     }
     assert RunStatus(world_verdict=judged).to_status()["worldVerdict"] == judged  # the record a new leader reads
+
+
+def test_a_run_pods_agent_leaves_the_grading_to_the_grading_pod(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a run pod the agent's loop ends with its checkpoint saved and no grade (the grading pod grades, once): the
+    task's grader runs once per run, not twice, and a GPU it needs is held once."""
+    task = make_tiny_task(tmp_path, [{"tool": "bash", "args": {"command": "echo 3 > result.txt"}}])
+    run_dir = make_run_dir(tmp_path, task)
+    monkeypatch.setenv(GRADED_BY_OPERATOR_VARIABLE, "1")
+    provisional = asyncio.run(run_agent(run_dir))
+    assert provisional.status is RunPhase.finished and provisional.subtasks == [] and provisional.score is None
+    assert not (run_dir / "result.json").exists() and not (run_dir / "integrity.json").exists()
+    assert read_model(run_dir / "checkpoint.json", Checkpoint).stop_reason is StopReason.done  # type: ignore[union-attr]
+    monkeypatch.delenv(GRADED_BY_OPERATOR_VARIABLE)  # the grading pod's environment
+    graded = finalize_stopped(run_dir, StopReason.done)
+    assert graded.outcome is not None and graded.final and (run_dir / "result.json").exists()
+    assert graded.score is not None and graded.score > 0
+    pod = build_pod_manifest(run_spec(), PodOptions(default_image="img"), owner=OWNER)
+    agent_env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert agent_env[GRADED_BY_OPERATOR_VARIABLE] == "1"
+    grading_env = {e["name"] for e in grading_manifest(pod, StopReason.done, 900)["spec"]["containers"][0]["env"]}
+    assert GRADED_BY_OPERATOR_VARIABLE not in grading_env
