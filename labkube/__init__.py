@@ -1,8 +1,9 @@
 """labkube: a testbed for long-horizon AI agents. This folder is the spine every room stands on.
 
 It holds only what every part shares: the schemas (task card, run spec, campaign, result, budgets, model
-references, the integrity verdict), the results store and its report rows, and the metrics registry; and, until
-#27 item 2 gives it a room, the command line (`cli*.py`, `*_cli.py`). The rooms are sub-packages in sibling
+references, the integrity verdict), the results store and its report rows, and the metrics registry. The command
+line lives here too but is a room of its own, above all others: `cli.py` assembles one module per command family
+(`*_cli.py`), and `cli_checks.py` holds its checks of what a user typed. The rooms are sub-packages in sibling
 folders: tasks/, agent/, integrity/, operator/ (the write side) and results/ (the read side); docs/architecture.md
 says what each may import.
 """

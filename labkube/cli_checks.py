@@ -14,13 +14,16 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import click
+from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from labkube.store import StoreError
+from labkube.store import CampaignDir, StoreError
 from labkube.tasks import TaskError
 
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 150)
+# Wide tables when output goes to a file or a pipe, the terminal's width otherwise.
+console = Console(width=None if sys.stdout.isatty() else 150)
 
 RAY_CONNECT_TIMEOUT_S = 3.0
 BUG_LINE = "this is a bug in labkube: please report it with the command you ran and the traceback above"
@@ -65,6 +68,26 @@ class FrontDoor(click.Group):
             traceback.print_exc()
             err_console.print(f"[bold red]{BUG_LINE}[/]", highlight=False, soft_wrap=True)
             sys.exit(1)
+
+
+def first_validation_error(exc: ValidationError, what: str) -> str:
+    """The first thing Pydantic refused, as one line: `WHAT: field.path: message`."""
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{what}: {where}: {msg}"
+
+
+def open_campaign(directory: Path) -> CampaignDir:
+    """The campaign directory a user named, or one line saying why it is not one."""
+    cdir = CampaignDir(directory)
+    if not cdir.exists():
+        raise UsageFailure(f"{directory}: not a campaign directory (no campaign.json); pass the --out of a run")
+    try:
+        cdir.load_spec()
+    except StoreError as exc:
+        raise UsageFailure(f"{exc}: not a campaign labkube wrote (empty or damaged); pass the --out of a run") from None
+    return cdir
 
 
 def check_output_dir(out: Path, flag: str = "--out") -> None:

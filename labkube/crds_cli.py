@@ -1,4 +1,4 @@
-"""`labkube crds apply [--kube-context NAME]`: upgrade the Campaign and Run CRDs in a cluster (registered at the end of
+"""`labkube crds apply [--kube-context NAME]`: upgrade the Campaign and Run CRDs in a cluster (registered by
 labkube/cli.py). Helm installs a chart's `crds/` on the first install only and never upgrades them; this applies
 the CRDs of the installed labkube, server-side, before `helm upgrade` (helm/labkube/README.md, docs/kubernetes.md)."""
 

@@ -7,11 +7,14 @@ The zygote is a process that has imported the agent once and forks one child per
 supervisor signals its group as before), its own environment (the run's, as the local sandbox builds it), the API
 keys on stdin, stdout and stderr to the run's logs. The zygote itself holds no key and runs nothing of a run.
 
-Protocol (JSON lines): the supervisor writes `{"id", "run_dir", "args", "env", "secrets", "stdout", "stderr"}` on
-the zygote's stdin; the zygote answers `{"id", "pid"}` once the child exists (or `{"id", "error"}`), then
-`{"pid", "exit"}` when it has exited (its exit code, negative for a signal). When the supervisor goes away (the
-zygote's stdin closes) the zygote exits; its children, orphaned, checkpoint and exit by themselves as an
-orphaned `labkube agent` does.
+The child calls the agent room's `agent_process` (agent/sandbox_process.py), the function the command line's
+`labkube agent` calls, with the options the supervisor would have passed on that command line.
+
+Protocol (JSON lines): the supervisor writes `{"id", "run_dir", "resume", "finalize_reason", "env", "secrets",
+"stdout", "stderr"}` on the zygote's stdin; the zygote answers `{"id", "pid"}` once the child exists (or `{"id",
+"error"}`), then `{"pid", "exit"}` when it has exited (its exit code, negative for a signal). When the supervisor
+goes away (the zygote's stdin closes) the zygote exits; its children, orphaned, checkpoint and exit by themselves as
+an orphaned `labkube agent` does.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ ZYGOTE_MODULE = "labkube.operator.agent_zygote"
 # What a scripted run imports (the agent, its Gaia2 and GAIA tasks, the audit, the metrics), once for every child.
 PRELOAD = (
     "prometheus_client",
-    "labkube.cli",
+    "labkube.agent.sandbox_process",
     "labkube.agent.entrypoint",
     "labkube.agent.world_session",
     "labkube.integrity.audit",
@@ -53,7 +56,8 @@ PRELOAD = (
 class ChildRequest(BaseModel):
     id: int
     run_dir: str
-    args: list[str]
+    resume: bool = False
+    finalize_reason: str | None = None
     env: dict[str, str]
     secrets: dict[str, str]
     stdout: str
@@ -89,14 +93,15 @@ def _child(request: ChildRequest, inherited: list[int]) -> None:
         os.environ.clear()
         os.environ.update({**request.env, "LABKUBE_KEYS_ON_STDIN": "1"})
         _metrics_for_this_run()
-        sys.argv = ["labkube", "agent", "--run-dir", request.run_dir, *request.args]
-        from labkube.cli import main
+        resume = ["--resume"] if request.resume else []
+        finalize = ["--finalize", request.finalize_reason] if request.finalize_reason is not None else []
+        sys.argv = ["labkube", "agent", "--run-dir", request.run_dir, *resume, *finalize]
+        from labkube.agent.sandbox_process import agent_process
 
-        main.main(args=sys.argv[1:], prog_name="labkube", standalone_mode=True)
-        code = 0
+        code = agent_process(Path(request.run_dir), request.resume, request.finalize_reason)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:  # what an uncaught exception does to `labkube agent`: a traceback and exit 1
+    except BaseException:  # what an uncaught exception (a labkube bug) does to `labkube agent`: a traceback, exit 1
         import traceback
 
         traceback.print_exc()
@@ -167,6 +172,21 @@ def serve() -> None:
 
 class ZygoteError(RuntimeError):
     """The zygote could not start a run's agent (the caller falls back to a fresh `labkube agent` process)."""
+
+
+def agent_options(args: list[str]) -> tuple[bool, str | None]:
+    """`resume` and `finalize_reason` from the options the local sandbox gives `labkube agent` (`--resume`,
+    `--finalize REASON`); anything else is a ZygoteError, and the sandbox starts the command, which parses it."""
+    resume, finalize_reason, rest = False, None, list(args)
+    while rest:
+        option = rest.pop(0)
+        if option == "--resume":
+            resume = True
+        elif option == "--finalize" and rest:
+            finalize_reason = rest.pop(0)
+        else:
+            raise ZygoteError(f"the agent zygote forks only `labkube agent [--resume] [--finalize REASON]`: {args}")
+    return resume, finalize_reason
 
 
 class ZygoteChild:
@@ -253,6 +273,7 @@ class AgentZygote:
         self, run_dir: Path, args: list[str], env: dict[str, str], secrets: dict[str, str], logs: Path
     ) -> ZygoteChild:
         """Fork `labkube agent --run-dir RUN_DIR ARGS` with `env` as its environment and `secrets` on its stdin."""
+        resume, finalize_reason = agent_options(args)
         await self.start()
         proc = self._proc
         assert proc is not None and proc.stdin is not None
@@ -260,7 +281,8 @@ class AgentZygote:
         request = ChildRequest(
             id=self._next_id,
             run_dir=str(run_dir),
-            args=args,
+            resume=resume,
+            finalize_reason=finalize_reason,
             env=env,
             secrets=secrets,
             stdout=str(logs / "agent.stdout"),

@@ -1,5 +1,5 @@
-"""`labkube analyze CAMPAIGN... [--format html|json|md] [--out PATH] [--exclude-suspicious]` (registered at the end of
-labkube/cli.py)."""
+"""`labkube analyze CAMPAIGN... [--format html|json|md] [--out PATH] [--exclude-suspicious]`
+(registered by labkube/cli.py)."""
 
 from __future__ import annotations
 

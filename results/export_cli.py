@@ -1,5 +1,5 @@
 """`labkube export CAMPAIGN... --format atif|sft-jsonl [--out DIR] [--exclude-suspicious] [--min-score X]
-[--include-errors]` (registered at the end of labkube/cli.py)."""
+[--include-errors]` (registered by labkube/cli.py)."""
 
 from __future__ import annotations
 

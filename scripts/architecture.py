@@ -55,7 +55,7 @@ ROOMS = (
     ),
     Room(
         "cli",
-        "the command line: labkube/cli*.py, labkube/*_cli.py, results/*_cli.py",
+        "the command line: labkube/cli.py and a module per command family (labkube/*_cli.py, results/*_cli.py)",
         ("spine", "tasks", "agent", "integrity", "operator", "results"),
     ),
 )
@@ -67,19 +67,15 @@ EXCEPTIONS = {
         "LLM inspector is itself built from agent/ (providers, tools); the entrypoint moves above both rooms with "
         "#27 item 3 (agent/ in its parts)"
     ),
-    ("labkube.operator.agent_zygote", "labkube.cli"): (
-        "the agent zygote stands in for a `labkube agent` process: a forked child runs that command's click entry "
-        "exactly as the process would; it can call the command's module directly once #27 item 2 gives each "
-        "command family its own module"
-    ),
 }
 
 ROOM = {room.name: room for room in ROOMS}
 WRITE_SIDE = ("tasks", "agent", "integrity", "operator")
 READ_SIDE = ("results",)
 
-# The command line's modules, wherever they live until #27 item 2 gathers them; the other modules of a folder are
-# its room. labkube/__main__.py is `python -m labkube`.
+# The command line's modules: labkube/cli.py, which assembles them, its checks (cli_checks.py), one module per command
+# family (labkube/*_cli.py, or results/*_cli.py beside the read side they show); the other modules of a folder are its
+# room. labkube/__main__.py is `python -m labkube`.
 CLI_MODULE = re.compile(r"^labkube\.(__main__|cli|cli_\w+|\w+_cli|results\.\w+_cli)$")
 
 

@@ -438,7 +438,8 @@ def test_error_outcomes_are_left_out_of_every_number_and_counted(outcomes: Path)
 
 def test_gaia2_judge_and_world_errors_are_neither_pass_nor_fail(outcomes: Path) -> None:
     """As in `labkube report`'s capability table (its own function): left out of pass@k and counted."""
-    from labkube.cli import capability_scores, gaia2_attempts
+    from labkube.results.passk import capability_scores
+    from labkube.results.report_cli import gaia2_attempts
     from labkube.store import CampaignDir
 
     (cap,) = analyze_campaigns([outcomes]).gaia2_capabilities

@@ -35,7 +35,8 @@ def test_the_walk_sees_every_room_and_the_imports_between_them(imports: list[arc
     assert {architecture.room_of(m) for m in modules} == {r.name for r in architecture.ROOMS}
     found = {(i.source, i.target, i.kind) for i in imports}
     assert ("labkube.operator.telemetry", "labkube.report", "module") in found
-    assert ("labkube.cli", "labkube.results.analysis_cli", "function") in found
+    assert ("labkube.cli", "labkube.results.analysis_cli", "module") in found
+    assert ("labkube.agents_cli", "labkube.agent.sandbox_process", "function") in found
     assert ("labkube.results.analysis", "labkube.results.analysis_figures", "module") in found
 
 

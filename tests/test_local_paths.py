@@ -13,7 +13,7 @@ from export_helpers import WHITFIELD, replay_model
 from tinytask import make_tiny_task
 
 from labkube.campaign import CampaignSpec, absolute_task_ref, resolve_local_paths
-from labkube.cli import campaign_here
+from labkube.runs_cli import campaign_here
 from labkube.store import CampaignDir
 from labkube.tasks import BUNDLED
 

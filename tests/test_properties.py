@@ -40,12 +40,13 @@ from labkube.agent.tool import Tool, ToolError
 from labkube.agent.tools import ToolContext, research_tools
 from labkube.agent.workspace import Workspace
 from labkube.campaign import MAX_SEEDS, CampaignSpec, expand_runs
-from labkube.cli import UsageFailure, load_campaign_file
+from labkube.cli_checks import UsageFailure
 from labkube.model_ref import API_PROVIDERS, KNOWN, ModelRef, UnknownModel, parse_model
 from labkube.operator import k8s_models as km
 from labkube.operator.crds import API_VERSION, SchemaError, campaign_crd, campaign_resource_spec, run_crd
 from labkube.operator.crds import validate_resource as crd_validate
 from labkube.run_spec import RunSpec
+from labkube.runs_cli import load_campaign_file
 from labkube.store import CampaignDir, write_json_atomic
 from labkube.task_card import LabkubeYaml, Subtask, TaskCard
 from labkube.tasks import TaskError, prepare_run_workspace, resolve_tasks

@@ -16,8 +16,9 @@ from pydantic import ValidationError
 from tinytask import make_tiny_task
 
 from labkube.campaign import CampaignSpec
-from labkube.cli import load_campaign_file, main
+from labkube.cli import main
 from labkube.operator.campaign_run import plan_campaign
+from labkube.runs_cli import load_campaign_file
 from labkube.task_card import Direction, Subtask, TaskCard
 from labkube.tasks import OverlayError, TaskError, card_for_run, load_task, read_task_overlays
 from labkube.tasks.researchgym import OVERLAY_ENV, load_researchgym

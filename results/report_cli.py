@@ -1,0 +1,211 @@
+"""`labkube status`, `labkube report` and `labkube view`: a campaign's runs as a live table, a report (terminal
+tables, JSON, CSV or a self-contained HTML page, with Gaia2's per-capability pass@k) and one run's trajectory
+viewer, all read from the results store (registered by labkube/cli.py)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import click
+from pydantic import BaseModel
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from labkube.cli_checks import UsageFailure, check_output_file, console, open_campaign, write_output_file
+from labkube.report import aggregate, comparison_order, report_rows
+from labkube.results.passk import Attempt, capability_scores, macro_average
+from labkube.results.views import aggregate_table, report_table, status_table
+from labkube.run_spec import scaffold_label
+from labkube.store import CampaignDir, StoreError
+
+
+@click.command("status")
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--watch", is_flag=True, help="Refresh until every run is final.")
+def status(directory: Path, watch: bool) -> None:
+    """Table of the campaign's runs: phase, step, score so far, tokens, dollars, elapsed."""
+    import time
+
+    cdir = open_campaign(directory)
+    rows = report_rows(cdir)
+    if not watch:
+        console.print(status_table(rows, f"runs in {cdir.root}"))
+        return
+    with Live(status_table(rows, f"runs in {cdir.root}"), console=console, refresh_per_second=2) as live:
+        while not all(r.status in ("Finished", "Failed") for r in rows):
+            time.sleep(1.0)
+            rows = report_rows(cdir)
+            live.update(status_table(rows, f"runs in {cdir.root}"))
+
+
+@click.command("report")
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "json", "csv", "html"]), default="table", show_default=True
+)
+@click.option(
+    "--out",
+    "out_file",
+    type=click.Path(path_type=Path),  # checked by check_output_file: one line, as every other refusal
+    default=None,
+    help="Write the report to this file (its folder is created) instead of the terminal; with --format html, "
+    "default DIR/report.html.",
+)
+@click.option("--exclude-suspicious", is_flag=True, help="Leave out runs the integrity audit found SUSPICIOUS.")
+@click.option(
+    "--by",
+    type=click.Choice(["run", "scaffold"]),
+    default="run",
+    show_default=True,
+    help="With --format json or csv: one row per run, or per task one row per model and scaffold (over seeds).",
+)
+def report(directory: Path, fmt: str, out_file: Path | None, exclude_suspicious: bool, by: str) -> None:
+    """One row per run, plus per task one row per model and scaffold over seeds, the scaffolds of a model side
+    by side (or a self-contained HTML report with the same comparison)."""
+    cdir = open_campaign(directory)
+    if fmt == "html":
+        from labkube.results.html_report import render_report_html
+
+        target = out_file or cdir.root / "report.html"
+        check_output_file(target)
+        gaia2 = gaia2_scores(cdir, exclude_suspicious)
+        html = render_report_html(cdir.root, exclude_suspicious=exclude_suspicious, gaia2=gaia2)
+        write_output_file(target, html)
+        console.print(f"report written: {target}")
+        return
+    if out_file is not None:
+        check_output_file(out_file)
+    rows = comparison_order(report_rows(cdir))
+    if exclude_suspicious:
+        rows = [r for r in rows if r.integrity_verdict != "SUSPICIOUS"]
+    records: list[BaseModel] = [*aggregate(rows)] if by == "scaffold" else [*rows]
+    if fmt == "json":
+        text = json.dumps([r.model_dump(mode="json") for r in records], indent=2) + "\n"
+    elif fmt == "csv":
+        buf = io.StringIO()
+        fields = list(records[0].model_dump().keys()) if records else []
+        writer = csv.DictWriter(buf, fieldnames=fields)
+        writer.writeheader()
+        for r in records:  # a mapping (per primary group) goes in one cell, as JSON
+            row = r.model_dump(mode="json")
+            writer.writerow({k: json.dumps(v) if isinstance(v, dict) else v for k, v in row.items()})
+        text = buf.getvalue()
+    else:
+        tables = [
+            report_table(rows, f"campaign {cdir.load_spec().name} ({cdir.root})"),
+            aggregate_table(aggregate(rows)),
+        ]
+        capability_table = gaia2_table(cdir, exclude_suspicious)
+        if capability_table is not None:
+            tables.append(capability_table)
+        if out_file is None:
+            for table in tables:
+                console.print(table)
+            return
+        written = io.StringIO()
+        plain = Console(file=written, width=150, no_color=True, force_terminal=False)
+        for table in tables:
+            plain.print(table)
+        text = written.getvalue()
+    if out_file is None:
+        click.echo(text, nl=False)
+        return
+    write_output_file(out_file, text)
+    console.print(f"report written: {out_file}")
+
+
+@click.command("view")
+@click.argument("run_dir", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option(
+    "--out",
+    "out_file",
+    type=click.Path(path_type=Path),  # checked by check_output_file: one line, as every other refusal
+    default=None,
+    help="The HTML file to write (default RUN_DIR/view.html).",
+)
+def view(run_dir: Path, out_file: Path | None) -> None:
+    """Write a self-contained HTML trajectory viewer for one run."""
+    from labkube.results.trajectory_view import render_run_html
+
+    if out_file is not None:
+        check_output_file(out_file)
+    try:
+        html = render_run_html(run_dir)
+    except StoreError as exc:
+        raise UsageFailure(str(exc)) from None
+    target = out_file or run_dir / "view.html"
+    write_output_file(target, html)
+    console.print(f"trajectory viewer written: {target}")
+
+
+def gaia2_scores(cdir: CampaignDir, exclude_suspicious: bool = False) -> list:
+    """Per-capability pass@1 / pass@k / pass^k of the campaign's final Gaia2 runs (empty when it has none)."""
+    from labkube.results.html_report import CapabilityScore
+
+    scores = capability_scores(gaia2_attempts(cdir, exclude_suspicious))
+    return [CapabilityScore(**s.model_dump(exclude={"stderr"})) for s in scores]
+
+
+def gaia2_attempts(cdir: CampaignDir, exclude_suspicious: bool = False) -> list[Attempt]:
+    """One attempt per final Gaia2 run; one that ended in an error outcome or with no verdict is not counted
+    (neither a pass nor a fail) but still listed, so the tables can say how many were left out."""
+    attempts = []
+    for run_id in cdir.run_ids():
+        result = cdir.result(run_id)
+        if result is None or not result.capabilities or not result.final:
+            continue
+        if exclude_suspicious and result.integrity_verdict == "SUSPICIOUS":
+            continue
+        attempts.append(
+            Attempt(
+                scenario=result.task,
+                model=scaffold_label(result.agent, result.model),
+                seed=result.seed,
+                passed=result.score == 1.0,
+                capabilities=result.capabilities,
+                counted=not result.is_error and result.score is not None,
+            )
+        )
+    return attempts
+
+
+def fmt_rate(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:.3f}"
+
+
+def gaia2_table(cdir: CampaignDir, exclude_suspicious: bool = False) -> Table | None:
+    scores = capability_scores(gaia2_attempts(cdir, exclude_suspicious))
+    if not scores:
+        return None
+    table = Table(title="Gaia2 by capability (ARE's judge; over seeds)", title_justify="left")
+    for col in ("capability", "model", "scenarios", "pass@1", "± s.e.", "pass@k", "pass^k", "k", "excluded"):
+        table.add_column(col, justify="left" if col in ("capability", "model") else "right")
+    for s in scores:
+        table.add_row(
+            s.capability,
+            s.model,
+            str(s.scenarios),
+            fmt_rate(s.pass_at_1),
+            "—" if s.stderr is None else f"{s.stderr:.3f}",
+            fmt_rate(s.pass_at_k),
+            fmt_rate(s.pass_hat_k),
+            str(s.k),
+            f"[bold red]{s.excluded}[/]" if s.excluded else "0",
+        )
+    for model, avg in macro_average(scores).items():
+        table.add_row(
+            "[bold]macro average[/]",
+            model,
+            "",
+            f"{avg['pass_at_1']:.3f}",
+            "",
+            f"{avg['pass_at_k']:.3f}",
+            f"{avg['pass_hat_k']:.3f}",
+            "",
+            "",
+        )
+    return table
