@@ -520,6 +520,8 @@ def main() -> None:
         command = f"python benchmarks/operator_scale.py --runs {args.runs} --run-seconds {run_seconds:g}"
         command += "" if args.failover else " --no-failover"
         body = markdown_table(("measure", f"{args.runs:,} Runs"), rows, (False, True))
+        if not args.failover:
+            body += "\n\nNo failover in this run (`--no-failover`): one replica, its runs root the shared claim."
         write_block(args.doc, f"operator_scale-{args.runs}", body, command)
         print(f"written: {args.doc}")
 
