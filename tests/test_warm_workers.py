@@ -162,7 +162,8 @@ async def test_a_forked_agent_that_crashes_ends_only_its_own_run(tmp_path: Path)
         crashed, finished = await asyncio.gather(
             supervise_run(str(crash), warm=warm), supervise_run(str(calm), warm=warm)
         )
-        assert crashed.stop_reason is not None and crashed.stop_reason.value == "killed", crashed.error
+        stderr = (crash / "logs" / "agent.stderr").read_text(errors="replace")[-2000:]
+        assert crashed.stop_reason is not None and crashed.stop_reason.value == "killed", (crashed.error, stderr)
         assert finished.score == 1.0 and finished.status.value == "Finished"
         agent_pid = int((calm / "workspace" / "agent.pid").read_text())
         assert agent_pid not in (os.getpid(), zygote), "the agent was a process of its own"
