@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +30,10 @@ WORLDS_FOLDER = "worlds"  # under the campaign directory: the pooled worlds' log
 
 
 def forks_agent(spec: RunSpec) -> bool:
-    """Runs whose agent needs no interpreter of its own: rg-agent on a scripted model."""
+    """Runs whose agent needs no interpreter of its own: rg-agent on a scripted model (where the zygote can watch
+    its children: Linux's pidfds)."""
+    if not hasattr(os, "pidfd_open"):
+        return False
     try:
         provider = parse_model(spec.model).provider
     except UnknownModel:
