@@ -33,6 +33,7 @@ import os
 import random
 import secrets
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -726,6 +727,9 @@ def _passed_back(response: aiohttp.ClientResponse, content_type: str) -> dict[st
     return headers
 
 
+STATE_TIMEOUT_S = 2.0  # a sidecar on the pod's loopback answers in milliseconds; a dead one must not stall a sync
+
+
 class GatewayView(GatewayAddress):
     """A gateway in another container of the pod (the `gateway` sidecar): its address, the token it wrote, and the
     totals it keeps in `gateway.json`, with the same attributes the CLI supervisor reads from a `ModelGateway`."""
@@ -738,6 +742,15 @@ class GatewayView(GatewayAddress):
         self.refresh()
 
     def refresh(self) -> None:
+        """The gateway's totals as it counts them now (`/healthz`: every answered call, counted before its last
+        bytes went out); only when it does not answer, as it last wrote them to `gateway.json`, which it rewrites
+        off the calls' path, a moment after an answer: a final look at the file could miss the last call."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/healthz", timeout=STATE_TIMEOUT_S) as answer:
+                self.state = GatewayState.model_validate_json(answer.read())
+            return
+        except (OSError, ValueError):
+            pass
         with contextlib.suppress(OSError, ValueError):
             self.state = GatewayState.model_validate_json(self.state_path.read_text())
 

@@ -16,7 +16,7 @@ import pytest
 from fakellm import FakeLLM, Reply
 from fakellm import Usage as FakeUsage
 
-from labkube.agent.gateway import GatewayConfig, GatewayState, ModelGateway, Upstream, upstream_for
+from labkube.agent.gateway import GatewayConfig, GatewayState, GatewayView, ModelGateway, Upstream, upstream_for
 from labkube.agent.pricing import cost_usd
 from labkube.agent.telemetry import RunTelemetry
 from labkube.agent.transcript import JsonlLog, read_jsonl
@@ -259,3 +259,21 @@ def test_the_overhead_benchmark_measures_every_case_and_writes_its_table(tmp_pat
         assert all(re.fullmatch(r"-?\d+\.\d\d", cell) if r[1] == "yes" else cell == "" for cell in r[9:12]), r
     assert "old" not in text
     assert "Written by `python benchmarks/gateway_overhead.py --calls 2 --rounds 1 --concurrency 1,2 --warmup 0" in text
+
+
+async def test_a_sidecars_view_asks_the_gateway_for_its_counts_before_reading_its_file(tmp_path: Path) -> None:
+    """In a pod the agent's container reads the gateway sidecar's totals. The gateway rewrites `gateway.json` a moment
+    after each answer, off the call's path, so the view asks the gateway itself (`/healthz`) and reads the file only
+    when it does not answer: a file still holding the state before the last call does not hide that call."""
+    import asyncio
+
+    with FakeLLM() as server:
+        server.script(Reply.text("done", usage=PLANTED))
+        async with gateway_for(server, tmp_path, "anthropic") as gw:
+            await asyncio.to_thread(call, gw, "messages", False, "claude-sonnet-4-6")
+            stale = tmp_path / "stale-gateway.json"
+            stale.write_text(GatewayState().model_dump_json())  # as the file is just before its rewrite lands
+            view = await asyncio.to_thread(GatewayView, gw.url, gw.config.token, stale)
+            assert view.state.spend.usage == EXPECTED and view.state.calls == 1
+        await asyncio.to_thread(view.refresh)  # the gateway has ended: what it last wrote is all there is
+        assert view.state.calls == 0
