@@ -27,7 +27,7 @@ sampled every 2 s) and of all of them together (the first leader's; with `--fail
 the latency from a pod's phase change (as the kubelet writes it to the API) to the Run's status showing it
 (Running -> Run `Running`, Succeeded -> Run `Finished`), median and p95.
 
-    python benchmarks/operator_scale.py [--runs 1000] [--run-seconds S] [--no-failover] [--write-docs]
+    python benchmarks/operator_scale.py [--runs 1000] [--run-seconds S] [--no-failover] [--keep] [--write-docs]
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import asyncio
 import collections
 import random
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -299,6 +300,11 @@ async def bench(
     runs: int, run_seconds: float, timeout: float, failover: bool, console: Console, keep: bool = False
 ) -> tuple[list[tuple[str, str]], list[str]]:
     """The table's rows, and what went wrong (a re-run, a Run not finished, a Run not adopted)."""
+    # Ctrl-C or SIGTERM stops the operators it started (the `finally` below) rather than leaving them running
+    this = asyncio.current_task()
+    assert this is not None
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(sig, this.cancel)
     work = Path(tempfile.mkdtemp(prefix="labkube-scale-"))
     volume = work / "volume"
     volume.mkdir()
@@ -504,7 +510,11 @@ def main() -> None:
         parser.error("--runs and --run-seconds must be positive")
     run_seconds = args.run_seconds if args.run_seconds is not None else 180.0 if args.failover else 30.0
     console = Console()
-    rows, problems = asyncio.run(bench(args.runs, run_seconds, args.timeout, args.failover, console, args.keep))
+    try:
+        rows, problems = asyncio.run(bench(args.runs, run_seconds, args.timeout, args.failover, console, args.keep))
+    except asyncio.CancelledError:
+        console.print("interrupted: the operators it started are stopped")
+        sys.exit(130)
     title = f"labkube operator: {args.runs} concurrent Runs (fake API and kubelet)"
     table = Table(title=title + (", leader killed at all Runs live" if args.failover else ""), title_justify="left")
     table.add_column("measure")
