@@ -6,7 +6,11 @@ the two): how to work, how it is graded, what its time and budget cover, and wha
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from labkube.agent.messages import Message
 from labkube.budgets import Budgets
+from labkube.run_spec import RunSpec
 from labkube.task_card import Resources, TaskCard
 
 SYSTEM = """You are a research agent working autonomously on an open research task in a sandboxed \
@@ -103,3 +107,22 @@ def task_prompt(card: TaskCard, workspace_description: str, budgets: Budgets, id
     if idea_hint:
         text += ["", "## Hint", HINT_PREAMBLE, "", idea_hint.strip()]
     return "\n".join(text)
+
+
+def initial_messages(card: TaskCard, spec: RunSpec, workspace: Path) -> list[Message]:
+    if card.gaia2 is not None:  # the user's request arrives as the world's first notification
+        from labkube.agent.rg.world_session import SYSTEM as WORLD_SYSTEM
+
+        return [Message(role="system", content=WORLD_SYSTEM)]
+    if card.gaia is not None:
+        from labkube.tasks.gaia import gaia_prompt
+
+        return [Message(role="system", content=GAIA_SYSTEM), Message(role="user", content=gaia_prompt(card, workspace))]
+    hint = None
+    if spec.idea_hint and (Path(card.path) / "idea_hint.txt").exists():
+        hint = (Path(card.path) / "idea_hint.txt").read_text()
+    where = f"Your workspace is {workspace} (the current directory of every command)."
+    return [
+        Message(role="system", content=SYSTEM),
+        Message(role="user", content=task_prompt(card, where, spec.budgets, hint)),
+    ]

@@ -24,7 +24,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from labkube.agent.entrypoint import run_agent
+from labkube.agent.harness.entrypoint import run_agent
 from labkube.run_spec import RunSpec
 from labkube.store import write_model
 

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from tinytask import make_run_dir, make_tiny_task
 
 from labkube.agent.containment import alive
-from labkube.agent.gpu import NvmlSource
+from labkube.agent.harness.gpu import NvmlSource
 from labkube.budgets import Budgets
 from labkube.operator.supervisor import supervise_run
 from labkube.result import GpuUse

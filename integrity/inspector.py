@@ -14,10 +14,10 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from labkube.agent.messages import Message
-from labkube.agent.provider import ModelClient, ProviderError
-from labkube.agent.registry import api_key_from_env, make_api_provider
-from labkube.agent.tool import Tool, ToolError, tool
-from labkube.agent.workspace import Workspace
+from labkube.agent.providers.provider import ModelClient, ProviderError
+from labkube.agent.providers.registry import api_key_from_env, make_api_provider
+from labkube.agent.rg.tool import Tool, ToolError, tool
+from labkube.agent.rg.workspace import Workspace
 from labkube.integrity.evidence import Evidence
 from labkube.integrity_report import InspectorResult, Severity, Verdict, Violation, ViolationType
 from labkube.model_ref import parse_model

@@ -23,7 +23,7 @@ def agents_install(names: tuple[str, ...]) -> None:
     """Install the pinned CLIs from npm into the CLI cache ($LABKUBE_CLI_CACHE); safe to run again."""
     from rich.table import Table
 
-    from labkube.agent.cli_install import CLI_AGENTS, InstallError, ensure_installed, reported_version
+    from labkube.agent.scaffolds.cli_install import CLI_AGENTS, InstallError, ensure_installed, reported_version
 
     table = Table("agent", "package", "reports", "executable")
     for name in names or tuple(CLI_AGENTS):
@@ -55,7 +55,7 @@ def gateway(run_dir: Path, host: str, port: int, token_file: Path) -> None:
     import asyncio
 
     from labkube.agent.gateway import GatewayError, serve_run_gateway
-    from labkube.agent.provider import ProviderError
+    from labkube.agent.providers.provider import ProviderError
     from labkube.store import StoreError
 
     try:
@@ -70,6 +70,6 @@ def gateway(run_dir: Path, host: str, port: int, token_file: Path) -> None:
 @click.option("--finalize", "finalize_reason", default=None, help="Only grade the stopped run (reason: time, killed).")
 def agent(run_dir: Path, resume: bool, finalize_reason: str | None) -> None:
     """Run one run's agent in this process (what a sandbox executes)."""
-    from labkube.agent.sandbox_process import agent_process
+    from labkube.agent.harness.sandbox_process import agent_process
 
     sys.exit(agent_process(run_dir, resume, finalize_reason))

@@ -46,7 +46,7 @@ def tools() -> None:
 @click.option("--cwd", type=click.Path(path_type=Path, exists=True, file_okay=False), default=Path("."))
 def tools_apply_patch(cwd: Path) -> None:
     """Apply a V4A patch read from stdin, with the same code the agent uses."""
-    from labkube.agent.apply_patch import PatchError, apply_patch
+    from labkube.agent.rg.apply_patch import PatchError, apply_patch
 
     try:
         result = apply_patch(sys.stdin.read(), cwd)

@@ -71,8 +71,8 @@ def world_mcp(world_url: str, log_level: str) -> None:
     import asyncio
     import logging
 
-    from labkube.agent.mcp_bridge import serve_world
-    from labkube.agent.world_errors import WorldFailure
+    from labkube.agent.rg.world_errors import WorldFailure
+    from labkube.agent.scaffolds.mcp_bridge import serve_world
 
     logging.basicConfig(stream=sys.stderr, level=log_level.upper(), format="world-mcp %(levelname)s %(message)s")
     try:

@@ -35,9 +35,9 @@ ZYGOTE_MODULE = "labkube.operator.agent_zygote"
 # What a scripted run imports (the agent, its Gaia2 and GAIA tasks, the audit, the metrics), once for every child.
 PRELOAD = (
     "prometheus_client",
-    "labkube.agent.sandbox_process",
-    "labkube.agent.entrypoint",
-    "labkube.agent.world_session",
+    "labkube.agent.harness.sandbox_process",
+    "labkube.agent.harness.entrypoint",
+    "labkube.agent.rg.world_session",
     "labkube.integrity.audit",
     "labkube.tasks.environment",
     "labkube.tasks.gaia",
@@ -96,7 +96,7 @@ def _child(request: ChildRequest, inherited: list[int]) -> None:
         resume = ["--resume"] if request.resume else []
         finalize = ["--finalize", request.finalize_reason] if request.finalize_reason is not None else []
         sys.argv = ["labkube", "agent", "--run-dir", request.run_dir, *resume, *finalize]
-        from labkube.agent.sandbox_process import agent_process
+        from labkube.agent.harness.sandbox_process import agent_process
 
         code = agent_process(Path(request.run_dir), request.resume, request.finalize_reason)
     except SystemExit as exc:

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from labkube.agent.web import backend_from_env
+from labkube.agent.rg.web import backend_from_env
 from labkube.campaign import CampaignSpec, expand_runs
 from labkube.metrics import serve
 from labkube.model_ref import parse_model
@@ -100,7 +100,7 @@ def check_dollar_budgets(runs: list[RunSpec], prices: dict[str, tuple[float, ...
 
 def check_replay(model: str, transcript: Path) -> None:
     """A `replay:` model's transcript is there and holds tool calls, or the campaign is refused before it starts."""
-    from labkube.agent.scripted import PlanError, replay_provider
+    from labkube.agent.providers.scripted import PlanError, replay_provider
 
     try:
         replay_provider(transcript)

@@ -53,7 +53,7 @@ from typing import Any, Literal, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from labkube.agent.entrypoint import DISK_FULL_EXIT
+from labkube.agent.harness.entrypoint import DISK_FULL_EXIT
 from labkube.budgets import StopReason, rounded_usd
 from labkube.operator.admission import read_admitted
 from labkube.operator.crds import GROUP, LABEL_CAMPAIGN, VERSION, run_name

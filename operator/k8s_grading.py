@@ -34,7 +34,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from labkube.agent.entrypoint import GRADED_BY_OPERATOR_VARIABLE
+from labkube.agent.harness.entrypoint import GRADED_BY_OPERATOR_VARIABLE
 from labkube.budgets import StopReason
 from labkube.operator.crds import dns_label
 from labkube.operator.k8s_models import RunStatus

@@ -7,7 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
-from labkube.agent.entrypoint import DISK_FULL_EXIT
+from labkube.agent.harness.entrypoint import DISK_FULL_EXIT
 from labkube.budgets import StopReason
 from labkube.operator.agent_zygote import AgentZygote
 from labkube.operator.local_sandbox import SandboxExit, run_local

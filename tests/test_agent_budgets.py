@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tinytask import make_run_dir, make_tiny_task
 
-from labkube.agent.entrypoint import run_agent
+from labkube.agent.harness.entrypoint import run_agent
 from labkube.budgets import Budgets, StopReason
 from labkube.run_spec import RunPhase
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from fakellm import FakeLLM, Reply, Usage
 from tinytask import make_run_dir, make_tiny_task
 
-from labkube.agent.entrypoint import run_agent
+from labkube.agent.harness.entrypoint import run_agent
 from labkube.budgets import StopReason
 
 READ = {"tool": "read_file", "args": {"path": "notes.txt"}}

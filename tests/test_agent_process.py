@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from labkube.agent.sandbox_process import BAD_INPUT_EXIT
+from labkube.agent.harness.sandbox_process import BAD_INPUT_EXIT
 from labkube.operator.agent_zygote import AgentZygote, ZygoteError, agent_options
 
 

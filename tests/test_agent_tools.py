@@ -12,10 +12,10 @@ from threading import Thread
 import pytest
 
 from labkube.agent.jobs import JobManager
-from labkube.agent.tool import ToolError, tool
-from labkube.agent.tools import ToolContext, research_tools
-from labkube.agent.web import SearxngBackend, web_browser, web_search
-from labkube.agent.workspace import Workspace
+from labkube.agent.rg.tool import ToolError, tool
+from labkube.agent.rg.tools import ToolContext, research_tools
+from labkube.agent.rg.web import SearxngBackend, web_browser, web_search
+from labkube.agent.rg.workspace import Workspace
 
 
 def alive(pid: int) -> bool:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from tinytask import make_run_dir
 
-from labkube.agent.entrypoint import run_agent
+from labkube.agent.harness.entrypoint import run_agent
 from labkube.tasks import bundled_tasks, load_task
 
 PAPER_TASKS = [t for t in bundled_tasks() if t.startswith("researchgym/")]

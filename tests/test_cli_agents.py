@@ -23,9 +23,9 @@ from fakellm import FakeLLM, Reply, ToolCall
 from fakellm import Usage as FakeUsage
 from tinytask import make_run_dir, make_tiny_task
 
-from labkube.agent.cli_events import ClaudeCodeEvents, CodexEvents
-from labkube.agent.cli_hook import verdict
-from labkube.agent.cli_install import CLI_AGENTS, ensure_installed
+from labkube.agent.scaffolds.cli_events import ClaudeCodeEvents, CodexEvents
+from labkube.agent.scaffolds.cli_hook import verdict
+from labkube.agent.scaffolds.cli_install import CLI_AGENTS, ensure_installed
 from labkube.agent.transcript import read_jsonl
 from labkube.result import RunResult
 
@@ -435,8 +435,8 @@ def test_a_resume_with_no_session_to_continue_restarts_and_says_so(
 
 
 def test_claude_codes_settings_deny_blocked_domains_and_hook_every_network_tool(tmp_path: Path) -> None:
-    from labkube.agent.cli_agents import claude_setup
     from labkube.agent.gateway import GatewayView
+    from labkube.agent.scaffolds.cli_agents import claude_setup
 
     gw = GatewayView("http://127.0.0.1:9", "tok", tmp_path / "gateway.json")
     env: dict[str, str] = {}
@@ -446,7 +446,10 @@ def test_claude_codes_settings_deny_blocked_domains_and_hook_every_network_tool(
     # whole hosts become WebFetch deny rules; paths and globs are the hook's (rg-agent's matching)
     assert settings["permissions"]["deny"] == ["WebFetch(domain:arxiv.org)"]
     (hook,) = settings["hooks"]["PreToolUse"]
-    assert hook["matcher"] == "Bash|WebFetch|WebSearch" and "labkube.agent.cli_hook" in hook["hooks"][0]["command"]
+    assert (
+        hook["matcher"] == "Bash|WebFetch|WebSearch"
+        and "labkube.agent.scaffolds.cli_hook" in hook["hooks"][0]["command"]
+    )
     assert (tmp_path / "blocked_urls.txt").read_text().split() == blocked
     assert env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:9/anthropic" and env["ANTHROPIC_API_KEY"] == "tok"
     assert "--mcp-config" not in flags  # no world, no MCP server

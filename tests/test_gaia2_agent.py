@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from labkube.agent.entrypoint import run_agent
+from labkube.agent.harness.entrypoint import run_agent
 from labkube.run_spec import RunSpec, make_run_id
 from labkube.store import write_model
 from labkube.task_card import TaskFamily

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from cli_helpers import labkube
 
-from labkube.agent.world_session import WorldSession, world_tool
+from labkube.agent.rg.world_session import WorldSession, world_tool
 from labkube.tasks import TaskError, resolve_tasks
 from labkube.tasks.gaia2 import WorldClient, setup_world_env, start_world, world_python
 from labkube.tasks.gaia2.scenarios import ARE_REGISTRY_SCENARIOS

@@ -17,7 +17,7 @@ import pytest
 from cli_helpers import labkube
 from fakellm import FakeLLM, Reply, Usage
 
-from labkube.agent.entrypoint import run_agent
+from labkube.agent.harness.entrypoint import run_agent
 from labkube.budgets import Budgets
 from labkube.model_ref import parse_model
 from labkube.results.trajectory_view import build_trajectory, read_transcript

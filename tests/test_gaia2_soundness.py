@@ -21,7 +21,7 @@ import pytest
 from fakellm import FakeLLM, Reply
 from gaia2_helpers import MARCO, WHITFIELD
 
-from labkube.agent.entrypoint import run_agent
+from labkube.agent.harness.entrypoint import run_agent
 from labkube.budgets import StopReason
 from labkube.run_spec import RunSpec, make_run_id
 from labkube.store import write_model

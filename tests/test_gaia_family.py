@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from tinytask import make_run_dir
 
-from labkube.agent.entrypoint import run_agent
+from labkube.agent.harness.entrypoint import run_agent
 from labkube.campaign import CampaignSpec, expand_runs
 from labkube.tasks import TaskError, resolve_tasks
 

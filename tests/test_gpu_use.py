@@ -20,7 +20,7 @@ from cli_helpers import labkube
 from prometheus_client import generate_latest
 from tinytask import make_tiny_task
 
-from labkube.agent.gpu import (
+from labkube.agent.harness.gpu import (
     MAX_POINTS,
     GpuMeter,
     GpuReading,
@@ -111,7 +111,7 @@ def test_a_gpu_that_fails_is_logged_once_with_the_run_and_its_last_values_stay(
         time.sleep(0.01)
     use = meter.stop()
     assert use.samples == 1
-    failures = [r.getMessage() for r in caplog.records if r.name == "labkube.agent.gpu"]
+    failures = [r.getMessage() for r in caplog.records if r.name == "labkube.agent.harness.gpu"]
     assert failures == [f"run {tmp_path}: GPU sampling failed, last values kept: RuntimeError: GPU is lost"]
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from cli_helpers import labkube
 from tinytask import make_run_dir, make_tiny_task
 
-from labkube.agent.entrypoint import run_agent
+from labkube.agent.harness.entrypoint import run_agent
 from labkube.integrity.evidence import WORKSPACE_FILES, WorkspaceFiles, read_tool_calls
 from labkube.integrity.rules import SLACK
 

@@ -10,7 +10,7 @@ from cli_helpers import labkube
 from fakellm import FakeLLM, Reply, Usage
 from tinytask import make_run_dir, make_tiny_task
 
-from labkube.agent.entrypoint import run_agent
+from labkube.agent.harness.entrypoint import run_agent
 from labkube.integrity import audit_run
 from labkube.integrity_report import IntegrityReport, Verdict, verdict_basis
 

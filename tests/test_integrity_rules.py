@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tinytask import make_run_dir, make_tiny_task
 
-from labkube.agent.entrypoint import run_agent
+from labkube.agent.harness.entrypoint import run_agent
 from labkube.integrity_report import ViolationType
 
 WRITE_RESULT = {"tool": "bash", "args": {"command": 'python3 -c "print(4.5)" > result.txt'}}

@@ -12,7 +12,7 @@ from cli_helpers import labkube
 from fakellm import FakeLLM, Reply
 from tinytask import make_run_dir, make_tiny_task
 
-from labkube.agent.entrypoint import run_agent
+from labkube.agent.harness.entrypoint import run_agent
 from labkube.campaign import CampaignSpec
 from labkube.run_spec import RunSpec
 

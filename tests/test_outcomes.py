@@ -115,7 +115,7 @@ def test_status_says_the_last_grading_failed_while_the_run_goes_on(tmp_path: Pat
     from tinytask import make_run_dir
 
     from labkube.agent.checkpoint import Checkpoint
-    from labkube.agent.entrypoint import write_status
+    from labkube.agent.harness.entrypoint import write_status
     from labkube.result import Grade
     from labkube.run_spec import RunPhase, RunStatus
     from labkube.store import RunDir, read_model

@@ -32,13 +32,13 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 from tinytask import make_tiny_task
 
-from labkube.agent.apply_patch import PatchError, apply_patch
 from labkube.agent.jobs import JobManager
-from labkube.agent.provider import ProviderError
-from labkube.agent.registry import make_api_provider
-from labkube.agent.tool import Tool, ToolError
-from labkube.agent.tools import ToolContext, research_tools
-from labkube.agent.workspace import Workspace
+from labkube.agent.providers.provider import ProviderError
+from labkube.agent.providers.registry import make_api_provider
+from labkube.agent.rg.apply_patch import PatchError, apply_patch
+from labkube.agent.rg.tool import Tool, ToolError
+from labkube.agent.rg.tools import ToolContext, research_tools
+from labkube.agent.rg.workspace import Workspace
 from labkube.campaign import MAX_SEEDS, CampaignSpec, expand_runs
 from labkube.cli_checks import UsageFailure
 from labkube.model_ref import API_PROVIDERS, KNOWN, ModelRef, UnknownModel, parse_model

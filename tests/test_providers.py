@@ -9,11 +9,11 @@ import pytest
 from fakellm import FakeLLM, Reply, Usage
 from tinytask import make_run_dir, make_tiny_task
 
-from labkube.agent.anthropic_provider import AnthropicMessages
-from labkube.agent.entrypoint import run_agent
+from labkube.agent.harness.entrypoint import run_agent
 from labkube.agent.messages import Message, ToolCall, ToolSpec
-from labkube.agent.openai_provider import OpenAIChat, OpenAIResponses
-from labkube.agent.provider import ModelClient, ProviderError
+from labkube.agent.providers.anthropic_provider import AnthropicMessages
+from labkube.agent.providers.openai_provider import OpenAIChat, OpenAIResponses
+from labkube.agent.providers.provider import ModelClient, ProviderError
 from labkube.budgets import Budgets, StopReason
 from labkube.run_spec import RunPhase
 

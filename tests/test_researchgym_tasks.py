@@ -8,7 +8,7 @@ import pytest
 from cli_helpers import labkube
 from tinytask import make_run_dir, make_tiny_task
 
-from labkube.agent.entrypoint import run_agent
+from labkube.agent.harness.entrypoint import run_agent
 from labkube.task_card import Direction, Subtask
 from labkube.tasks import load_task
 from labkube.tasks.scoring import beats, fraction_of_sota, gap_closed, score_subtask

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from tinytask import make_run_dir, make_tiny_task
 
-from labkube.agent.entrypoint import run_agent
-from labkube.agent.scripted import PlanError, load_plan, replay_provider
+from labkube.agent.harness.entrypoint import run_agent
+from labkube.agent.providers.scripted import PlanError, load_plan, replay_provider
 from labkube.budgets import StopReason
 
 

@@ -31,9 +31,9 @@ from fakellm import FakeLLM, Recorded, Reply
 from tinytask import GRADE_SH, make_run_dir, make_tiny_task
 
 from labkube.agent.jobs import JobManager
-from labkube.agent.tool import ToolError
-from labkube.agent.tools import ToolContext, research_tools
-from labkube.agent.workspace import Workspace
+from labkube.agent.rg.tool import ToolError
+from labkube.agent.rg.tools import ToolContext, research_tools
+from labkube.agent.rg.workspace import Workspace
 
 RUNS = ("tiny-task--openai-gpt-5--s0", "tiny-task--openai-gpt-5--s1", "tiny-task--openai-gpt-5--s2")
 EXFIL, AUTH_FAIL, PARENT_ENV = RUNS
@@ -223,7 +223,7 @@ def test_commands_cannot_read_the_key_from_the_agent_process(leak_run: LeakRun) 
 async def test_a_key_in_a_custom_variable_is_hidden_from_commands(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from labkube.agent.entrypoint import run_agent
+    from labkube.agent.harness.entrypoint import run_agent
 
     key = f"sk-labkube-canary-{secrets.token_hex(16)}"
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)

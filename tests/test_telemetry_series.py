@@ -16,9 +16,9 @@ from monitoring_helpers import DASHBOARDS, alerting_rules, load_dashboards, quer
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from labkube.agent.rg.tools import ToolContext, research_tools
+from labkube.agent.rg.workspace import Workspace
 from labkube.agent.telemetry import RunTelemetry
-from labkube.agent.tools import ToolContext, research_tools
-from labkube.agent.workspace import Workspace
 from labkube.budgets import Budgets
 from labkube.integrity_report import ViolationType
 from labkube.metrics import RUN_METRICS

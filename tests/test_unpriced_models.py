@@ -13,7 +13,7 @@ from cli_helpers import labkube, tree_digest
 from fakellm import FakeLLM, Reply, Usage
 from tinytask import make_run_dir, make_tiny_task
 
-from labkube.agent.entrypoint import run_agent
+from labkube.agent.harness.entrypoint import run_agent
 from labkube.agent.pricing import cost_usd, has_price
 from labkube.budgets import Budgets, Spend
 from labkube.budgets import Usage as TokenUsage

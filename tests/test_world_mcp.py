@@ -22,7 +22,7 @@ from fakellm import Usage as FakeUsage
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
-from labkube.agent.cli_install import CLI_AGENTS, ensure_installed
+from labkube.agent.scaffolds.cli_install import CLI_AGENTS, ensure_installed
 from labkube.tasks.gaia2 import WorldClient, WorldProcess, load_scenario, setup_world_env, start_world, world_python
 
 pytestmark = pytest.mark.gaia2

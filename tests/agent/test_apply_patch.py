@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from labkube.agent.apply_patch import (
+from labkube.agent.rg.apply_patch import (
     AddFile,
     DeleteFile,
     Hunk,

@@ -15,13 +15,13 @@ import pytest
 from tinytask import make_run_dir, make_tiny_task
 
 import labkube.tasks
-from labkube.agent.entrypoint import run_agent
+from labkube.agent.harness.entrypoint import run_agent
 from labkube.agent.jobs import JobManager
 from labkube.agent.prompts import HINT_PREAMBLE, SYSTEM, task_prompt
-from labkube.agent.tool import Tool, ToolError
-from labkube.agent.tools import ToolContext, research_tools
-from labkube.agent.web import web_browser, web_tools
-from labkube.agent.workspace import Workspace
+from labkube.agent.rg.tool import Tool, ToolError
+from labkube.agent.rg.tools import ToolContext, research_tools
+from labkube.agent.rg.web import web_browser, web_tools
+from labkube.agent.rg.workspace import Workspace
 from labkube.budgets import Budgets
 from labkube.tasks.researchgym import load_researchgym, read_blocked_urls
 

@@ -18,7 +18,7 @@ from conftest import NAMESPACE, PODS, WORLD_IMAGE, Cluster, eventually
 from fakekube import FakeKube
 from kubelet import FakeKubelet
 
-from labkube.agent.entrypoint import finalize_stopped
+from labkube.agent.harness.entrypoint import finalize_stopped
 from labkube.budgets import StopReason
 from labkube.operator.k8s_models import WorldOptions
 from labkube.operator.pod_manifest import pod_name

@@ -13,7 +13,7 @@ from kubernetes_validate import validate
 from tinytask import make_run_dir, make_tiny_task
 
 from labkube.agent.checkpoint import Checkpoint
-from labkube.agent.entrypoint import GRADED_BY_OPERATOR_VARIABLE, finalize_stopped, run_agent
+from labkube.agent.harness.entrypoint import GRADED_BY_OPERATOR_VARIABLE, finalize_stopped, run_agent
 from labkube.budgets import StopReason
 from labkube.operator.k8s_grading import (
     GRADE_CONTAINER,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from labkube.agent.provider import Provider, ProviderError
-from labkube.agent.scripted import (
+from labkube.agent.providers.provider import Provider, ProviderError
+from labkube.agent.providers.scripted import (
     PlanError,
     PlanStep,
     ScriptedProvider,
@@ -72,15 +72,15 @@ def make_provider(ref: ModelRef, card: TaskCard, spec: RunSpec) -> Provider:
 def make_api_provider(ref: ModelRef, key: str | None, timeout_s: float = 900.0) -> Provider:
     """A provider for a model API (not a scripted one)."""
     if ref.provider == "openai":
-        from labkube.agent.openai_provider import OpenAIResponses
+        from labkube.agent.providers.openai_provider import OpenAIResponses
 
         return OpenAIResponses(ref.name, ref.effort, api_key=key, timeout_s=timeout_s)
     if ref.provider in ("openai-chat", "openai-compatible"):
-        from labkube.agent.openai_provider import OpenAIChat
+        from labkube.agent.providers.openai_provider import OpenAIChat
 
         return OpenAIChat(ref.name, ref.effort, api_key=key or "not-needed", base_url=ref.base_url, timeout_s=timeout_s)
     if ref.provider == "anthropic":
-        from labkube.agent.anthropic_provider import AnthropicMessages
+        from labkube.agent.providers.anthropic_provider import AnthropicMessages
 
         return AnthropicMessages(ref.name, ref.effort, api_key=key, timeout_s=timeout_s)
     raise ProviderError(f"no provider for {ref}", retryable=False)

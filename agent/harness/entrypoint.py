@@ -21,25 +21,25 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from labkube.agent.are_default import run_are_default
 from labkube.agent.budget import BudgetTracker
 from labkube.agent.checkpoint import Checkpoint
-from labkube.agent.cli_agents import CLI_TOOL_NAMES, RunHooks, run_cli_agent
 from labkube.agent.containment import adopt_run_processes, end_run_processes
-from labkube.agent.gpu import read_gpu_use, start_gpu_meter
+from labkube.agent.harness.gpu import read_gpu_use, start_gpu_meter
 from labkube.agent.jobs import JobManager
-from labkube.agent.loop import AgentRun, estimate_tokens, run_loop
 from labkube.agent.messages import Message
-from labkube.agent.prompts import GAIA_SYSTEM, SYSTEM, task_prompt
-from labkube.agent.provider import ModelClient, ProviderError
-from labkube.agent.registry import api_key_for, make_provider
+from labkube.agent.prompts import initial_messages
+from labkube.agent.providers.provider import ModelClient, ProviderError
+from labkube.agent.providers.registry import api_key_for, make_provider
+from labkube.agent.rg.loop import AgentRun, estimate_tokens, run_loop
+from labkube.agent.rg.tools import ToolContext, tools_for
+from labkube.agent.rg.web import web_tools
+from labkube.agent.rg.workspace import Workspace
+from labkube.agent.rg.world_errors import WorldFailure
+from labkube.agent.rg.world_session import WorldSession, open_world, world_tools
+from labkube.agent.scaffolds.are_default import run_are_default
+from labkube.agent.scaffolds.cli_agents import CLI_TOOL_NAMES, RunHooks, run_cli_agent
 from labkube.agent.telemetry import RunTelemetry, start_telemetry
-from labkube.agent.tools import ToolContext, tools_for
 from labkube.agent.transcript import JsonlLog, now_iso, read_jsonl
-from labkube.agent.web import web_tools
-from labkube.agent.workspace import Workspace
-from labkube.agent.world_errors import WorldFailure
-from labkube.agent.world_session import WorldSession, open_world, world_tools
 from labkube.budgets import StopReason
 from labkube.model_ref import parse_model
 from labkube.result import Grade, Outcome, RunResult, SubtaskScore, completion_of, outcome_for
@@ -200,25 +200,6 @@ def agent2agent_config(spec: RunSpec) -> dict[str, Any] | None:
         return None
     llm = world_model(spec, spec.gaia2_a2a_model or spec.model, "agent2agent's app agents")
     return {"proportion": spec.gaia2_a2a, "llm": llm}
-
-
-def initial_messages(card: TaskCard, spec: RunSpec, workspace: Path) -> list[Message]:
-    if card.gaia2 is not None:  # the user's request arrives as the world's first notification
-        from labkube.agent.world_session import SYSTEM as WORLD_SYSTEM
-
-        return [Message(role="system", content=WORLD_SYSTEM)]
-    if card.gaia is not None:
-        from labkube.tasks.gaia import gaia_prompt
-
-        return [Message(role="system", content=GAIA_SYSTEM), Message(role="user", content=gaia_prompt(card, workspace))]
-    hint = None
-    if spec.idea_hint and (Path(card.path) / "idea_hint.txt").exists():
-        hint = (Path(card.path) / "idea_hint.txt").read_text()
-    where = f"Your workspace is {workspace} (the current directory of every command)."
-    return [
-        Message(role="system", content=SYSTEM),
-        Message(role="user", content=task_prompt(card, where, spec.budgets, hint)),
-    ]
 
 
 def latest_state(workspace: Path, jobs: JobManager) -> str:

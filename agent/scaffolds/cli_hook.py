@@ -1,7 +1,7 @@
 """Claude Code's PreToolUse hook for a labkube run: the task's blocked URLs, checked with rg-agent's own rules.
 
-Claude Code runs `python -m labkube.agent.cli_hook BLOCKED_FILE` before each Bash, WebFetch and WebSearch call,
-with the call as JSON on stdin (`tool_name`, `tool_input`). Exit 2 refuses the call and Claude Code shows the
+Claude Code runs `python -m labkube.agent.scaffolds.cli_hook BLOCKED_FILE` before each Bash, WebFetch and WebSearch
+call, with the call as JSON on stdin (`tool_name`, `tool_input`). Exit 2 refuses the call and Claude Code shows the
 model what this prints on stderr; exit 0 lets it through. BLOCKED_FILE holds the patterns, one per line.
 """
 

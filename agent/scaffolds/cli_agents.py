@@ -33,8 +33,6 @@ from pydantic import BaseModel, Field
 
 from labkube.agent.budget import BudgetTracker
 from labkube.agent.checkpoint import Checkpoint
-from labkube.agent.cli_events import ClaudeCodeEvents, CodexEvents
-from labkube.agent.cli_install import CLI_AGENTS, CliAgentSpec, InstallError, ensure_installed, reported_version
 from labkube.agent.containment import TOKEN_VARIABLE
 from labkube.agent.gateway import (
     GatewayError,
@@ -44,12 +42,21 @@ from labkube.agent.gateway import (
     run_config,
     upstream_for,
 )
-from labkube.agent.provider import ProviderError
-from labkube.agent.registry import api_key_for
+from labkube.agent.prompts import initial_messages
+from labkube.agent.providers.provider import ProviderError
+from labkube.agent.providers.registry import api_key_for
+from labkube.agent.rg.tools import ToolContext
+from labkube.agent.rg.workspace import Workspace
+from labkube.agent.scaffolds.cli_events import ClaudeCodeEvents, CodexEvents
+from labkube.agent.scaffolds.cli_install import (
+    CLI_AGENTS,
+    CliAgentSpec,
+    InstallError,
+    ensure_installed,
+    reported_version,
+)
 from labkube.agent.telemetry import RunTelemetry
-from labkube.agent.tools import ToolContext
 from labkube.agent.transcript import JsonlLog, now_iso
-from labkube.agent.workspace import Workspace
 from labkube.budgets import StopReason, Usage
 from labkube.model_ref import parse_model
 from labkube.result import completion_of
@@ -58,7 +65,7 @@ from labkube.store import RunDir
 from labkube.task_card import TaskCard
 
 if TYPE_CHECKING:
-    from labkube.agent.world_session import WorldSession
+    from labkube.agent.rg.world_session import WorldSession
     from labkube.result import Grade
 
 log = logging.getLogger(__name__)
@@ -145,7 +152,7 @@ def claude_setup(
     )
     blocked_file = home / "blocked_urls.txt"
     blocked_file.write_text("\n".join(blocked) + "\n")
-    hook = f"{sys.executable} -P -m labkube.agent.cli_hook {blocked_file}"
+    hook = f"{sys.executable} -P -m labkube.agent.scaffolds.cli_hook {blocked_file}"
     deny = [f"WebFetch(domain:{d})" for d in sorted(_domains(blocked))]
     settings = {
         "permissions": {"deny": deny},
@@ -263,8 +270,6 @@ def codex_command(
 
 def task_text(card: TaskCard, spec: RunSpec, workspace: Path) -> str:
     """The same task prompt rg-agent gets (its user message)."""
-    from labkube.agent.entrypoint import initial_messages
-
     messages = initial_messages(card, spec, workspace)
     return "\n\n".join(m.content for m in messages if m.role == "user" and m.content)
 
@@ -416,7 +421,7 @@ class CliRun:
     async def first_prompt(self) -> str:
         if self.world is None:
             return task_text(self.card, self.spec, self.rd.workspace)
-        from labkube.agent.world_session import SYSTEM as WORLD_SYSTEM
+        from labkube.agent.rg.world_session import SYSTEM as WORLD_SYSTEM
 
         notes = await self.pull()
         return "\n\n".join([WORLD_SYSTEM, WORLD_TOOLS_NOTE, *notes])
@@ -424,7 +429,7 @@ class CliRun:
     async def pull(self, wait_s: float | None = None, want_user: bool = False) -> list[str]:
         """The world's pending notifications as rg-agent is shown them (waiting in simulated time when asked); with
         `want_user`, none unless the user wrote (the next turn starts with the user's message)."""
-        from labkube.agent.world_session import format_notification
+        from labkube.agent.rg.world_session import format_notification
 
         assert self.world is not None
         client = self.world.client
@@ -441,7 +446,7 @@ class CliRun:
 
     async def next_turn(self) -> str | None:
         """The user's next message, when the scenario has another turn (the world jumps to it)."""
-        from labkube.agent.world_session import NEXT_TURN_WAIT_S
+        from labkube.agent.rg.world_session import NEXT_TURN_WAIT_S
 
         notes = await self.pull(NEXT_TURN_WAIT_S, want_user=True)
         return "\n\n".join(notes) if notes and not self.world_stopped() else None

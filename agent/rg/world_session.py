@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from labkube.agent.messages import Message
-from labkube.agent.tool import Tool, ToolError, tool
-from labkube.agent.tools import ToolContext
-from labkube.agent.world_errors import WorldFailure
+from labkube.agent.rg.tool import Tool, ToolError, tool
+from labkube.agent.rg.tools import ToolContext
+from labkube.agent.rg.world_errors import WorldFailure
 from labkube.tasks.gaia2 import (
     Notification,
     ToolSpec,

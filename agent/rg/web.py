@@ -20,10 +20,10 @@ import httpx
 from pydantic import BaseModel
 
 from labkube.agent.blocked_urls import is_blocked
-from labkube.agent.output_cap import cap_output
-from labkube.agent.page_text import page_text
-from labkube.agent.tool import Tool, ToolError, tool
-from labkube.agent.tools import ToolContext
+from labkube.agent.rg.output_cap import cap_output
+from labkube.agent.rg.page_text import page_text
+from labkube.agent.rg.tool import Tool, ToolError, tool
+from labkube.agent.rg.tools import ToolContext
 
 
 class SearchHit(BaseModel):

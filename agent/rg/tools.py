@@ -16,9 +16,9 @@ from pathlib import Path
 from labkube.agent.blocked_urls import blocked_in_command
 from labkube.agent.containment import TOKEN_VARIABLE
 from labkube.agent.jobs import JobManager, kill_group, tail
-from labkube.agent.output_cap import cap_output
-from labkube.agent.tool import Tool, ToolError, tool
-from labkube.agent.workspace import Workspace
+from labkube.agent.rg.output_cap import cap_output
+from labkube.agent.rg.tool import Tool, ToolError, tool
+from labkube.agent.rg.workspace import Workspace
 from labkube.task_card import TaskCard
 
 
@@ -367,8 +367,8 @@ def apply_patch(ctx: ToolContext):
         Args:
             patch: The whole patch text, from `*** Begin Patch` to `*** End Patch`.
         """
-        from labkube.agent.apply_patch import PatchError
-        from labkube.agent.apply_patch import apply_patch as apply_v4a
+        from labkube.agent.rg.apply_patch import PatchError
+        from labkube.agent.rg.apply_patch import apply_patch as apply_v4a
 
         try:
             result = apply_v4a(patch, ctx.workspace.root)

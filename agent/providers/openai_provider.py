@@ -9,8 +9,8 @@ from typing import Any
 import openai
 
 from labkube.agent.messages import Message, ModelResponse, ToolCall, ToolSpec
-from labkube.agent.provider import Provider, ProviderError
-from labkube.agent.sdk_errors import map_sdk_error
+from labkube.agent.providers.provider import Provider, ProviderError
+from labkube.agent.providers.sdk_errors import map_sdk_error
 from labkube.agent.usage import chat_usage, responses_usage
 
 

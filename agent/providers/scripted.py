@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from labkube.agent.messages import Message, ModelResponse, ToolCall, ToolSpec
-from labkube.agent.provider import Provider
+from labkube.agent.providers.provider import Provider
 from labkube.budgets import Usage
 
 

@@ -8,8 +8,8 @@ from typing import Any
 import anthropic
 
 from labkube.agent.messages import Message, ModelResponse, ToolCall, ToolSpec
-from labkube.agent.provider import Provider, ProviderError
-from labkube.agent.sdk_errors import map_sdk_error
+from labkube.agent.providers.provider import Provider, ProviderError
+from labkube.agent.providers.sdk_errors import map_sdk_error
 from labkube.agent.usage import anthropic_usage
 
 EFFORT_BUDGETS = {"low": 2_048, "medium": 8_192, "high": 24_576}

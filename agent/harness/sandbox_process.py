@@ -16,8 +16,8 @@ import os
 import sys
 from pathlib import Path
 
-from labkube.agent.entrypoint import DISK_FULL_EXIT, AgentError, DiskFull
-from labkube.agent.entrypoint import main as run_agent
+from labkube.agent.harness.entrypoint import DISK_FULL_EXIT, AgentError, DiskFull
+from labkube.agent.harness.entrypoint import main as run_agent
 from labkube.budgets import StopReason
 from labkube.result import RunResult, termination_report
 from labkube.store import StoreError, read_model
@@ -52,7 +52,7 @@ def _run(run_dir: Path, resume: bool, finalize_reason: str | None) -> int:
     if secret_env and os.environ.get("LABKUBE_KEYS_ON_STDIN") != "1":
         keys_to_stdin_and_reexec(secret_env)
     if os.environ.pop("LABKUBE_KEYS_ON_STDIN", None) == "1":
-        from labkube.agent.registry import set_secrets
+        from labkube.agent.providers.registry import set_secrets
 
         line = sys.stdin.readline()
         try:

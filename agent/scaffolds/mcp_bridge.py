@@ -21,7 +21,7 @@ import mcp_types as types
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
-from labkube.agent.tool import Tool, ToolError
+from labkube.agent.rg.tool import Tool, ToolError
 
 __all__ = ["mcp_server", "serve_stdio", "serve_world"]
 
@@ -78,9 +78,9 @@ async def serve_world(url: str) -> None:
     Raises:
         WorldFailure: the world cannot be reached or has no scenario loaded.
     """
-    from labkube.agent.tools import ToolContext
-    from labkube.agent.workspace import Workspace
-    from labkube.agent.world_session import WorldSession, world_tools
+    from labkube.agent.rg.tools import ToolContext
+    from labkube.agent.rg.workspace import Workspace
+    from labkube.agent.rg.world_session import WorldSession, world_tools
     from labkube.tasks.gaia2 import WorldClient
 
     session = WorldSession(WorldClient(url))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from labkube.agent.tool import ToolError
+from labkube.agent.rg.tool import ToolError
 
 
 class Workspace:

@@ -17,12 +17,12 @@ from typing import Any
 from labkube.agent.budget import BudgetTracker
 from labkube.agent.checkpoint import Checkpoint
 from labkube.agent.messages import Message, ToolCall
-from labkube.agent.provider import CallOutcome, ContextOverflow, ModelClient, ProviderError
+from labkube.agent.providers.provider import CallOutcome, ContextOverflow, ModelClient, ProviderError
+from labkube.agent.rg.tool import Tool, ToolError
+from labkube.agent.rg.tools import ToolContext
+from labkube.agent.rg.world_errors import WorldFailure
 from labkube.agent.telemetry import RunTelemetry
-from labkube.agent.tool import Tool, ToolError
-from labkube.agent.tools import ToolContext
 from labkube.agent.transcript import JsonlLog, now_iso
-from labkube.agent.world_errors import WorldFailure
 from labkube.budgets import StopReason
 
 NUDGE = "No tool was called. Continue working with the tools, or call end_task when you are done."

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from types import ModuleType
 
-from labkube.agent.provider import ContextOverflow, ProviderError
-from labkube.agent.transport_errors import is_transport_error
+from labkube.agent.providers.provider import ContextOverflow, ProviderError
+from labkube.agent.providers.transport_errors import is_transport_error
 from labkube.budgets import StopReason
 
 OVERFLOW_HINTS = ("context_length", "maximum context", "too long", "prompt is too long")

@@ -13,10 +13,10 @@ import time
 
 from labkube.agent.checkpoint import Checkpoint
 from labkube.agent.pricing import cost_usd
-from labkube.agent.provider import ProviderError
-from labkube.agent.registry import api_key_for
+from labkube.agent.providers.provider import ProviderError
+from labkube.agent.providers.registry import api_key_for
+from labkube.agent.rg.world_session import WorldSession
 from labkube.agent.transcript import JsonlLog, now_iso
-from labkube.agent.world_session import WorldSession
 from labkube.budgets import StopReason, Usage
 from labkube.model_ref import parse_model
 from labkube.run_spec import RunSpec

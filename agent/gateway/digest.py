@@ -1,0 +1,222 @@
+"""What one model call says, read from the provider's answer as the proxy passes it on: usage, model and the
+assistant's message from a JSON body or from server-sent events fed a chunk at a time (`CallDigest`, `SseReader`),
+and the request as the agent sent it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any
+
+from labkube.agent.gateway.state import RESPONSES_FINAL_EVENTS, Family
+from labkube.agent.usage import anthropic_usage, chat_usage, responses_usage
+from labkube.budgets import Usage
+
+
+class CallDigest:
+    """What one call's response says (usage, model, the assistant message in labkube's form), read from a JSON body
+    or fed SSE events one at a time."""
+
+    def __init__(self, family: Family, endpoint: str) -> None:
+        self.family, self.endpoint = family, endpoint
+        self.usage: Usage | None = None
+        self.model: str | None = None
+        self.text: list[str] = []
+        self.thinking: list[str] = []
+        self.calls: dict[int | str, dict[str, Any]] = {}
+        self.stop_reason: str | None = None
+        self.backoff_s = 0.0
+        self._anthropic_usage: dict[str, Any] = {}
+        self._blocks: dict[int, dict[str, Any]] = {}
+
+    @property
+    def stream_events(self) -> frozenset[bytes] | None:
+        """The names of the streamed events this digest reads (None: all of them)."""
+        if self.family == "openai" and self.endpoint == "responses":
+            return frozenset(name.encode() for name in RESPONSES_FINAL_EVENTS)
+        return None
+
+    def message(self) -> dict[str, Any]:
+        calls = []
+        for call in self.calls.values():
+            raw = call.get("arguments") or ""
+            try:
+                args = json.loads(raw) if isinstance(raw, str) else raw
+            except ValueError:
+                args = {"__raw_arguments__": raw}
+            calls.append({"id": call.get("id") or "", "name": call.get("name") or "", "arguments": args})
+        out: dict[str, Any] = {"role": "assistant", "content": "".join(self.text)}
+        if calls:
+            out["tool_calls"] = calls
+        if self.thinking:
+            out["thinking"] = "\n".join(self.thinking)
+        return out
+
+    # -- whole bodies
+    def body(self, data: dict[str, Any]) -> None:
+        self.model = data.get("model") or self.model
+        if self.family == "anthropic":
+            self.usage = anthropic_usage(data.get("usage"))
+            self.stop_reason = data.get("stop_reason")
+            for i, block in enumerate(data.get("content") or []):
+                self._block(i, block)
+        elif self.endpoint == "responses":
+            self.usage = responses_usage(data.get("usage"))
+            self.stop_reason = data.get("status")
+            for item in data.get("output") or []:
+                self._responses_item(item)
+        else:
+            self.usage = chat_usage(data.get("usage"))
+            choice = (data.get("choices") or [{}])[0]
+            self.stop_reason = choice.get("finish_reason")
+            msg = choice.get("message") or {}
+            self.text.append(msg.get("content") or "")
+            if msg.get("reasoning_content"):
+                self.thinking.append(msg["reasoning_content"])
+            for i, call in enumerate(msg.get("tool_calls") or []):
+                fn = call.get("function") or {}
+                self.calls[i] = {"id": call.get("id"), "name": fn.get("name"), "arguments": fn.get("arguments")}
+
+    def _responses_item(self, item: dict[str, Any]) -> None:
+        kind = item.get("type")
+        if kind == "message":
+            self.text.extend(c.get("text", "") for c in item.get("content") or [] if c.get("type") == "output_text")
+        elif kind == "function_call":
+            key = item.get("call_id") or len(self.calls)
+            self.calls[key] = {"id": item.get("call_id"), "name": item.get("name"), "arguments": item.get("arguments")}
+        elif kind in ("custom_tool_call", "local_shell_call"):
+            key = item.get("call_id") or len(self.calls)
+            args = item.get("input") if kind == "custom_tool_call" else item.get("action")
+            self.calls[key] = {"id": item.get("call_id"), "name": item.get("name") or kind, "arguments": args}
+        elif kind == "reasoning":
+            self.thinking.extend(s.get("text", "") for s in item.get("summary") or [])
+
+    def _block(self, index: int, block: dict[str, Any]) -> None:
+        kind = block.get("type")
+        if kind == "text":
+            self.text.append(block.get("text", ""))
+        elif kind in ("tool_use", "server_tool_use"):
+            self.calls[index] = {"id": block.get("id"), "name": block.get("name"), "arguments": block.get("input")}
+        elif kind == "thinking":
+            self.thinking.append(block.get("thinking", ""))
+
+    # -- streams
+    def event(self, data: dict[str, Any]) -> None:
+        if self.family == "anthropic":
+            self._anthropic_event(data)
+        elif self.endpoint == "responses":
+            if data.get("type") in RESPONSES_FINAL_EVENTS:
+                self.body(data.get("response") or {})
+        else:
+            self._chat_chunk(data)
+
+    def _anthropic_event(self, data: dict[str, Any]) -> None:
+        kind = data.get("type")
+        if kind == "message_start":
+            message = data.get("message") or {}
+            self.model = message.get("model") or self.model
+            self._anthropic_usage.update(message.get("usage") or {})
+        elif kind == "message_delta":
+            # cumulative: the final counts overwrite message_start's placeholders
+            self._anthropic_usage.update({k: v for k, v in (data.get("usage") or {}).items() if v is not None})
+            self.stop_reason = (data.get("delta") or {}).get("stop_reason") or self.stop_reason
+        elif kind == "content_block_start":
+            block = dict(data.get("content_block") or {})
+            if block.get("type") in ("tool_use", "server_tool_use"):
+                block["partial"] = ""
+            self._blocks[data.get("index", len(self._blocks))] = block
+        elif kind == "content_block_delta":
+            block = self._blocks.setdefault(data.get("index", 0), {"type": "text", "text": ""})
+            delta = data.get("delta") or {}
+            if delta.get("type") == "text_delta":
+                block["text"] = block.get("text", "") + delta.get("text", "")
+            elif delta.get("type") == "input_json_delta":
+                block["partial"] = block.get("partial", "") + delta.get("partial_json", "")
+            elif delta.get("type") == "thinking_delta":
+                block["thinking"] = block.get("thinking", "") + delta.get("thinking", "")
+        elif kind == "message_stop":
+            for i, block in sorted(self._blocks.items()):
+                if "partial" in block:
+                    block["input"] = block.pop("partial") or "{}"
+                self._block(i, block)
+            self._blocks.clear()
+        self.usage = anthropic_usage(self._anthropic_usage)
+
+    def _chat_chunk(self, data: dict[str, Any]) -> None:
+        self.model = data.get("model") or self.model
+        if data.get("usage"):
+            self.usage = chat_usage(data["usage"])
+        for choice in data.get("choices") or []:
+            delta = choice.get("delta") or {}
+            self.text.append(delta.get("content") or "")
+            if delta.get("reasoning_content"):
+                self.thinking.append(delta["reasoning_content"])
+            for call in delta.get("tool_calls") or []:
+                slot = self.calls.setdefault(call.get("index", 0), {"id": None, "name": None, "arguments": ""})
+                fn = call.get("function") or {}
+                slot["id"] = call.get("id") or slot["id"]
+                slot["name"] = fn.get("name") or slot["name"]
+                slot["arguments"] += fn.get("arguments") or ""
+            self.stop_reason = choice.get("finish_reason") or self.stop_reason
+
+
+class SseReader:
+    """Server-sent events from a byte stream fed in arbitrary chunks: each complete event's JSON `data`; with
+    `names`, only the events named so (or not named at all), so that the others are not parsed."""
+
+    def __init__(self, names: frozenset[bytes] | None = None) -> None:
+        self._buffer = b""
+        self._names = names
+
+    def feed(self, chunk: bytes) -> list[dict[str, Any]]:
+        *complete, self._buffer = (self._buffer + chunk.replace(b"\r\n", b"\n")).split(b"\n\n")
+        events = []
+        for raw in complete:
+            lines = raw.split(b"\n")
+            if self._names is not None:
+                name = next((line[6:].strip() for line in lines if line.startswith(b"event:")), None)
+                if name is not None and name not in self._names:
+                    continue
+            data = b"\n".join(line[5:].strip() for line in lines if line.startswith(b"data:"))
+            if not data or data == b"[DONE]":
+                continue
+            with contextlib.suppress(ValueError):
+                parsed = json.loads(data)
+                if isinstance(parsed, dict):
+                    events.append(parsed)
+        return events
+
+
+def request_body(raw: bytes) -> dict[str, Any]:
+    """The request as the agent sent it ({} when it is not a JSON object: the provider said so)."""
+    try:
+        body = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def with_stream_usage(raw: bytes) -> bytes:
+    """A Chat Completion request as sent upstream: streamed, it asks for the usage chunk, without which a streamed
+    Chat Completion carries no usage at all. ValueError when the body is not a JSON object."""
+    body = json.loads(raw) if raw else {}
+    if not isinstance(body, dict):
+        raise ValueError("not a JSON object")
+    if not body.get("stream"):
+        return raw
+    body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+    return json.dumps(body).encode()
+
+
+def request_summary(path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """What was asked, without the whole conversation (the agent's own log has that)."""
+    turns = body.get("messages") if isinstance(body.get("messages"), list) else body.get("input")
+    tools = body.get("tools") if isinstance(body.get("tools"), list) else []
+    return {
+        "path": path,
+        "model": body.get("model"),
+        "stream": bool(body.get("stream")),
+        "turns": len(turns) if isinstance(turns, list) else (1 if turns else 0),
+        "tools": [t.get("name") or (t.get("function") or {}).get("name") or t.get("type") for t in tools],
+        "max_tokens": body.get("max_tokens") or body.get("max_output_tokens") or body.get("max_completion_tokens"),
+    }

@@ -1,0 +1,400 @@
+"""The HTTP proxy itself (`ModelGateway`): one run's server that checks the agent's token, forwards each call
+upstream with retries and back-off, counts and prices it, writes it to the transcript and refuses calls once a
+budget is spent."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import aiohttp.web
+
+from labkube.agent.gateway.digest import CallDigest, SseReader, request_body, request_summary, with_stream_usage
+from labkube.agent.gateway.state import (
+    FORWARDED_HEADERS,
+    MODEL_CALLS,
+    RETRY_STATUSES,
+    Family,
+    GatewayConfig,
+    GatewayState,
+    Upstream,
+    error_body,
+    refusal,
+)
+from labkube.agent.pricing import cost_usd
+from labkube.agent.telemetry import RunTelemetry
+from labkube.agent.transcript import JsonlLog, now_iso
+from labkube.budgets import StopReason, Usage
+from labkube.store import write_json_atomic
+
+Hook = Callable[[], Awaitable[None]]
+AfterHook = Callable[[float], Awaitable[None]]  # given the call's model seconds
+
+
+class GatewayAddress:
+    """Where agents reach a gateway (`url`): the base URLs they are given, as the SDKs and CLIs expect them."""
+
+    url: str
+
+    @property
+    def openai_base_url(self) -> str:
+        return f"{self.url}/openai/v1"
+
+    @property
+    def anthropic_base_url(self) -> str:
+        return f"{self.url}/anthropic"
+
+
+class ModelGateway(GatewayAddress):
+    """One run's gateway. `await start()` binds 127.0.0.1 (or `host`) on a free port (or `port`); `url` is then the
+    base for agents (`openai_base_url`, `anthropic_base_url`)."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        transcript: JsonlLog | None = None,
+        telemetry: RunTelemetry | None = None,
+        state: GatewayState | None = None,
+        state_path: Path | None = None,
+        before_call: Hook | None = None,
+        after_call: AfterHook | None = None,
+        on_refusal: Callable[[StopReason], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.transcript = transcript
+        self.telemetry = telemetry
+        self.state = state or GatewayState()
+        self.state_path = state_path
+        self.before_call, self.after_call = before_call, after_call
+        self.on_refusal = on_refusal
+        self._runner: aiohttp.web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._state_writer: asyncio.Task[None] | None = None
+        self._state_changed = False
+        self.url = ""
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> ModelGateway:
+        app = aiohttp.web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{family:openai|anthropic}/v1/{tail:.*}", self._handle)
+        app.router.add_get("/healthz", self._health)
+        # On close, a call still in flight (the agent was stopped mid-call) is cut after 2 s, not aiohttp's 60.
+        self._runner = aiohttp.web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+        await self._runner.setup()
+        site = aiohttp.web.TCPSite(self._runner, host, port)
+        await site.start()
+        bound = self._runner.addresses[0][1]
+        self.url = f"http://{host}:{bound}"
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=self.config.timeout_s)
+        self._session = aiohttp.ClientSession(timeout=timeout, auto_decompress=True)
+        return self
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        await asyncio.sleep(0)  # the last calls' transcript lines (written on the loop's next turn) go out first
+        if self._state_writer is not None:
+            await self._state_writer
+        if self._session is not None:
+            await self._session.close()
+
+    async def __aenter__(self) -> ModelGateway:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _health(self, _request: aiohttp.web.Request) -> aiohttp.web.Response:
+        return aiohttp.web.json_response(self.state.model_dump(mode="json"))
+
+    # -- accounting
+    def spent(self) -> tuple[StopReason, str] | None:
+        b, s = self.config.budgets, self.state.spend
+        if b.tokens is not None and s.usage.total >= b.tokens:
+            return StopReason.tokens, f"{s.usage.total:,} of {b.tokens:,} tokens"
+        if b.usd is not None and s.usd >= b.usd:
+            return StopReason.usd, f"${s.usd:.4f} of ${b.usd:g}"
+        if b.steps is not None and s.steps >= b.steps:
+            return StopReason.steps, f"{s.steps} of {b.steps} model calls"
+        return None
+
+    def _save(self) -> None:
+        """Have `gateway.json` rewritten, off the call's path: a writer task writes the latest state in a thread, and
+        once more if it changed meanwhile (a burst of calls costs a write or two, not one each)."""
+        if self.state_path is None:
+            return
+        self._state_changed = True
+        if self._state_writer is None or self._state_writer.done():
+            self._state_writer = asyncio.get_running_loop().create_task(self._write_state(self.state_path))
+
+    async def _write_state(self, path: Path) -> None:
+        while self._state_changed:
+            self._state_changed = False
+            snapshot = self.state.model_dump(mode="json")
+            try:
+                await asyncio.to_thread(write_json_atomic, path, snapshot)
+            except OSError as exc:  # the call was counted in memory, and budgets are enforced from there
+                logging.getLogger(__name__).warning("labkube gateway: could not write %s: %s", path, exc)
+
+    def _authorized(self, request: aiohttp.web.Request) -> bool:
+        given = request.headers.get("x-api-key") or request.headers.get("authorization", "").removeprefix("Bearer ")
+        return hmac.compare_digest(given.strip().encode(), self.config.token.encode())
+
+    # -- the proxy
+    async def _handle(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+        family: Family = request.match_info["family"]  # type: ignore[assignment]
+        tail = request.match_info["tail"]
+        if not self._authorized(request):
+            kind = "authentication_error" if family == "anthropic" else "invalid_request_error"
+            body = error_body(family, 401, kind, "labkube gateway: wrong or missing run token")
+            return aiohttp.web.json_response(body, status=401)
+        upstream = getattr(self.config, family)
+        if upstream is None:
+            message = f"labkube gateway: this run's model is not served over the {family} API"
+            return aiohttp.web.json_response(error_body(family, 404, "not_found_error", message), status=404)
+        raw = await request.read()
+        endpoint = tail.rstrip("/")
+        if request.method != "POST" or endpoint not in MODEL_CALLS[family]:
+            return await self._forward(request, family, upstream, tail, raw, None)
+        spent = self.spent()
+        if spent is not None:
+            return self._refuse(family, *spent)
+        # The request goes upstream as it came (a long session's is hundreds of kB of JSON, milliseconds to parse);
+        # only a Chat Completion is read first, and it is the provider that answers a body that is not JSON.
+        if endpoint == "chat/completions":
+            try:
+                raw = with_stream_usage(raw)
+            except ValueError:
+                message = "request body is not a JSON object"
+                return aiohttp.web.json_response(error_body(family, 400, "invalid_request_error", message), status=400)
+        digest = CallDigest(family, endpoint)
+        if self.before_call is not None:
+            await self.before_call()
+        started = time.monotonic()
+        try:
+            return await self._forward(request, family, upstream, tail, raw, digest)
+        finally:
+            if self.after_call is not None:  # the world is charged the model's time, not the retries' back-off
+                await self.after_call(max(0.0, time.monotonic() - started - digest.backoff_s))
+
+    def _refuse(self, family: Family, reason: StopReason, detail: str) -> aiohttp.web.Response:
+        self.state.refused += 1
+        self.state.stop_reason = self.state.stop_reason or reason
+        self._save()
+        if self.transcript is not None:
+            self.transcript.append({"type": "budget_stop", "ts": now_iso(), "reason": reason.value, "detail": detail})
+        if self.on_refusal is not None:
+            self.on_refusal(reason)
+        status, body = refusal(family, reason, detail)
+        return aiohttp.web.json_response(body, status=status, headers={"x-should-retry": "false"})
+
+    def _headers(self, request: aiohttp.web.Request, family: Family, upstream: Upstream) -> dict[str, str]:
+        headers = {k: v for k in FORWARDED_HEADERS if (v := request.headers.get(k)) is not None}
+        if upstream.api_key:
+            if family == "anthropic":
+                headers["x-api-key"] = upstream.api_key
+            else:
+                headers["authorization"] = f"Bearer {upstream.api_key}"
+        return headers
+
+    async def _forward(
+        self,
+        request: aiohttp.web.Request,
+        family: Family,
+        upstream: Upstream,
+        tail: str,
+        raw: bytes,
+        digest: CallDigest | None,
+    ) -> aiohttp.web.StreamResponse:
+        assert self._session is not None
+        base = upstream.base_url.rstrip("/")
+        url = f"{base}/{tail}" if family == "openai" else f"{base}/v1/{tail}"
+        headers = self._headers(request, family, upstream)
+        started = time.monotonic()
+        backoff = 0.0
+        attempt = 0
+        upstream_response = None
+        failure = ""
+        while True:
+            attempt += 1
+            wait = None
+            try:
+                upstream_response = await self._session.request(
+                    request.method, url, data=raw or None, headers=headers, params=request.query
+                )
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                failure, upstream_response = f"{type(exc).__name__}: {exc}", None
+            else:
+                if upstream_response.status not in RETRY_STATUSES or attempt >= self.config.max_attempts:
+                    break  # an answer, or the provider's own error once the retries are used up
+                failure = f"HTTP {upstream_response.status}"
+                wait = self._delay(attempt, upstream_response.headers.get("retry-after"))
+                upstream_response.release()
+                upstream_response = None
+            if attempt >= self.config.max_attempts:
+                break
+            wait = self._delay(attempt, None) if wait is None else wait
+            await asyncio.sleep(wait)
+            backoff += wait
+        if upstream_response is None:
+            message = f"labkube gateway: the provider at {base} failed {attempt} times ({failure})"
+            self.state.last_error = message
+            self._record(digest, raw, started, backoff, attempt, error=message, path=tail)
+            return aiohttp.web.json_response(error_body(family, 502, "api_error", message), status=502)
+        try:
+            if "text/event-stream" in upstream_response.headers.get("content-type", ""):
+                return await self._relay_stream(
+                    request, upstream_response, digest, raw, started, backoff, attempt, tail
+                )
+            data = await upstream_response.read()
+            error = None
+            if digest is not None and upstream_response.status < 400:
+                with contextlib.suppress(ValueError):
+                    digest.body(json.loads(data))
+            elif upstream_response.status >= 400:
+                error = f"HTTP {upstream_response.status}: {data[:500].decode(errors='replace')}"
+            if digest is not None:
+                self._record(digest, raw, started, backoff, attempt, error=error, path=tail)
+            content_type = upstream_response.headers.get("content-type", "application/json")
+            return aiohttp.web.Response(
+                body=data, status=upstream_response.status, headers=_passed_back(upstream_response, content_type)
+            )
+        finally:
+            upstream_response.release()
+
+    def _delay(self, attempt: int, retry_after: str | None) -> float:
+        if retry_after:
+            with contextlib.suppress(ValueError):
+                return min(self.config.max_delay_s, max(0.0, float(retry_after)))
+        base = min(self.config.max_delay_s, self.config.base_delay_s * 2 ** (attempt - 1))
+        return base * (0.5 + random.random() / 2)
+
+    async def _relay_stream(
+        self,
+        request: aiohttp.web.Request,
+        upstream_response: aiohttp.ClientResponse,
+        digest: CallDigest | None,
+        raw: bytes,
+        started: float,
+        backoff: float,
+        attempt: int,
+        tail: str,
+    ) -> aiohttp.web.StreamResponse:
+        response = aiohttp.web.StreamResponse(
+            status=upstream_response.status,
+            headers=_passed_back(upstream_response, upstream_response.headers.get("content-type", "text/event-stream")),
+        )
+        await response.prepare(request)
+        reader = SseReader(digest.stream_events if digest is not None else None)
+        error = None
+        try:
+            async for chunk in upstream_response.content.iter_any():
+                try:
+                    await response.write(chunk)  # to the agent first; it is counted after
+                finally:
+                    if digest is not None:
+                        for event in reader.feed(chunk):
+                            digest.event(event)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            error = f"the provider's stream broke: {type(exc).__name__}: {exc}"
+        except ConnectionResetError:
+            error = "the agent closed the stream"
+        finally:
+            if digest is not None:
+                self._record(digest, raw, started, backoff, attempt, error=error, path=tail)
+        if error is None:
+            with contextlib.suppress(ConnectionResetError):
+                await response.write_eof()
+        return response
+
+    def _record(
+        self,
+        digest: CallDigest | None,
+        raw: bytes,
+        started: float,
+        backoff: float,
+        attempts: int,
+        error: str | None,
+        path: str,
+    ) -> None:
+        """Count one model call (even a failed one: its back-off and attempts are real) at once, before the answer's
+        last bytes go out, so that the next call's budget check sees it. Its transcript line, series and state file
+        are written on the event loop's next turn, once aiohttp has sent the answer: they are no part of what the
+        agent waits for."""
+        if digest is None:
+            return
+        digest.backoff_s = backoff
+        usage = digest.usage or Usage()
+        body = None
+        model = digest.model
+        if not model:  # an answer that does not name its model: the request does
+            body = request_body(raw)
+            model = str(body.get("model") or "")
+        priced_as = f"{self.config.provider_prefix}:{model}"
+        usd = cost_usd(priced_as, usage, self.config.prices) if model else 0.0
+        s = self.state
+        s.spend.usage = s.spend.usage + usage
+        s.spend.add_cost(priced_as, usd)
+        s.backoff_s += backoff
+        s.calls += 1
+        if error is None:
+            s.spend.steps += 1
+        else:
+            s.last_error = error
+        self._save()
+        duration = time.monotonic() - started
+        line = {
+            "type": "model_call",
+            "purpose": "step",
+            "step": s.spend.steps,
+            "ts": now_iso(),
+            "model": model,
+            "via": "gateway",
+            "request": body,  # summarized when the line is written
+            "message": None,
+            "stop_reason": digest.stop_reason,
+            "usage": usage.model_dump(),
+            "cost_usd": usd,
+            "duration_s": round(duration, 4),
+            "backoff_s": round(backoff, 4),
+            "attempts": attempts,
+            **({"error": error} if error else {}),
+        }
+        asyncio.get_running_loop().call_soon(self._log_call, line, digest, raw, path, usage, usd, duration - backoff)
+
+    def _log_call(
+        self,
+        line: dict[str, Any],
+        digest: CallDigest,
+        raw: bytes,
+        path: str,
+        usage: Usage,
+        usd: float | None,
+        model_seconds: float,
+    ) -> None:
+        if self.transcript is not None:
+            body = line["request"] if line["request"] is not None else request_body(raw)
+            line["request"] = request_summary(path, body)
+            line["message"] = digest.message()
+            self.transcript.append(line)
+        if self.telemetry is not None:
+            self.telemetry.model_call(usage, usd, max(0.0, model_seconds))
+
+
+def _passed_back(response: aiohttp.ClientResponse, content_type: str) -> dict[str, str]:
+    headers = {"content-type": content_type}
+    for name in ("retry-after", "x-request-id", "request-id", "x-should-retry", "openai-processing-ms"):
+        if name in response.headers:
+            headers[name] = response.headers[name]
+    for name, value in response.headers.items():
+        if name.lower().startswith(("x-ratelimit-", "anthropic-ratelimit-")):
+            headers[name] = value
+    return headers

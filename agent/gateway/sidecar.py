@@ -1,0 +1,109 @@
+"""The gateway as a pod's sidecar: `serve_run_gateway` runs it for a run directory (`labkube gateway`), and
+`GatewayView` is how the agent container sees it, from its `/healthz` and `gateway.json`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import urllib.request
+from pathlib import Path
+
+from labkube.agent.gateway.proxy import AfterHook, GatewayAddress, Hook, ModelGateway
+from labkube.agent.gateway.state import GatewayConfig, GatewayState, run_config, upstream_for
+from labkube.agent.transcript import JsonlLog
+from labkube.budgets import Spend
+from labkube.model_ref import parse_model
+
+STATE_TIMEOUT_S = 2.0  # a sidecar on the pod's loopback answers in milliseconds; a dead one must not stall a sync
+
+
+class GatewayView(GatewayAddress):
+    """A gateway in another container of the pod (the `gateway` sidecar): its address, the token it wrote, and the
+    totals it keeps in `gateway.json`, with the same attributes the CLI supervisor reads from a `ModelGateway`."""
+
+    def __init__(self, url: str, token: str, state_path: Path) -> None:
+        self.url = url.rstrip("/")
+        self.config = GatewayConfig(token=token)
+        self.state_path = state_path
+        self.state = GatewayState()
+        self.refresh()
+
+    def refresh(self) -> None:
+        """The gateway's totals as it counts them now (`/healthz`: every answered call, counted before its last
+        bytes went out); only when it does not answer, as it last wrote them to `gateway.json`, which it rewrites
+        off the calls' path, a moment after an answer: a final look at the file could miss the last call."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/healthz", timeout=STATE_TIMEOUT_S) as answer:
+                self.state = GatewayState.model_validate_json(answer.read())
+            return
+        except (OSError, ValueError):
+            pass
+        with contextlib.suppress(OSError, ValueError):
+            self.state = GatewayState.model_validate_json(self.state_path.read_text())
+
+    async def close(self) -> None:
+        return None
+
+
+def world_clock_hooks(world_url: str | None, think_time_s: float | None) -> tuple[Hook | None, AfterHook | None]:
+    """In a Gaia2 pod the gateway sidecar stops the world sidecar's clock around each model call, as rg-agent does:
+    the clock is charged the call's measured time (or the run's fixed think time)."""
+    if not world_url:
+        return None, None
+    from labkube.tasks.gaia2 import WorldClient
+
+    client = WorldClient(world_url)
+
+    async def pause() -> None:
+        await client.pause_clock()
+
+    async def resume(model_seconds: float) -> None:
+        if think_time_s is None:
+            await client.resume_clock("measured", seconds=model_seconds)
+        else:
+            await client.resume_clock("fixed", seconds=think_time_s)
+
+    return pause, resume
+
+
+async def serve_run_gateway(run_dir: Path, host: str, port: int, token_file: Path) -> None:
+    """The pod's gateway sidecar: the run's provider and budgets from run.json, its key from this container's
+    environment, the spend so far from the run's checkpoint (a resumed run goes on counting); the token written to
+    `token_file` (a volume shared with the agent container only), then serve until SIGTERM."""
+    import signal
+
+    from labkube.agent.checkpoint import Checkpoint
+    from labkube.agent.providers.registry import api_key_for
+    from labkube.store import RunDir, read_model
+
+    rd = RunDir(run_dir)
+    spec = rd.spec()
+    ref = parse_model(spec.model)
+    family, upstream = upstream_for(ref, api_key_for(ref, spec))
+    ckpt = read_model(rd.checkpoint_json, Checkpoint)
+    config = run_config(spec, family, upstream)
+    state = GatewayState(spend=ckpt.spend.model_copy(deep=True) if ckpt else Spend())
+    before, after = world_clock_hooks(os.environ.get("LABKUBE_WORLD_URL"), spec.think_time_s)
+    gateway = ModelGateway(
+        config,
+        transcript=JsonlLog(rd.transcript),
+        state=state,
+        state_path=rd.root / "gateway.json",
+        before_call=before,
+        after_call=after,
+    )
+    await gateway.start(host, port)
+    token_file.parent.mkdir(parents=True, exist_ok=True)
+    staged = token_file.with_suffix(".tmp")
+    staged.write_text(config.token)
+    staged.replace(token_file)
+    print(f"LISTENING {gateway.url}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await gateway.close()
