@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import zipfile
@@ -11,6 +12,22 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SUBPACKAGES = ["labkube.agent", "labkube.tasks", "labkube.integrity", "labkube.operator", "labkube.results"]
+WORLD_FOLDER = REPO / "tasks" / "gaia2"
+
+
+def world_script_modules() -> set[str]:
+    """world_server.py and the modules it imports by plain name from its own folder, and theirs: the world runs in
+    ARE's virtualenv by path, outside labkube, so a sibling missing from the wheel breaks only there."""
+    found, todo = set(), ["world_server"]
+    while todo:
+        name = todo.pop()
+        found.add(name)
+        for node in ast.walk(ast.parse((WORLD_FOLDER / f"{name}.py").read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                sibling = node.module
+                if (WORLD_FOLDER / f"{sibling}.py").is_file() and sibling not in found:
+                    todo.append(sibling)
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +53,10 @@ def test_wheel_maps_top_level_folders_to_subpackages(wheel: Path) -> None:
     assert "labkube/agent/prices.yaml" in names
     assert "labkube/data/demo.yaml" in names
     assert "labkube/results/templates/report.html.j2" in names
+    world = world_script_modules()
+    assert {"world_session", "world_health", "verdict_message"} <= world, world
+    for module in sorted(world):
+        assert f"labkube/tasks/gaia2/{module}.py" in names, module
     task = "labkube/tasks/bundled/researchgym/continual-learning-lite/"
     for f in (
         "task_description.md",

@@ -1,7 +1,7 @@
 """Is the world sound? ARE's environment with its failures recorded, and the checks that end a run on a broken
 world instead of judging it.
 
-Standalone like world_server.py (stdlib + ARE only), imported by it from the same folder.
+Standalone like world_server.py (stdlib + ARE only), imported by name from the same folder.
 
 ARE's event loop runs in a thread that catches nothing: an event that raises (an oracle event for an app the
 scenario lacks: `KeyError: 'Messages'`) kills the thread, the simulated world stands still, and ARE's judge

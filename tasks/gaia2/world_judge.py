@@ -1,0 +1,151 @@
+"""ARE's judge in the world process: which judge a scenario gets (hard checks only, or with an LLM for the soft
+checks), the caches that make building it cheap, what it matched and spent, and where its verdict is published.
+
+Standalone like world_server.py (stdlib + ARE only), imported by name from the same folder.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from are.simulation.utils.serialization import make_serializable
+from are.simulation.validation import ScriptedGraphPerEventJudgeConfig
+from are.simulation.validation import judge as are_judge
+from are.simulation.validation import tool_judge as are_tool_judge
+from are.simulation.validation.utils import llm_utils as are_llm_utils
+from verdict_message import VERDICT_FILE_VARIABLE, verdict_report
+from world_engines import llm_engine
+from world_protocol import one_line
+
+HARD_CHECKS = ["tool_call_counts", "hard_argument_checks", "causality", "time_window"]
+log = logging.getLogger("labkube.world")
+
+
+@functools.lru_cache(maxsize=8192)
+def _template(text: str) -> tuple[Any, frozenset[str]]:
+    import jinja2
+    from jinja2 import meta
+
+    variables = frozenset(meta.find_undeclared_variables(jinja2.Environment().parse(text)))
+    return jinja2.Template(text, keep_trailing_newline=True), variables
+
+
+def install_template_cache() -> None:
+    """Building ARE's judge compiles about 8,000 jinja templates (seconds per scenario, even for hard
+    checks only); compile each distinct template once. The checks and what is rendered are unchanged."""
+
+    def jinja_format(template: str, skip_validation: bool = True, **kwargs: Any) -> str:
+        compiled, variables = _template(template)
+        if not skip_validation:
+            if not all(k in kwargs for k in variables):
+                raise ValueError(f"Expected: {set(variables)}, got: {sorted(kwargs)}.\nTemplate:\n{template}")
+            kwargs = {k: kwargs[k] for k in variables}
+        if all(isinstance(v, str) for v in kwargs.values()):  # a plain template of strings renders the same each time
+            return _rendered(template, tuple(sorted(kwargs.items())))
+        return compiled.render(**kwargs)
+
+    are_llm_utils.jinja_format = jinja_format
+    are_judge.jinja_format = jinja_format
+    # Each judge's tool judges read their checkers' parameter names: about 1,800 signatures per judge, the same ones.
+    are_tool_judge.inspect = _SignatureCache()
+
+
+@functools.lru_cache(maxsize=65536)
+def _rendered(template: str, kwargs: tuple[tuple[str, str], ...]) -> str:
+    return _template(template)[0].render(**dict(kwargs))
+
+
+class _SignatureCache:
+    """`inspect` for ARE's tool judges, with `signature` remembered per function (a bound method's by its function:
+    the same parameters, less the first)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[Any, bool], inspect.Signature] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(inspect, name)
+
+    def signature(self, fn: Any) -> inspect.Signature:
+        function = getattr(fn, "__func__", None)
+        if function is None or not inspect.ismethod(fn):
+            return inspect.signature(fn)
+        key = (function, True)
+        if key not in self._seen:
+            self._seen[key] = inspect.signature(fn)
+        return self._seen[key]
+
+
+def judge_config_for(judge: dict[str, Any] | None) -> tuple[Any, str, list[str]]:
+    """ARE's Gaia2 judge: hard checks only unless a judge model is given for the soft (LLM) checks."""
+    if not judge:
+        config = ScriptedGraphPerEventJudgeConfig(engine=_no_llm, event_id_to_checker_params={})
+        return config, "hard checks only", list(HARD_CHECKS)
+    from are.simulation.validation.configs import GraphPerEventJudgeConfig
+
+    engine = llm_engine(judge, "judge")
+    label = f"hard and soft checks (LLM judge {judge['model']})"
+    return GraphPerEventJudgeConfig(engine=engine), label, [*HARD_CHECKS, "soft_llm_checks"]
+
+
+def _no_llm(*_: Any, **__: Any) -> Any:
+    raise RuntimeError("no judge model is configured (hard checks only)")
+
+
+def publish_verdict(body: dict[str, Any]) -> None:
+    """Also write the verdict where `LABKUBE_WORLD_VERDICT_FILE` says: in a pod, the world container's termination
+    message, which only this container can write. The operator hands it to the grading pod; the copy the agent's
+    harness keeps in its checkpoint is on a volume the agent can write, so on a cluster it is not the record."""
+    path = os.environ.get(VERDICT_FILE_VARIABLE)
+    if path:
+        Path(path).write_text(verdict_report(body))
+
+
+def judge_usd(engine: Any) -> float | None:
+    """What ARE's soft judge spent on its model, where its price was given (with its budget); else unknown."""
+    if getattr(engine, "usd_per_million", None) is None:
+        return None
+    return round(engine.spent_usd, 6)
+
+
+def judge_matches(judge: Any) -> list[dict[str, Any]] | None:
+    """The agent events a GraphPerEventJudge weighed, in order, each with the oracle event it matched (ARE keeps
+    this in the judge's state only); None for judges without per-event matching."""
+    state = getattr(judge, "state", None)
+    matched = getattr(state, "agent_idx_to_oracle_id", None)
+    if state is None or matched is None:
+        return None
+    out = []
+    index = 0
+    for turn, events in enumerate(getattr(state, "turn_to_agent_events", []) or []):
+        for event in events:
+            try:
+                tool = f"{event.app_name()}__{event.function_name()}"
+                args = make_serializable(dict(getattr(event.action, "args", {}) or {}))
+            except Exception:  # an event ARE could not describe: keep its place in the order
+                tool, args = "unknown", {}
+            out.append(
+                {
+                    "tool": tool,
+                    "args": {k: v for k, v in args.items() if k != "self"},
+                    "turn": turn,
+                    "simulated_time": getattr(event, "event_time", None),
+                    "oracle_event_id": matched.get(index),
+                }
+            )
+            index += 1
+    return out
+
+
+def warm_judge() -> None:
+    """Build ARE's judge once in the background, so the template cache is warm for the first scenario."""
+    try:
+        from are.simulation.validation import JudgeFactory
+
+        JudgeFactory()(judge_config_for(None)[0])
+    except Exception as exc:  # only an optimisation
+        log.warning("warming the judge failed: %s", one_line(exc))
