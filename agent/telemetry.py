@@ -128,7 +128,7 @@ class RunTelemetry:
             self._l("labkube_run_gaia2_passed", capability=capability).set(1 if passed else 0)
 
     def gpus(self, readings: Iterable[Any]) -> None:
-        """One NVML sample of the run's GPUs (`agent/gpu.py`); never called for a run without one."""
+        """One NVML sample of the run's GPUs (`agent/harness/gpu.py`); never called for a run without one."""
         for r in readings:
             self._l("labkube_run_gpu_utilization_ratio", gpu=r.device).set(r.utilization_gpu / 100)
             self._l("labkube_run_gpu_memory_used_bytes", gpu=r.device).set(r.memory_used)

@@ -1,7 +1,7 @@
 """The model gateway's added latency: the same calls through a run's gateway and straight to the same provider.
 
 Three processes, as in a run: the provider (tests/fakellm.py, answering at once and sending a streamed answer's
-events `--event-interval-ms` apart, as a model produces tokens), the run's gateways (agent/gateway.py, one per API
+events `--event-interval-ms` apart, as a model produces tokens), the run's gateways (agent/gateway/, one per API
 family, with the transcript, gateway.json and Prometheus series a run has), and the client: the real `openai` and
 `anthropic` SDKs (async clients, no retries) calling the OpenAI Responses API (what Codex speaks) and Anthropic
 Messages (what Claude Code speaks), streamed and not, with a request the size of a coding agent's (`--request-kb`

@@ -11,7 +11,7 @@ that detaches another), as issue #23 measured them surviving:
    independently beside it.
 
 Prints the GPU's free memory (NVML) before, while the holders run, and after each; the holders' pids after; and
-the run's GPU figures as `result.json` has them (the real NVML path of agent/gpu.py). Exit 1 when a holder
+the run's GPU figures as `result.json` has them (the real NVML path of agent/harness/gpu.py). Exit 1 when a holder
 outlives its run or the memory does not come back, or the training run's figures disagree with NVML. With
 `--record FILE`, also writes the NVML readings taken every 0.5 s during the training run in the format
 `LABKUBE_GPU_REPLAY` replays (tests/data/nvml/one-gpu-training.jsonl is such a recording).

@@ -67,7 +67,7 @@ def parse_model(text: str) -> ModelRef:
 
 
 EFFORTS = ("minimal", "low", "medium", "high")  # OpenAI's reasoning effort names
-THINKING_EFFORTS = ("low", "medium", "high")  # Anthropic: names of thinking budgets (agent/anthropic_provider.py)
+THINKING_EFFORTS = ("low", "medium", "high")  # Anthropic's thinking budgets (agent/providers/anthropic_provider.py)
 MIN_THINKING_TOKENS = 1024  # the least thinking budget Anthropic's Messages API accepts
 
 

@@ -82,7 +82,7 @@ class GpuPoint(BaseModel):
 
 
 class GpuUse(BaseModel):
-    """A run's GPU use over its life (`agent/gpu.py`), for reports: mean utilisation and peak memory."""
+    """A run's GPU use over its life (`agent/harness/gpu.py`), for reports: mean utilisation and peak memory."""
 
     devices: list[str] = Field(description="The run's GPUs as CUDA_VISIBLE_DEVICES named them.")
     samples: int = 0

@@ -7,7 +7,7 @@ The zygote is a process that has imported the agent once and forks one child per
 supervisor signals its group as before), its own environment (the run's, as the local sandbox builds it), the API
 keys on stdin, stdout and stderr to the run's logs. The zygote itself holds no key and runs nothing of a run.
 
-The child calls the agent room's `agent_process` (agent/sandbox_process.py), the function the command line's
+The child calls the agent room's `agent_process` (agent/harness/sandbox_process.py), the function the command line's
 `labkube agent` calls, with the options the supervisor would have passed on that command line.
 
 Protocol (JSON lines): the supervisor writes `{"id", "run_dir", "resume", "finalize_reason", "env", "secrets",

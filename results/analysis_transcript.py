@@ -1,9 +1,10 @@
 """One streaming pass over a run's `transcript.jsonl` for `labkube analyze`: counters and the first evidence line
 of each kind are kept, never the lines themselves, so memory does not grow with the transcript's length.
 
-Event types read (agent/loop.py, agent/entrypoint.py): `tool_call` (tool, args, output, step, ts), `model_call`
-(usage with reasoning tokens, the assistant message), `handoff`, `context_drop`. Async jobs are followed through
-the `start_async` output ("started job1 ...") and `check_async`/`cancel_async` outputs ("job1 (...): exited ...").
+Event types read (agent/rg/loop.py, agent/harness/entrypoint.py): `tool_call` (tool, args, output, step, ts),
+`model_call` (usage with reasoning tokens, the assistant message), `handoff`, `context_drop`. Async jobs are
+followed through the `start_async` output ("started job1 ...") and `check_async`/`cancel_async` outputs
+("job1 (...): exited ...").
 """
 
 from __future__ import annotations

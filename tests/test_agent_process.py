@@ -1,5 +1,5 @@
 """`labkube agent` and the agent zygote's forked children are one function, the agent room's `agent_process`
-(agent/sandbox_process.py; #27 item 2): for the same run directory and options both end with the same exit code
+(agent/harness/sandbox_process.py; #27 item 2): for the same run directory and options both end with the same exit code
 and the same `error: ...` line, the last line of the run's agent.stderr that the supervisor reports.
 
 Real parts: the `labkube agent` process and a real zygote process forking the child; no model is called (each case

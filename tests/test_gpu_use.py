@@ -1,7 +1,7 @@
 """GPU use per run (issue #23, item 7): NVML readings become the run's series, its result's `gpu`, and the
 reports' "mean utilisation, peak memory"; a run without a GPU shows "no GPU", never 0 %.
 
-NVML itself is the thin layer (`agent/gpu.py: NvmlSource`); everything after it runs here on readings in the
+NVML itself is the thin layer (`agent/harness/gpu.py: NvmlSource`); everything after it runs here on readings in the
 recorder's format (`tests/data/nvml/one-gpu-training.jsonl`: recorded by `benchmarks/gpu_check.sh --record` on
 an H200 while a run trained a small PyTorch model: idle at 615 MiB, utilisation ~97 % with about 6 then 13 GiB
 held, then idle again; docs/task-environments.md has that run's figures). The real `pynvml` is called where it

@@ -28,7 +28,7 @@ from labkube.run_spec import RunSpec
 NOT_AT_START = {
     "labkube_run_gaia2_passed": "only ARE's judge sets it, at the end; a 0 would count as a failed scenario",
     # A run without a GPU has none of these (a 0 would read as an idle GPU); one with a GPU has them from the
-    # meter's first NVML sample, taken as the agent starts (agent/gpu.py).
+    # meter's first NVML sample, taken as the agent starts (agent/harness/gpu.py).
     "labkube_run_gpu_utilization_ratio": "absent without a GPU; from the first NVML sample with one",
     "labkube_run_gpu_memory_used_bytes": "absent without a GPU; from the first NVML sample with one",
     "labkube_run_gpu_memory_total_bytes": "absent without a GPU; from the first NVML sample with one",

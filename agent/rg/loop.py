@@ -62,7 +62,7 @@ class AgentRun:
     base_messages: Callable[[list[str]], list[Message]] | None = None  # task + summaries + latest state
     context_estimate: int = 0
     telemetry: RunTelemetry | None = None
-    world: Any = None  # a WorldSession for Gaia2 runs (agent/world_session.py)
+    world: Any = None  # a WorldSession for Gaia2 runs (agent/rg/world_session.py)
     world_error: str | None = None
 
     def add_message(self, message: Message) -> None:

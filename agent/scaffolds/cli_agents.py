@@ -1,15 +1,15 @@
 """Claude Code and Codex CLI as scaffolds beside rg-agent (`--agent claude-code`, `--agent codex`).
 
-The run's `labkube agent` process starts the model gateway (`agent/gateway.py`) with the real key, then the
+The run's `labkube agent` process starts the model gateway (`agent/gateway/`) with the real key, then the
 vendor's CLI headless in the run's workspace, pointed at the gateway by the CLI's documented settings
 (`ANTHROPIC_BASE_URL`; a Codex model provider's `base_url`) with only the run's gateway token. The CLI's
 environment has no API key, its configuration lives in the run directory (`cli-home/`), its event stream becomes
-transcript lines (`agent/cli_events.py`) and its raw stream is kept in `logs/<agent>.jsonl`.
+transcript lines (`agent/scaffolds/cli_events.py`) and its raw stream is kept in `logs/<agent>.jsonl`.
 
 Budgets: tokens, dollars and model calls (steps) are the gateway's; wall time is this supervisor's, with the
 gateway's retry back-off given back: past the budget the CLI gets SIGINT, then SIGKILL after a grace period.
 Grading is periodic and final as for any run. Blocked URLs: Claude Code gets deny rules and a PreToolUse hook
-(`agent/cli_hook.py`, rg-agent's own URL rules); Codex has no per-URL control, so its sandbox keeps commands off
+(`scaffolds/cli_hook.py`, rg-agent's own URL rules); Codex has no per-URL control, so its sandbox keeps commands off
 the network when the task blocks URLs (where the kernel allows Codex's sandbox; the pod's NetworkPolicy is the
 boundary on a cluster). A resumed run continues the CLI's own session (`claude --resume`, `codex exec resume`);
 with no session to continue it starts anew and the result says so (`details.cli.restarted`).
@@ -70,7 +70,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# The tools a CLI's calls are recorded as (agent/cli_events.py), for the run's series from the first scrape.
+# The tools a CLI's calls are recorded as (agent/scaffolds/cli_events.py), for the run's series from the first scrape.
 CLI_TOOL_NAMES = ("bash", "write_file", "replace", "read_file", "search", "web_browser", "web_search")
 GATEWAY_URL_VARIABLE = "LABKUBE_GATEWAY_URL"  # set in a pod: the gateway is the `gateway` sidecar
 GATEWAY_TOKEN_VARIABLE = "LABKUBE_GATEWAY_TOKEN_FILE"
