@@ -10,8 +10,8 @@ of conversation and tool definitions).
 Direct and gateway calls alternate so that the machine's load falls on both alike: at concurrency 1 each pair is
 one call each way, in random order; at concurrency C each pair is a round of C simultaneous calls each way, in random
 order. Warm-up pairs (connections opened, code paths warm) are not counted. `--baseline REF` adds a third way, the
-gateway as it was at commit REF (its agent/gateway.py, in a process of its own), to the same alternation: a before
-and after measured under the same load. The added latency at a percentile is the
+gateway as it was at commit REF (its agent/gateway.py, or agent/gateway/ since the split, in a process of its own),
+to the same alternation: a before and after measured under the same load. The added latency at a percentile is the
 gateway's percentile minus the direct one (a difference of percentiles, not a percentile of differences); the
 median of the paired differences is shown beside it as a check. A streamed call's latency is to its last event;
 its first token is its first text delta as the SDK yields it.
@@ -92,15 +92,24 @@ def serve_upstream(event_interval_s: float) -> None:
         sys.stdin.read()
 
 
+BASELINE_MODULE = "labkube_gateway_baseline"
+
+
 def gateway_module(source: Path | None) -> Any:
-    """labkube's gateway, or the one in `source` (an earlier commit's agent/gateway.py, importing today's labkube)."""
+    """labkube's gateway, or the one in `source`, an earlier commit's (agent/gateway.py, or the agent/gateway/
+    package since it was split), importing today's labkube."""
     if source is None:
         from labkube.agent import gateway
 
         return gateway
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("labkube_gateway_baseline", source)
+    if source.is_dir():  # the package: its modules import each other under the baseline's name
+        spec = importlib.util.spec_from_file_location(
+            BASELINE_MODULE, source / "__init__.py", submodule_search_locations=[str(source)]
+        )
+    else:
+        spec = importlib.util.spec_from_file_location(BASELINE_MODULE, source)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # pydantic resolves the models' annotations from it
@@ -484,23 +493,27 @@ async def run_cases(args: argparse.Namespace, upstream_url: str, gateways: dict[
 
 
 def baseline_source(ref: str, into: Path) -> tuple[Path, str]:
-    """agent/gateway.py as it was at commit `ref`, and the commit's short hash."""
+    """The gateway as it was at commit `ref` (agent/gateway.py, or the agent/gateway/ package with its imports of
+    itself renamed to the baseline's module), and the commit's short hash."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout
+
     try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "--short=12", f"{ref}^{{commit}}"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        text = subprocess.run(
-            ["git", "show", f"{sha}:agent/gateway.py"], cwd=REPO, capture_output=True, text=True, check=True
-        ).stdout
+        sha = git("rev-parse", "--short=12", f"{ref}^{{commit}}").strip()
+        if git("ls-tree", sha, "agent/gateway.py").strip():  # before the gateway was split into a package
+            path = into / f"{BASELINE_MODULE}.py"
+            path.write_text(git("show", f"{sha}:agent/gateway.py"))
+            return path, sha
+        files = git("ls-tree", "--name-only", f"{sha}:agent/gateway/").split()
+        path = into / BASELINE_MODULE
+        path.mkdir(exist_ok=True)
+        for name in (f for f in files if f.endswith(".py")):
+            text = git("show", f"{sha}:agent/gateway/{name}")
+            (path / name).write_text(text.replace("labkube.agent.gateway.", f"{BASELINE_MODULE}."))
     except subprocess.CalledProcessError as exc:
         why = exc.stderr.strip().splitlines()[-1] if exc.stderr.strip() else "git failed"
-        raise SystemExit(f"--baseline {ref}: no agent/gateway.py at that commit ({why})") from None
-    path = into / "gateway_baseline.py"
-    path.write_text(text)
+        raise SystemExit(f"--baseline {ref}: no agent/gateway.py or agent/gateway/ at that commit ({why})") from None
     return path, sha
 
 
