@@ -335,7 +335,7 @@ def run_on_kubernetes(spec: CampaignSpec, kube_context: str | None, namespace: s
 
     from rich.table import Table
 
-    from labkube.operator.k8s_operator import CampaignExists, read_campaign, run_rows, submit_campaign
+    from labkube.operator.k8s_submit import CampaignExists, read_campaign, run_rows, submit_campaign
     from labkube.operator.kube import KubeError, KubeTarget, api_client, check_reachable, default_namespace
 
     target = KubeTarget(context=kube_context)

@@ -466,7 +466,7 @@ class GpuHoursMeter:
     directory counts, including those finished before this driver started.
 
     Locally: GPUs x charged wall time from each run's status.json. On a cluster (`pods`): the pod times the
-    API reported (`k8s_backend.PodLedger`, in the operator's own `<campaign>/pods/`), never a file a run can
+    API reported (`k8s_ledger.PodLedger`, in the operator's own `<campaign>/pods/`), never a file a run can
     write."""
 
     def __init__(self, campaign_root: Path, runs: list[RunSpec], ttl_s: float = 1.0, *, pods: bool = False) -> None:
@@ -489,7 +489,7 @@ class GpuHoursMeter:
 
     def _read(self) -> float:
         if self.pods:
-            from labkube.operator.k8s_backend import PodLedger, ledger_path
+            from labkube.operator.k8s_ledger import PodLedger, ledger_path
 
             ledgers = [read_model(ledger_path(self.root, run_id), PodLedger) for run_id in self.gpus]
             return sum(ledger.gpu_hours() for ledger in ledgers if ledger is not None)

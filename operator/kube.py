@@ -11,12 +11,22 @@ context or the address and what to do:
 
 Precedence: `server` (an unauthenticated URL: tests, `kubectl proxy`) > `context`/`kubeconfig` >
 the pod's service account (in a cluster) > the kubeconfig's current context.
+
+Calling it: `answered` reads a response's body so its connection goes back to the pool, `retrying` waits
+out what a recovering or throttling API server answers (connection errors, 429, 5xx, 410) with capped
+exponential back-off and jitter, and `raw_json` reads a `_preload_content=False` body. The operator's own
+calls (`cluster_api`) and the run supervisors' (`kube_session`) both go through them.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
 import os
-from collections.abc import Callable
+import random
+import time
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -28,16 +38,26 @@ if TYPE_CHECKING:
     from kubernetes.client import ApiClient, Configuration
 
 __all__ = [
+    "PATIENCE_S",
+    "TRANSIENT",
     "KubeError",
     "KubeTarget",
     "allocatable_gpus",
+    "answered",
     "api_client",
+    "backoff_delay",
     "check_reachable",
     "connection_info",
     "default_namespace",
     "load_configuration",
     "parse_time",
+    "raw_json",
+    "retry_after",
+    "retrying",
+    "status_of",
 ]
+
+log = logging.getLogger("labkube.operator.k8s")
 
 _SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
@@ -233,3 +253,72 @@ def allocatable_gpus(client: ApiClient, resource: str) -> int | None:
         text = str((node.status.allocatable or {}).get(resource, "0"))
         total += int(text) if text.isdigit() else 0
     return total
+
+
+def raw_json(resp: object) -> dict[str, Any]:
+    """The body of a `_preload_content=False` response (a urllib3 response, whatever the annotation says)."""
+    return cast(dict[str, Any], json.loads(cast(Any, resp).data))
+
+
+def status_of(exc: BaseException) -> int | None:
+    """The HTTP status of an API error; None for anything else (a connection error, a bug)."""
+    return getattr(exc, "status", None)
+
+
+TRANSIENT = frozenset({429, 500, 502, 503, 504})
+PATIENCE_S = 3600.0  # how long a call without a deadline of its own waits out the API (a control-plane upgrade)
+BACKOFF_CAP_S = 30.0
+
+
+def backoff_delay(attempt: int, first_s: float = 0.5, cap_s: float = BACKOFF_CAP_S) -> float:
+    """Capped exponential back-off with jitter: uniformly between half and all of min(cap, first x 2^attempt),
+    so the supervisors of a thousand runs do not come back to a recovering API server in one burst."""
+    ceiling = min(cap_s, first_s * 2.0**attempt)
+    return random.uniform(ceiling / 2, ceiling)
+
+
+def retry_after(exc: BaseException) -> float | None:
+    """The seconds a 429 or 503 asks for (`Retry-After`), if it says."""
+    headers = getattr(exc, "headers", None) or {}
+    value = headers.get("Retry-After") or headers.get("retry-after")
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+async def retrying(
+    call: Callable[[], Awaitable[T]],
+    *,
+    patience_s: float | None = None,
+    first_delay_s: float = 0.5,
+    conflicts: bool = False,
+) -> T:
+    """`call()`, again after a connection error, a 429/5xx or a 410 (the API server restarting, throttling, a
+    control-plane upgrade), for as long as `patience_s` allows (the caller's own deadline: a run's time budget;
+    default an hour), with capped exponential back-off and jitter, or the `Retry-After` the server asks for.
+    Other API errors (404, 409, 422, ...) are the caller's. A create retried after a lost answer answers 409,
+    which the callers treat as "exists". With `conflicts`, a 409 Conflict is retried too: for writes that are
+    safe to repeat as they are (a merge patch of a status carries no resourceVersion)."""
+    give_up_at = time.monotonic() + (PATIENCE_S if patience_s is None else patience_s)
+    attempt = 0
+    while True:
+        try:
+            return await call()
+        except Exception as exc:
+            status = status_of(exc)
+            transient = status in TRANSIENT or status == 410 or (conflicts and status == 409)
+            transient = transient or (status is None and _is_connection_error(exc))
+            delay = max(backoff_delay(attempt, first_delay_s), retry_after(exc) or 0.0)
+            if not transient or time.monotonic() + delay > give_up_at:
+                raise
+            if attempt < 3 or attempt % 10 == 0:  # a long outage logs a line every few minutes, not every try
+                log.warning("kubernetes API: %s; retrying in %.1fs", str(exc).splitlines()[0][:200], delay)
+            await asyncio.sleep(delay)
+            attempt += 1
+
+
+def _is_connection_error(exc: BaseException) -> bool:
+    import urllib3.exceptions
+
+    return isinstance(exc, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError)

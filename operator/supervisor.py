@@ -11,6 +11,7 @@ from labkube.agent.harness.entrypoint import DISK_FULL_EXIT
 from labkube.budgets import StopReason
 from labkube.operator.agent_zygote import AgentZygote
 from labkube.operator.local_sandbox import SandboxExit, run_local
+from labkube.operator.run_failure import harness_failure, last_error_line
 from labkube.operator.warm import WarmWorker, forks_agent, uses_world
 from labkube.result import RunResult
 from labkube.run_spec import RunPhase, RunStatus
@@ -55,7 +56,7 @@ async def supervise_run(
     try:
         env = await task_environment(rd, env)
     except SetupError as exc:
-        return _harness_failure(rd, str(exc), StopReason.setup_error, exc.log_tail)
+        return harness_failure(rd, str(exc), StopReason.setup_error, exc.log_tail)
     zygote = warm.zygote if warm is not None and forks_agent(spec) else None
     # A Gaia2 run cannot resume (its world is gone with its agent): a run with a checkpoint needs no world.
     lease = None
@@ -89,7 +90,7 @@ async def _attempts(rd: RunDir, env: dict[str, str] | None, zygote: AgentZygote 
             return done, clean
         if exit_.returncode == DISK_FULL_EXIT:
             why = last_error_line(rd) or "disk full; free space and run the campaign again"
-            return _harness_failure(rd, why), clean
+            return harness_failure(rd, why), clean
         if exit_.timed_out:
             break
     reason = StopReason.time if exit_ and exit_.timed_out else StopReason.killed
@@ -97,7 +98,7 @@ async def _attempts(rd: RunDir, env: dict[str, str] | None, zygote: AgentZygote 
     done = _final(rd)
     if done is not None:
         return done, False
-    return _harness_failure(rd, f"agent exited {exit_.returncode if exit_ else '?'} without a result; see logs/"), False
+    return harness_failure(rd, f"agent exited {exit_.returncode if exit_ else '?'} without a result; see logs/"), False
 
 
 def card_limits(rd: RunDir) -> dict[str, float]:
@@ -146,45 +147,3 @@ async def task_environment(rd: RunDir, env: dict[str, str] | None) -> dict[str, 
         return env
     write_model(rd.root / "setup.json", built)
     return {**(env or {}), ENV_VARIABLE: str(built.path)}
-
-
-def last_error_line(rd: RunDir) -> str | None:
-    try:
-        lines = (rd.logs / "agent.stderr").read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return None
-    return lines[-1].removeprefix("error: ").strip() if lines else None
-
-
-def _harness_failure(rd: RunDir, message: str, reason: StopReason = StopReason.error, log_tail: str = "") -> RunResult:
-    spec = rd.spec()
-    status = read_model(rd.status_json, RunStatus)
-    result = RunResult(
-        run_id=spec.run_id,
-        task=spec.task,
-        model=spec.model,
-        agent=spec.agent,
-        seed=spec.seed,
-        status=RunPhase.failed,
-        stop_reason=reason,
-        error=message,
-        details={"setup_log_tail": log_tail} if log_tail else {},
-        spend=status.spend if status else RunStatus(run_id=spec.run_id).spend,
-        finished_at=utcnow(),
-    )
-    try:  # on a full disk this fails too; the result still reaches the driver
-        write_model(rd.result_json, result)
-    except OSError:
-        return result
-    write_model(
-        rd.status_json,
-        RunStatus(
-            run_id=spec.run_id,
-            phase=RunPhase.failed,
-            message=message,
-            updated_at=utcnow(),
-            spend=result.spend,
-            stop_reason=reason,
-        ),
-    )
-    return result

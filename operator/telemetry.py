@@ -1,12 +1,16 @@
-"""Campaign-level Prometheus series, kept by the campaign driver (locally) or the operator."""
+"""Campaign-level Prometheus series, kept by the campaign driver (locally) or the operator, and the operator's
+`/metrics`: every campaign it drives, and whether this replica leads (`OperatorMetrics`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from labkube.metrics import CAMPAIGN_LABELS, CAMPAIGN_METRICS, MetricSet
+from labkube.operator.replica import ReplicaState, leader_family
 from labkube.report import ReportRow
 from labkube.run_spec import RunPhase
+
+__all__ = ["CampaignTelemetry", "OperatorMetrics"]
 
 
 class CampaignTelemetry:
@@ -46,3 +50,47 @@ class CampaignTelemetry:
 
     def waiting_for_gpus(self, n: int) -> None:
         self._l("labkube_campaign_runs_waiting_for_gpus").set(n)
+
+
+class OperatorMetrics:
+    """Every driven campaign's series (`CampaignTelemetry`, one registry each) on one `/metrics`."""
+
+    def __init__(self, replica: ReplicaState | None = None) -> None:
+        self.campaigns: dict[tuple[str, str], Any] = {}
+        self.replica = replica  # `labkube_operator_leader`, served by every replica, leading or not
+
+    def telemetry(self, namespace: str, name: str, gpu_hours_cap: float | None) -> Any:
+        from prometheus_client import CollectorRegistry
+
+        key = (namespace, name)
+        if key not in self.campaigns:
+            self.campaigns[key] = CampaignTelemetry(name, gpu_hours_cap, registry=CollectorRegistry())
+        return self.campaigns[key]
+
+    def drop(self, namespace: str, name: str) -> None:
+        self.campaigns.pop((namespace, name), None)
+
+    def collect(self) -> Any:
+        """One family per metric (one `# HELP`), each campaign's samples labelled with its `namespace`: two campaigns
+        of one name in two namespaces are two series."""
+        from prometheus_client.metrics_core import Metric
+
+        if self.replica is not None:
+            yield leader_family(self.replica)
+        merged: dict[str, Metric] = {}
+        for (namespace, _), telemetry in list(self.campaigns.items()):
+            for family in telemetry.m.registry.collect():
+                into = merged.setdefault(
+                    family.name, Metric(family.name, family.documentation, family.type, family.unit)
+                )
+                into.samples.extend(s._replace(labels={**s.labels, "namespace": namespace}) for s in family.samples)
+        yield from merged.values()
+
+    def serve(self, port: int) -> object:
+        from prometheus_client import CollectorRegistry
+
+        from labkube.metrics import serve
+
+        registry = CollectorRegistry()
+        registry.register(self)  # type: ignore[arg-type]
+        return serve(port, registry)

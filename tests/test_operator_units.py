@@ -15,10 +15,12 @@ import pytest
 from pydantic import ValidationError
 
 from labkube.operator.admission import admission_violations, image_allowed
-from labkube.operator.k8s_backend import backoff_delay, disruption_of, retry_after, retrying
+from labkube.operator.campaign_daemon import CampaignSpecError, plan_resource_campaign
 from labkube.operator.k8s_models import OperatorConfig, PodOptions, PodSettings, RunResourceSpec, Tenancy
-from labkube.operator.k8s_operator import CampaignSpecError, OperatorMetrics, plan_resource_campaign
+from labkube.operator.kube import backoff_delay, retry_after, retrying
+from labkube.operator.pod_status import disruption_of
 from labkube.operator.replica import LEADING, ReplicaState, serve_health
+from labkube.operator.telemetry import OperatorMetrics
 from labkube.result import TERMINATION_MESSAGE_LIMIT, RunResult, SubtaskScore, result_from_report, termination_report
 from labkube.run_spec import RunPhase
 from labkube.task_card import Resources
@@ -352,7 +354,7 @@ async def test_api_turns_let_status_patches_go_before_pod_creations() -> None:
     it is handed a turn passes it on, so no turn is lost."""
     import asyncio
 
-    from labkube.operator.k8s_backend import OTHER_CALLS, STATUS_FIRST, Turns
+    from labkube.operator.kube_session import OTHER_CALLS, STATUS_FIRST, Turns
 
     turns = Turns(1)
     order: list[str] = []

@@ -117,7 +117,7 @@ def test_a_run_status_on_kubernetes_keeps_an_unknown_cost_unknown() -> None:
     model's cost is null there too, and the CLI's table says unknown."""
     from labkube.budgets import Spend, format_usd, rounded_usd
     from labkube.operator.k8s_models import RunStatus as KubeRunStatus
-    from labkube.operator.k8s_operator import run_rows
+    from labkube.operator.k8s_submit import run_rows
 
     spend = Spend(usd=0.5)
     spend.add_cost("openai-compatible:http://h/v1#mystery", None)

@@ -25,8 +25,9 @@ from tinytask import make_tiny_task
 from labkube.operator.crds import API_VERSION
 from labkube.operator.driver import RayContext
 from labkube.operator.k8s_models import OperatorConfig, PodOptions, Tenancy, WorldOptions
-from labkube.operator.k8s_operator import OperatorMetrics, OperatorRuntime, build_registry
+from labkube.operator.k8s_operator import OperatorRuntime, build_registry
 from labkube.operator.kube import KubeTarget
+from labkube.operator.telemetry import OperatorMetrics
 from labkube.tasks.gaia2.world_process import SERVER_SCRIPT
 
 CAMPAIGNS: ResKey = ("labkube.dev", "v1alpha1", "campaigns")

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from labkube.operator.k8s_backend import (
-    K8sBackend,
+from labkube.operator.k8s_backend import K8sBackend
+from labkube.operator.k8s_models import PodOptions, RunResourceSpec
+from labkube.operator.kube import KubeTarget
+from labkube.operator.pod_manifest import build_pod_manifest
+from labkube.operator.pod_status import (
     failed_init_container,
     live_phase,
     pod_conditions,
     pod_exit_code,
     stuck_condition,
 )
-from labkube.operator.k8s_models import PodOptions, RunResourceSpec
-from labkube.operator.kube import KubeTarget
-from labkube.operator.pod_manifest import build_pod_manifest
 from labkube.run_spec import RunPhase, RunStatus
 
 OWNER = {
@@ -126,7 +126,8 @@ async def test_a_pod_change_while_its_supervisor_is_busy_wakes_its_next_wait_at_
     from fakekube import FakeKube
 
     from labkube.operator.crds import LABEL_CAMPAIGN
-    from labkube.operator.k8s_backend import LABEL_COMPONENT, KubeSession
+    from labkube.operator.kube_session import KubeSession
+    from labkube.operator.pod_manifest import LABEL_COMPONENT
 
     pods = ("", "v1", "pods")
     labels = {"app.kubernetes.io/managed-by": "labkube-operator", LABEL_COMPONENT: "run", LABEL_CAMPAIGN: "wake"}
@@ -165,7 +166,7 @@ async def test_calls_whose_answer_nobody_reads_reuse_one_connection() -> None:
     import kmock
     from fakekube import FakeKube
 
-    from labkube.operator.k8s_backend import KubeSession
+    from labkube.operator.kube_session import KubeSession
 
     async with FakeKube() as api, kmock.Server(api) as server:
         session = KubeSession(KubeTarget(server=str(server.url).rstrip("/")), asyncio.get_running_loop())
@@ -195,7 +196,9 @@ async def test_pods_deleted_while_the_watch_was_down_are_reconciled_with_their_l
     from fakekube import FakeKube, KubeError
 
     from labkube.operator.crds import LABEL_CAMPAIGN, LABEL_RUN
-    from labkube.operator.k8s_backend import LABEL_COMPONENT, KubeSession, PodEnd, disruption_of, unseen_deletion
+    from labkube.operator.kube_session import KubeSession
+    from labkube.operator.pod_manifest import LABEL_COMPONENT
+    from labkube.operator.pod_status import PodEnd, disruption_of, unseen_deletion
 
     pods = ("", "v1", "pods")
 

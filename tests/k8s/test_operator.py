@@ -10,7 +10,7 @@ from conftest import NAMESPACE, UNPULLABLE, Cluster, eventually, tiny_task
 from prometheus_client import CollectorRegistry
 
 from labkube.operator.k8s_models import Tenancy
-from labkube.operator.k8s_operator import OperatorMetrics
+from labkube.operator.telemetry import OperatorMetrics
 from labkube.store import CampaignDir
 
 pytestmark = pytest.mark.slow

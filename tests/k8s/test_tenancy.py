@@ -34,7 +34,7 @@ from kubelet import FakeKubelet
 
 from labkube.operator.crds import API_VERSION
 from labkube.operator.driver import RayContext
-from labkube.operator.k8s_backend import PodLedger, ledger_path
+from labkube.operator.k8s_ledger import PodLedger, ledger_path
 from labkube.operator.k8s_models import Tenancy
 from labkube.run_spec import make_run_id
 from labkube.store import CampaignDir, read_model

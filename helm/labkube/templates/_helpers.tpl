@@ -385,7 +385,7 @@ Names of imagePullSecrets, as a JSON list.
 
 {{/*
 The run pods' NetworkPolicy, without a namespace: the operator puts it into every namespace with runs
-before the first run pod (labkube.operator.k8s_operator.ClusterApi.ensure_policies). Default deny in
+before the first run pod (labkube.operator.cluster_api.ClusterApi.ensure_policies). Default deny in
 both directions; egress to the cluster DNS and `networkPolicy.allowedCIDRs` only (the cloud metadata
 addresses excepted from a /0); ingress to the metrics port from `networkPolicy.metricsFrom` only.
 */}}

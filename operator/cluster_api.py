@@ -1,0 +1,143 @@
+"""The Kubernetes API as the operator process calls it (`ClusterApi`): Campaign and Run resources, their
+statuses, the run-pod network policies of a namespace, and a deleted Campaign's Runs, pods and claims.
+
+Its calls run in a small thread pool from kopf's event loop, each retried (`kube.retrying`). The run supervisors in
+Ray workers have their own session (`kube_session`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any, TypeVar, cast
+
+from labkube.operator.crds import GROUP, LABEL_CAMPAIGN, VERSION
+from labkube.operator.k8s_models import POLICY_PLURALS
+from labkube.operator.kube import KubeTarget, answered, api_client, raw_json, retrying, status_of
+from labkube.operator.pod_manifest import LABEL_RUN, pvc_name
+
+__all__ = ["ClusterApi"]
+
+T = TypeVar("T")
+log = logging.getLogger("labkube.operator")
+
+
+class ClusterApi:
+    """The `kubernetes` client, called from the event loop through a small thread pool."""
+
+    def __init__(self, target: KubeTarget) -> None:
+        from kubernetes.client import CoreV1Api, CustomObjectsApi
+
+        self.client = api_client(target, pool_size=32)
+        self.core = CoreV1Api(self.client)
+        self.custom = CustomObjectsApi(self.client)
+        self.executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="labkube-operator")
+        self.policed: set[str] = set()  # namespaces whose run-pod NetworkPolicies are in place
+
+    async def call(self, fn: Callable[..., T], *args: Any, conflicts: bool = False, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        work = partial(answered, fn, *args, **kwargs)
+        return await retrying(lambda: loop.run_in_executor(self.executor, work), conflicts=conflicts)
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        self.client.close()
+
+    async def runs_of(self, namespace: str, campaign: str) -> list[dict[str, Any]]:
+        listing = await self.call(
+            self.custom.list_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            namespace,
+            "runs",
+            label_selector=f"{LABEL_CAMPAIGN}={campaign}",
+        )
+        return list(cast(dict[str, Any], listing).get("items") or [])
+
+    async def create_run(self, obj: dict[str, Any]) -> bool:
+        """Create a Run; False when it exists already (a restarted operator)."""
+        try:
+            await self.call(
+                self.custom.create_namespaced_custom_object, GROUP, VERSION, obj["metadata"]["namespace"], "runs", obj
+            )
+        except Exception as exc:
+            if status_of(exc) == 409:
+                return False
+            raise
+        return True
+
+    async def patch_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> None:
+        try:
+            await self.call(
+                self.custom.patch_namespaced_custom_object_status,
+                GROUP,
+                VERSION,
+                namespace,
+                plural,
+                name,
+                {"status": status},
+                conflicts=True,  # a merge patch of the status: safe to send again
+            )
+        except Exception as exc:
+            if status_of(exc) != 404:
+                raise
+
+    async def delete_run(self, namespace: str, name: str) -> None:
+        try:
+            await self.call(self.custom.delete_namespaced_custom_object, GROUP, VERSION, namespace, "runs", name)
+        except Exception as exc:
+            if status_of(exc) != 404:
+                raise
+
+    async def ensure_policies(self, namespace: str, policies: Sequence[Mapping[str, Any]]) -> None:
+        """Put the chart's run-pod network policies (a NetworkPolicy; a CiliumNetworkPolicy for host names) into
+        `namespace` before any run pod exists there, once per operator process and namespace; an existing one is
+        brought back to the chart's spec."""
+        if namespace in self.policed or not policies:
+            return
+        for policy in policies:
+            body = {**policy, "metadata": {**policy.get("metadata", {}), "namespace": namespace}}
+            group, _, version = str(body["apiVersion"]).rpartition("/")
+            plural = POLICY_PLURALS[(body["apiVersion"], body["kind"])]  # OperatorConfig checked the kinds
+            name = body["metadata"]["name"]
+            try:
+                await self.call(self.custom.create_namespaced_custom_object, group, version, namespace, plural, body)
+            except Exception as exc:
+                if status_of(exc) != 409:
+                    raise
+                patch = {"metadata": {"labels": body["metadata"].get("labels", {})}, "spec": body["spec"]}
+                await self.call(
+                    self.custom.patch_namespaced_custom_object, group, version, namespace, plural, name, patch
+                )
+        self.policed.add(namespace)
+
+    async def delete_run_objects(self, namespace: str, run: str, *, claim: bool) -> int:
+        """Delete a Run's pods, and its claim when the operator made one (`claim`: a claim per run; in emptyDir and
+        shared-claim modes there is none, and the chart grants no right to delete claims); returns how many pods
+        there were."""
+        resp = await self.call(
+            self.core.list_namespaced_pod, namespace, label_selector=f"{LABEL_RUN}={run}", _preload_content=False
+        )
+        pods = raw_json(resp).get("items") or []
+        for pod in pods:
+            try:
+                await self.call(
+                    self.core.delete_namespaced_pod, pod["metadata"]["name"], namespace, _preload_content=False
+                )
+            except Exception as exc:  # gone already (404) is the aim; anything else is logged, the rest go on
+                if status_of(exc) != 404:
+                    name = pod["metadata"]["name"]
+                    log.warning("run %s: deleting pod %s: %s", run, name, str(exc).splitlines()[0][:200])
+        if not claim:
+            return len(pods)
+        try:
+            await self.call(
+                self.core.delete_namespaced_persistent_volume_claim, pvc_name(run), namespace, _preload_content=False
+            )
+        except Exception as exc:
+            if status_of(exc) not in (404, 405):
+                log.warning("run %s: deleting its claim: %s", run, str(exc).splitlines()[0][:200])
+        return len(pods)
