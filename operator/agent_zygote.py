@@ -31,6 +31,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from labkube.operator.agent_keys import split_secrets
+
 ZYGOTE_MODULE = "labkube.operator.agent_zygote"
 # What a scripted run imports (the agent, its Gaia2 and GAIA tasks, the audit, the metrics), once for every child.
 PRELOAD = (
@@ -224,8 +226,6 @@ class AgentZygote:
         async with self._start_lock:
             if self._proc is not None and self._proc.returncode is None:
                 return
-            from labkube.operator.local_sandbox import split_secrets
-
             env, _keys = split_secrets(dict(os.environ), set())  # the zygote holds no key; each child gets its own
             self._proc = await asyncio.create_subprocess_exec(
                 sys.executable,

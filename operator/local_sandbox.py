@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labkube.agent.containment import TOKEN_VARIABLE, close_containment, join_cgroup, kill_pids, open_containment
+from labkube.operator.agent_keys import secret_names, split_secrets
 from labkube.operator.agent_zygote import AgentZygote, ZygoteChild, ZygoteError
 
 AgentProcess = asyncio.subprocess.Process | ZygoteChild
@@ -27,21 +28,6 @@ def agent_command(run_dir: Path, *extra: str) -> list[str]:
     # -P: never put the working directory on sys.path (a checkout's `operator/` folder
     # would shadow the standard library's module).
     return [sys.executable, "-P", "-m", "labkube", "agent", "--run-dir", str(run_dir), *extra]
-
-
-def secret_names(run_dir: Path) -> set[str]:
-    """The environment variables holding API keys: `*_API_KEY` and the run's own `api_key_env` names."""
-    try:
-        custom = json.loads((run_dir / "run.json").read_text()).get("api_key_env", {})
-    except (OSError, ValueError):
-        custom = {}
-    return {name for name in custom.values() if isinstance(name, str)}
-
-
-def split_secrets(env: dict[str, str], extra: set[str]) -> tuple[dict[str, str], dict[str, str]]:
-    """The agent gets its keys on stdin, not in its environment, where its commands could read them."""
-    secret = {k: v for k, v in env.items() if k.endswith("_API_KEY") or k in extra}
-    return {k: v for k, v in env.items() if k not in secret}, secret
 
 
 def _signal_group(pid: int, sig: int) -> None:
