@@ -5,7 +5,7 @@ command line (labkube/agents_cli.py) parses its options into it, and the agent z
 Around the run itself (`entrypoint.main`) it takes the API keys off the environment (onto stdin, re-executing the
 command in a pod), reads `--finalize`'s reason, leaves the result in a pod's termination message, and turns what a
 run directory or a user can get wrong into one `error: ...` line on stderr and an exit code, the last line of
-`logs/agent.stderr` that the supervisor reports (operator/supervisor.py `last_error_line`).
+`logs/agent.stderr` that the supervisor reports (operator/run_failure.py `last_error_line`).
 """
 
 from __future__ import annotations
