@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, Field, model_validator
 
 from labkube.budgets import Spend, StopReason
-from labkube.run_spec import DEFAULT_AGENT, AgentName, RunPhase
+from labkube.run_spec import DEFAULT_AGENT, AgentName, RunPhase, RunSpec
 
 
 class SubtaskScore(BaseModel):
@@ -141,6 +141,11 @@ class RunResult(BaseModel):
     gpu: GpuUse | None = Field(
         default=None, description="What the run's GPUs did (NVML samples); None: the run had no GPU to sample."
     )
+
+    @classmethod
+    def of_run(cls, spec: RunSpec, **fields: Any) -> RunResult:
+        """A result of run `spec`: its identity (id, task, model, agent, seed) from the spec, the rest given."""
+        return cls(run_id=spec.run_id, task=spec.task, model=spec.model, agent=spec.agent, seed=spec.seed, **fields)
 
     @property
     def final(self) -> bool:

@@ -7,7 +7,7 @@ run's deadline), to `result.json` and `status.json`, as the agent would have.
 
 from __future__ import annotations
 
-from labkube.budgets import StopReason
+from labkube.budgets import Spend, StopReason
 from labkube.result import RunResult
 from labkube.run_spec import RunPhase, RunStatus
 from labkube.store import RunDir, read_model, utcnow, write_model
@@ -26,17 +26,13 @@ def last_error_line(rd: RunDir) -> str | None:
 def harness_failure(rd: RunDir, message: str, reason: StopReason = StopReason.error, log_tail: str = "") -> RunResult:
     spec = rd.spec()
     status = read_model(rd.status_json, RunStatus)
-    result = RunResult(
-        run_id=spec.run_id,
-        task=spec.task,
-        model=spec.model,
-        agent=spec.agent,
-        seed=spec.seed,
+    result = RunResult.of_run(
+        spec,
         status=RunPhase.failed,
         stop_reason=reason,
         error=message,
         details={"setup_log_tail": log_tail} if log_tail else {},
-        spend=status.spend if status else RunStatus(run_id=spec.run_id).spend,
+        spend=status.spend if status else Spend(),
         finished_at=utcnow(),
     )
     try:  # on a full disk this fails too; the result still reaches the driver

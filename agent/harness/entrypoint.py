@@ -460,12 +460,8 @@ def hand_over_to_grading(
     write_status(rd, spec, ckpt, RunPhase.grading, "graded in a pod of its own once this one ends")
     if telemetry is not None:
         telemetry.finished()
-    return RunResult(
-        run_id=spec.run_id,
-        task=spec.task,
-        model=spec.model,
-        agent=spec.agent,
-        seed=spec.seed,
+    return RunResult.of_run(
+        spec,
         status=RunPhase.failed if reason in FAILURE_STOPS else RunPhase.finished,
         stop_reason=reason,
         error=error,
@@ -516,12 +512,8 @@ def finalize(
         error = judge_error
     elif outcome.is_error and error is None:
         error = f"the run stopped on {reason.value}"
-    result = RunResult(
-        run_id=spec.run_id,
-        task=spec.task,
-        model=spec.model,
-        agent=spec.agent,
-        seed=spec.seed,
+    result = RunResult.of_run(
+        spec,
         status=RunPhase.failed if outcome.is_error else RunPhase.finished,
         stop_reason=reason,
         outcome=outcome,
@@ -750,12 +742,8 @@ def use_task_environment(rd: RunDir, card: TaskCard) -> None:
         env = ensure_env(card)
     except SetupError as exc:  # the agent never starts: a final result that says why, then the one-line error
         spec = rd.spec()
-        result = RunResult(
-            run_id=spec.run_id,
-            task=spec.task,
-            model=spec.model,
-            agent=spec.agent,
-            seed=spec.seed,
+        result = RunResult.of_run(
+            spec,
             status=RunPhase.failed,
             stop_reason=StopReason.setup_error,
             outcome=Outcome.setup_error,
