@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 from labkube.result import RunResult
 from labkube.results.analysis_stats import Correlation, Interval
 from labkube.results.analysis_transcript import FLAT_LOSS_MIN
+from labkube.results.passk import CapabilityScore
 
 # -- the rules, stated once (they are printed in every output) ---------------------------------------------------
 
@@ -163,15 +164,9 @@ class Gaia2Row(BaseModel):
     wall_seconds: float
 
 
-class Gaia2Capability(BaseModel):
-    capability: str
-    model: str
-    scenarios: int
-    k: int
-    pass_at_1: float | None
-    pass_at_k: float | None
-    pass_hat_k: float | None
-    stderr: float | None
+class Gaia2Capability(CapabilityScore):
+    """pass@k of one model on one capability, as `report` computes it (`passk.CapabilityScore`)."""
+
     excluded: int = Field(default=0, description="Attempts left out: an error outcome or no verdict.")
 
 
