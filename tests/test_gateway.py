@@ -273,7 +273,9 @@ async def test_a_sidecars_view_asks_the_gateway_for_its_counts_before_reading_it
             await asyncio.to_thread(call, gw, "messages", False, "claude-sonnet-4-6")
             stale = tmp_path / "stale-gateway.json"
             stale.write_text(GatewayState().model_dump_json())  # as the file is just before its rewrite lands
-            view = await asyncio.to_thread(GatewayView, gw.url, gw.config.token, stale)
+            view = GatewayView(gw.url, gw.config.token, stale)
+            assert view.state.calls == 0  # during the run, the file as it stands (no request per poll)
+            await asyncio.to_thread(view.refresh, live=True)  # the final look
             assert view.state.spend.usage == EXPECTED and view.state.calls == 1
-        await asyncio.to_thread(view.refresh)  # the gateway has ended: what it last wrote is all there is
+        await asyncio.to_thread(view.refresh, live=True)  # the gateway has ended: what it last wrote is all there is
         assert view.state.calls == 0

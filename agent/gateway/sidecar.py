@@ -15,7 +15,7 @@ from labkube.agent.transcript import JsonlLog
 from labkube.budgets import Spend
 from labkube.model_ref import parse_model
 
-STATE_TIMEOUT_S = 2.0  # a sidecar on the pod's loopback answers in milliseconds; a dead one must not stall a sync
+STATE_TIMEOUT_S = 2.0  # a sidecar on the pod's loopback answers in milliseconds; a dead one must not stall the end
 
 
 class GatewayView(GatewayAddress):
@@ -29,16 +29,17 @@ class GatewayView(GatewayAddress):
         self.state = GatewayState()
         self.refresh()
 
-    def refresh(self) -> None:
-        """The gateway's totals as it counts them now (`/healthz`: every answered call, counted before its last
-        bytes went out); only when it does not answer, as it last wrote them to `gateway.json`, which it rewrites
-        off the calls' path, a moment after an answer: a final look at the file could miss the last call."""
-        try:
-            with urllib.request.urlopen(f"{self.url}/healthz", timeout=STATE_TIMEOUT_S) as answer:
-                self.state = GatewayState.model_validate_json(answer.read())
-            return
-        except (OSError, ValueError):
-            pass
+    def refresh(self, live: bool = False) -> None:
+        """The gateway's totals as it last wrote them to `gateway.json`. It rewrites that file off the calls' path, a
+        moment after an answer, so the final look (`live`) asks the gateway itself (`/healthz`: every answered call,
+        counted before its last bytes went out), and reads the file only when the gateway does not answer."""
+        if live:
+            try:
+                with urllib.request.urlopen(f"{self.url}/healthz", timeout=STATE_TIMEOUT_S) as answer:
+                    self.state = GatewayState.model_validate_json(answer.read())
+                return
+            except (OSError, ValueError):
+                pass
         with contextlib.suppress(OSError, ValueError):
             self.state = GatewayState.model_validate_json(self.state_path.read_text())
 

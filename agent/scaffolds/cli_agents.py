@@ -472,7 +472,7 @@ class CliRun:
         tracker.tick()
         if isinstance(gw, GatewayView):
             before = gw.state.spend.model_copy(deep=True)
-            gw.refresh()
+            gw.refresh(live=final)
             after = gw.state.spend
             delta = Usage(**{k: max(0, getattr(after.usage, k) - getattr(before.usage, k)) for k in Usage.model_fields})
             if delta.total or after.usd > before.usd:
