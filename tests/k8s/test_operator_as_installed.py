@@ -221,11 +221,17 @@ async def test_default_values_cluster_wide_operator_finishes_a_campaign(tmp_path
         assert "RAY_AUTH_MODE" not in str(installation.container)
         async with installation.operator() as proc:
             await installation.ready(proc)
-            # It leads: the chart's two replicas elect one on a Lease in the release namespace.
-            lease = installation.api.read_object(
-                ("coordination.k8s.io", "v1", "leases"), RELEASE_NAMESPACE, "labkube-leader"
+            # It leads: the chart's two replicas elect one on a Lease in the release namespace. /healthz
+            # answers from process start (before the election, #24 item 5), so the Lease may come later.
+            lease = await eventually(
+                lambda: installation.api.read_object(
+                    ("coordination.k8s.io", "v1", "leases"), RELEASE_NAMESPACE, "labkube-leader"
+                ),
+                60,
+                every=0.2,
+                what="the leader Lease",
             )
-            assert lease is not None and lease["spec"]["holderIdentity"].startswith("labkube-7d9f-abcde-")
+            assert lease["spec"]["holderIdentity"].startswith("labkube-7d9f-abcde-")
             # Embedded Ray has token authentication on: a client without the operator's token is refused.
             # /healthz answers from process start (standing by, connecting to Ray): wait for the embedded head
             port = await eventually(lambda: gcs_port(proc.processes()), 120, every=0.5, what="the embedded Ray head")
