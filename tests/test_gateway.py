@@ -255,8 +255,8 @@ def test_the_overhead_benchmark_measures_every_case_and_writes_its_table(tmp_pat
         for streamed in ("no", "yes")
     ]
     for r in rows:  # latencies, and the first token's only where the call streamed
-        assert all(re.fullmatch(r"-?\d+\.\d\d", cell) for cell in r[4:9] + r[12:]), r
-        assert all(re.fullmatch(r"-?\d+\.\d\d", cell) if r[1] == "yes" else cell == "" for cell in r[9:12]), r
+        assert all(re.fullmatch(r"-?\d+\.\d\d", cell) for cell in r[4:10] + r[14:]), r
+        assert all(re.fullmatch(r"-?\d+\.\d\d", cell) if r[1] == "yes" else cell == "" for cell in r[10:14]), r
     assert "old" not in text
     assert "Written by `python benchmarks/gateway_overhead.py --calls 2 --rounds 1 --concurrency 1,2 --warmup 0" in text
 
