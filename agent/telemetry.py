@@ -43,6 +43,9 @@ class RunTelemetry:
             "model": spec.model,
         }
         self.m = MetricSet(RUN_METRICS, RUN_LABELS)
+        # prometheus_client's labels() checks and sorts the labels on every call; a gateway meters each model call
+        # on its event loop, where a call's lookups cost some 0.1-0.2 ms (benchmarks/gateway_overhead.py).
+        self._children: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
         self.best: float | None = best_score
         # Present from the start, so that "missing" never has to stand in for zero.
         self._l("labkube_run_finished").set(0)
@@ -76,7 +79,11 @@ class RunTelemetry:
                 self._l("labkube_run_tool_calls_total", tool=tool, outcome=outcome).inc(0)
 
     def _l(self, name: str, **extra: str) -> Any:
-        return self.m[name].labels(**self.labels, **extra)  # type: ignore[attr-defined]
+        key = (name, tuple(extra.items()))
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self.m[name].labels(**self.labels, **extra)  # type: ignore[attr-defined]
+        return child
 
     def model_call(self, usage: Usage, cost_usd: float | None, duration_s: float | None) -> None:
         """One model call; `duration_s` None when only its counts are known (a gateway in another container)."""

@@ -577,6 +577,7 @@ def main() -> None:
     parser.add_argument("--write-docs", action="store_true", help="put the table into docs/third-party-agents.md")
     parser.add_argument("--doc", type=Path, default=REPO / "docs" / "third-party-agents.md", help=argparse.SUPPRESS)
     parser.add_argument("--profile-gateway", type=Path, help="write the gateway process's cProfile stats here")
+    parser.add_argument("--uvloop", action="store_true", help="run the gateways on uvloop (it must be importable)")
     parser.add_argument("--serve-upstream", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--serve-gateways", metavar="UPSTREAM_URL", help=argparse.SUPPRESS)
     parser.add_argument("--gateway-source", type=Path, help=argparse.SUPPRESS)
@@ -586,12 +587,17 @@ def main() -> None:
         return serve_upstream(args.event_interval_ms / 1e3)
     if args.serve_gateways:
         serve = serve_gateways(args.serve_gateways, args.run_dir, args.gateway_source)
+        run = asyncio.run
+        if args.uvloop:
+            import uvloop
+
+            run = uvloop.run
         if args.profile_gateway is None:
-            return asyncio.run(serve)
+            return run(serve)
         import cProfile
 
         with cProfile.Profile(time.process_time) as profile:  # CPU time: wall time counts being preempted
-            asyncio.run(serve)
+            run(serve)
         return profile.dump_stats(args.profile_gateway)
     try:
         args.concurrency = [int(c) for c in args.concurrency.split(",")]
@@ -602,6 +608,7 @@ def main() -> None:
         parser.error(f"--apis: unknown {', '.join(sorted(unknown))} (choose from {', '.join(APIS)})")
     if min(args.calls, args.rounds, *args.concurrency) < 1 or args.warmup < 0:
         parser.error("--calls, --rounds and --concurrency must be at least 1, --warmup at least 0")
+    loop = ["--uvloop"] if args.uvloop else []
     profiling = ["--profile-gateway", str(args.profile_gateway.resolve())] if args.profile_gateway else []
     load_before = os.getloadavg()
     started = time.monotonic()
@@ -613,10 +620,12 @@ def main() -> None:
         )
         gateways: dict[Side, dict[str, Any]] = {}
         gateways["gateway"] = json.loads(
-            stack.enter_context(server_process("--serve-gateways", upstream_url, "--run-dir", str(tmp), *profiling))
+            stack.enter_context(
+                server_process("--serve-gateways", upstream_url, "--run-dir", str(tmp), *loop, *profiling)
+            )
         )
         if source is not None:
-            baseline_args = ["--gateway-source", str(source), "--run-dir", str(tmp / "baseline")]
+            baseline_args = ["--gateway-source", str(source), "--run-dir", str(tmp / "baseline"), *loop]
             gateways["baseline"] = json.loads(
                 stack.enter_context(server_process("--serve-gateways", upstream_url, *baseline_args))
             )
@@ -630,7 +639,9 @@ def main() -> None:
     command = (
         f"python benchmarks/gateway_overhead.py --calls {args.calls} --rounds {args.rounds}"
         f" --concurrency {','.join(map(str, args.concurrency))} --warmup {args.warmup} --request-kb {args.request_kb}"
-        f" --event-interval-ms {args.event_interval_ms:g}" + (f" --baseline {baseline}" if baseline else "")
+        f" --event-interval-ms {args.event_interval_ms:g}"
+        + (f" --baseline {baseline}" if baseline else "")
+        + (" --uvloop" if args.uvloop else "")
     )
     warmups = ", ".join(
         f"{warmup_pairs(args.warmup, c)} {'pairs' if c == 1 else 'rounds'} at {c} at once" for c in args.concurrency

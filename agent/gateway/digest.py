@@ -116,9 +116,11 @@ class CallDigest:
             message = data.get("message") or {}
             self.model = message.get("model") or self.model
             self._anthropic_usage.update(message.get("usage") or {})
+            self.usage = anthropic_usage(self._anthropic_usage)
         elif kind == "message_delta":
             # cumulative: the final counts overwrite message_start's placeholders
             self._anthropic_usage.update({k: v for k, v in (data.get("usage") or {}).items() if v is not None})
+            self.usage = anthropic_usage(self._anthropic_usage)
             self.stop_reason = (data.get("delta") or {}).get("stop_reason") or self.stop_reason
         elif kind == "content_block_start":
             block = dict(data.get("content_block") or {})
@@ -140,7 +142,6 @@ class CallDigest:
                     block["input"] = block.pop("partial") or "{}"
                 self._block(i, block)
             self._blocks.clear()
-        self.usage = anthropic_usage(self._anthropic_usage)
 
     def _chat_chunk(self, data: dict[str, Any]) -> None:
         self.model = data.get("model") or self.model
