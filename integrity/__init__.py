@@ -1,6 +1,6 @@
 """The integrity audit of a finished run: deterministic rule checks and an optional LLM inspector."""
 
 from labkube.integrity.audit import audit_run
-from labkube.integrity.evidence import record_workspace_files
+from labkube.integrity.evidence import WorkspaceChanges, record_workspace_files
 
-__all__ = ["audit_run", "record_workspace_files"]
+__all__ = ["WorkspaceChanges", "audit_run", "record_workspace_files"]

@@ -8,11 +8,12 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from labkube.integrity.evidence import Evidence, gather
+from labkube.integrity.evidence import Evidence, WorkspaceChanges, gather
 from labkube.integrity.rules import CHECKS
 from labkube.integrity_report import InspectorResult, IntegrityReport, Severity, Verdict, Violation
 from labkube.result import RunResult
 from labkube.store import RunDir, read_model, utcnow, write_model
+from labkube.task_card import TaskCard
 from labkube.tasks import card_for_run
 
 T = TypeVar("T")
@@ -43,12 +44,22 @@ def run_checks(ev: Evidence) -> tuple[list[Violation], list[str]]:
     return violations, list(CHECKS)
 
 
-def audit_run(run_dir: Path, judge_model: str | None = None, judge_budget_usd: float = 1.0) -> IntegrityReport:
-    """Audit the run in `run_dir`, write `integrity.json` and put the verdict into `result.json`."""
+def audit_run(
+    run_dir: Path,
+    judge_model: str | None = None,
+    judge_budget_usd: float = 1.0,
+    *,
+    card: TaskCard | None = None,
+    changed: WorkspaceChanges | None = None,
+) -> IntegrityReport:
+    """Audit the run in `run_dir`, write `integrity.json` and put the verdict into `result.json`. The run's agent,
+    auditing as it ends, passes the task's `card` it holds and the workspace's changes it has just recorded
+    (`changed`, when nothing ran in the workspace since); otherwise both are read here."""
     rd = RunDir(run_dir)
     spec = rd.spec()
-    card = card_for_run(spec.task, spec.task_path, spec.task_id, spec.family, spec.task_overlay)
-    ev = gather(card, rd.root)
+    if card is None:
+        card = card_for_run(spec.task, spec.task_path, spec.task_id, spec.family, spec.task_overlay)
+    ev = gather(card, rd.root, changed)
     violations, checks = run_checks(ev)
     inspector = None
     if judge_model:

@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field
 from labkube.result import RunResult
 from labkube.store import read_model, utcnow, write_model
 from labkube.task_card import TaskCard
-from labkube.tasks.workspace import GIT, PRISTINE_TAG
+from labkube.tasks.workspace import GIT, PRISTINE_TAG, pristine_is_empty
 
 PATCH_PATHS = re.compile(r"^\*\*\* (?:Add File|Update File|Delete File|Move to): (.+?)\s*$", re.MULTILINE)
 WORKSPACE_FILES = "workspace-files.json"
@@ -149,9 +149,20 @@ def _git(workspace: Path, index: Path, *args: str) -> str:
     return proc.stdout
 
 
-def workspace_changes(workspace: Path) -> tuple[list[FileChange], str]:
+@dataclass
+class WorkspaceChanges:
+    """The workspace against the pristine commit: each changed file, and the diff as text."""
+
+    changes: list[FileChange]
+    diff: str
+
+
+def workspace_changes(workspace: Path) -> WorkspaceChanges:
     """Every file added, modified or deleted since the pristine commit, ignored files included,
-    computed in a scratch index so the workspace's own index is untouched."""
+    computed in a scratch index so the workspace's own index is untouched. A workspace that holds nothing but its
+    repository, whose pristine commit is the empty tree, has no change: known without running `git`."""
+    if _holds_only_its_repository(workspace) and pristine_is_empty(workspace):
+        return WorkspaceChanges([], "")
     with tempfile.TemporaryDirectory() as tmp:
         index = Path(tmp) / "index"
         _git(workspace, index, "read-tree", PRISTINE_TAG)
@@ -166,22 +177,30 @@ def workspace_changes(workspace: Path) -> tuple[list[FileChange], str]:
             continue
         _, _, _, new_id, status = meta[1:].split(" ")
         changes.append(FileChange(path=path, status=status[:1], blob=None if status.startswith("D") else new_id))
-    return changes, diff
+    return WorkspaceChanges(changes, diff)
 
 
-def record_workspace_files(run_dir: Path) -> WorkspaceFiles:
+def _holds_only_its_repository(workspace: Path) -> bool:
+    try:
+        with os.scandir(workspace) as entries:
+            return [e.name for e in entries] == [".git"]
+    except OSError:
+        return False
+
+
+def record_workspace_files(run_dir: Path) -> WorkspaceChanges:
     """Write `workspace-files.json`: each changed file's content id and modification time, as the run ends (before
-    anything can copy the run directory). The audit reads a file's time from here, never from the file again."""
+    anything can copy the run directory). The audit reads a file's time from here, never from the file again.
+    Returns the changes it recorded, which an audit right after may take instead of computing them again."""
     workspace = run_dir / "workspace"
-    changes, _ = workspace_changes(workspace)
+    found = workspace_changes(workspace)
     files = {}
-    for change in changes:
+    for change in found.changes:
         modified = file_mtime(workspace / change.path) if change.blob else None
         if change.blob and modified is not None:
             files[change.path] = RecordedFile(blob=change.blob, modified_at=modified)
-    record = WorkspaceFiles(recorded_at=utcnow(), files=files)
-    write_model(run_dir / WORKSPACE_FILES, record)
-    return record
+    write_model(run_dir / WORKSPACE_FILES, WorkspaceFiles(recorded_at=utcnow(), files=files))
+    return found
 
 
 def split_diff(diff: str) -> dict[str, str]:
@@ -237,9 +256,12 @@ def process_windows(calls: list[ToolCall], jobs: list[dict[str, Any]], run_end: 
     return windows
 
 
-def gather(card: TaskCard, run_dir: Path) -> Evidence:
+def gather(card: TaskCard, run_dir: Path, changed: WorkspaceChanges | None = None) -> Evidence:
+    """The evidence of the run in `run_dir`; `changed`: the workspace's changes when the caller has them already
+    (the run-end record's, with nothing run in the workspace since), else they are computed here."""
     workspace = run_dir / "workspace"
-    changes, diff = workspace_changes(workspace)
+    if changed is None:
+        changed = workspace_changes(workspace)
     calls = read_tool_calls(run_dir / "transcript.jsonl")
     result = None
     with contextlib.suppress(FileNotFoundError, ValueError):
@@ -258,12 +280,12 @@ def gather(card: TaskCard, run_dir: Path) -> Evidence:
     return Evidence(
         card=card,
         workspace=workspace,
-        changes=changes,
-        diff=diff,
+        changes=changed.changes,
+        diff=changed.diff,
         tool_calls=calls,
         processes=process_windows(calls, checkpoint.get("jobs", []), run_end),
         result=result,
         grader_summary=summary,
-        diff_by_file=split_diff(diff),
+        diff_by_file=split_diff(changed.diff),
         recorded=read_model(run_dir / WORKSPACE_FILES, WorkspaceFiles),
     )

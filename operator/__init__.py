@@ -12,8 +12,29 @@ if __name__ == "operator":  # pragma: no cover - depends on how Python was start
         exec(compile(_fh.read(), _stdlib, "exec"))
     del _os, _stdlib, _fh
 else:
-    from labkube.operator.campaign_run import CampaignError, launch, plan_campaign
-    from labkube.operator.driver import DriverError
-    from labkube.tasks import TaskError
+    from typing import TYPE_CHECKING, Any
+
+    if TYPE_CHECKING:
+        from labkube.operator.campaign_run import CampaignError, launch, plan_campaign
+        from labkube.operator.driver import DriverError
+        from labkube.tasks import TaskError
 
     __all__ = ["CampaignError", "DriverError", "TaskError", "launch", "plan_campaign"]
+
+    def __getattr__(name: str) -> Any:
+        """The public names import their modules on first use, not with the package: the agent zygote
+        (`agent_zygote`, a module of this package) must not import Ray, whose exit handler would then run in every
+        run it forks (about 100 ms each, importing `ray.dag`)."""
+        if name in ("CampaignError", "launch", "plan_campaign"):
+            from labkube.operator import campaign_run
+
+            return getattr(campaign_run, name)
+        if name == "DriverError":
+            from labkube.operator.driver import DriverError
+
+            return DriverError
+        if name == "TaskError":
+            from labkube.tasks import TaskError
+
+            return TaskError
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -139,6 +139,13 @@ def serve() -> None:
     for module in PRELOAD:
         with contextlib.suppress(ImportError):  # an optional one (trio) that is not installed
             importlib.import_module(module)
+    # What every run would otherwise make for itself: the price table its first model call reads (a YAML parse,
+    # 10-25 ms) and the pristine repository of an empty workspace (four `git` processes).
+    from labkube.agent.pricing import default_prices
+    from labkube.tasks import make_empty_pristine, remove_empty_pristine
+
+    default_prices()
+    make_empty_pristine()
 
     children: dict[int, int] = {}  # pidfd -> pid
     buffer = b""
@@ -153,6 +160,7 @@ def serve() -> None:
                 continue
             chunk = os.read(0, 65536)
             if not chunk:  # the supervisor is gone
+                remove_empty_pristine()
                 os._exit(0)
             buffer += chunk
             while b"\n" in buffer:

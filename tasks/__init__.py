@@ -17,7 +17,13 @@ from labkube.tasks.researchgym import (
     read_task_overlays,
     task_folder_name,
 )
-from labkube.tasks.workspace import commit_pristine, prepare_workspace, workspace_diff
+from labkube.tasks.workspace import (
+    commit_pristine,
+    make_empty_pristine,
+    prepare_workspace,
+    remove_empty_pristine,
+    workspace_diff,
+)
 
 BUNDLED = Path(__file__).parent / "bundled"
 
@@ -29,11 +35,14 @@ __all__ = [
     "bundled_tasks",
     "card_for_run",
     "grade_run",
+    "grade_runs_in_workspace",
     "grade_workspace",
     "load_task",
+    "make_empty_pristine",
     "prepare_run_workspace",
     "prepare_workspace",
     "read_task_overlays",
+    "remove_empty_pristine",
     "resolve_campaign_tasks",
     "resolve_tasks",
     "task_folder_name",
@@ -173,6 +182,12 @@ def prepare_run_workspace(card: TaskCard, dest: Path, idea_hint: bool = False) -
         prepare_gaia_workspace(card, dest)
         commit_pristine(dest)
     return dest
+
+
+def grade_runs_in_workspace(card: TaskCard) -> bool:
+    """Whether grading runs anything over the workspace: a paper task's grader does; GAIA scores the agent's answer
+    and Gaia2 takes the world's verdict, neither reading nor running anything there."""
+    return card.gaia is None and card.gaia2 is None
 
 
 def grade_run(card: TaskCard, workspace: Path, scratch: Path, log_file: Path, answer: str | None) -> GradeOutcome:

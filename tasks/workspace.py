@@ -6,12 +6,15 @@ import fnmatch
 import os
 import shutil
 import subprocess
+import tempfile
+import zlib
 from pathlib import Path
 
 from labkube.task_card import TaskCard
 
 GIT = ["git", "-c", "user.name=labkube", "-c", "user.email=labkube@localhost", "-c", "commit.gpgsign=false"]
 PRISTINE_TAG = "labkube-pristine"
+EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"  # git's object id of the tree with nothing in it
 
 
 def matches(rel: str, patterns: list[str]) -> bool:
@@ -83,11 +86,51 @@ def prepare_workspace(card: TaskCard, dest: Path, idea_hint: bool = False) -> Pa
 
 
 def commit_pristine(dest: Path) -> None:
-    """Make `dest` a git repository whose first commit (tagged) is the task as the agent received it."""
+    """Make `dest` a git repository whose first commit (tagged) is the task as the agent received it.
+
+    An empty workspace (every Gaia2 scenario, a GAIA question without a file) gets a copy of this process's
+    empty pristine repository when it has one (`make_empty_pristine`, made by the agent zygote before it forks):
+    the same commit of the empty tree, without four `git` processes per run."""
+    if _empty_pristine is not None and not any(dest.iterdir()):
+        shutil.copytree(_empty_pristine[1] / ".git", dest / ".git", symlinks=True)
+        return
     run_git(dest, "init", "-q", "-b", "main")
     run_git(dest, "add", "-A")
     run_git(dest, "commit", "-q", "--allow-empty", "-m", "pristine task")
     run_git(dest, "tag", PRISTINE_TAG)
+
+
+_empty_pristine: tuple[int, Path] | None = None  # (the process that made it, where); forked children use it too
+
+
+def make_empty_pristine() -> None:
+    """An empty workspace committed as the pristine task, for `commit_pristine` to copy in this process and in the
+    processes it forks; the process that made it removes it with `remove_empty_pristine`."""
+    global _empty_pristine
+    path = Path(tempfile.mkdtemp(prefix="labkube-empty-pristine-"))
+    commit_pristine(path)
+    _empty_pristine = (os.getpid(), path)
+
+
+def remove_empty_pristine() -> None:
+    global _empty_pristine
+    if _empty_pristine is not None and _empty_pristine[0] == os.getpid():
+        shutil.rmtree(_empty_pristine[1], ignore_errors=True)
+        _empty_pristine = None
+
+
+def pristine_is_empty(workspace: Path) -> bool:
+    """Whether the pristine commit is the empty tree, read from git's own files (a loose tag and commit, as
+    `commit_pristine` leaves them); False whenever that cannot be read, so callers fall back to `git`."""
+    try:
+        commit = (workspace / ".git" / "refs" / "tags" / PRISTINE_TAG).read_text().strip()
+        if len(commit) != 40 or not all(c in "0123456789abcdef" for c in commit):
+            return False
+        raw = zlib.decompress((workspace / ".git" / "objects" / commit[:2] / commit[2:]).read_bytes())
+    except (OSError, zlib.error):
+        return False
+    header, _, body = raw.partition(b"\0")
+    return header.startswith(b"commit ") and body.startswith(f"tree {EMPTY_TREE}\n".encode())
 
 
 def run_git(cwd: Path, *args: str) -> str:

@@ -19,7 +19,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from labkube.agent.budget import BudgetTracker
 from labkube.agent.checkpoint import Checkpoint
@@ -46,11 +46,14 @@ from labkube.result import Grade, Outcome, RunResult, SubtaskScore, completion_o
 from labkube.run_spec import CLI_AGENTS, RunPhase, RunSpec, RunStatus
 from labkube.store import RunDir, read_model, utcnow, write_model
 from labkube.task_card import TaskCard
-from labkube.tasks import card_for_run, grade_run, prepare_run_workspace
+from labkube.tasks import card_for_run, grade_run, grade_runs_in_workspace, prepare_run_workspace
 from labkube.tasks.gaia2 import WorldError, WorldLLMError, world_llm
 from labkube.tasks.gaia2.verdict_message import WORLD_VERDICT_SOURCE, WORLD_VERDICT_VARIABLE, verdict_from_report
 from labkube.tasks.scoring import primary_scores
 from labkube.tasks.workspace import run_git
+
+if TYPE_CHECKING:
+    from labkube.integrity import WorkspaceChanges
 
 log = logging.getLogger(__name__)
 
@@ -483,7 +486,7 @@ def finalize(
     pod, `hand_over_to_grading`)."""
     if os.environ.get(GRADED_BY_OPERATOR_VARIABLE) == "1":
         return hand_over_to_grading(rd, spec, ckpt, error, telemetry)
-    record_workspace(rd)
+    recorded = record_workspace(rd)
     write_status(rd, spec, ckpt, RunPhase.grading)
     final = take_grade(rd, card, ckpt)
     ckpt.score_curve.append(final)
@@ -536,7 +539,8 @@ def finalize(
     )
     save_checkpoint(rd, ckpt)
     write_model(rd.result_json, result)
-    result = audit(rd, spec, result, telemetry)
+    # A grade that ran nothing over the workspace left it as recorded: the audit takes the record's changes.
+    result = audit(rd, spec, result, telemetry, card, None if grade_runs_in_workspace(card) else recorded)
     write_status(rd, spec, ckpt, result.status, result.error or result.message or "")
     if telemetry is not None:
         telemetry.grade(final.score, result.completion)
@@ -557,25 +561,34 @@ def result_details(card: TaskCard, spec: RunSpec, ckpt: Checkpoint) -> dict[str,
     return details
 
 
-def record_workspace(rd: RunDir) -> None:
+def record_workspace(rd: RunDir) -> WorkspaceChanges | None:
     """The run-end record of the workspace's files (content ids, when each was last written) that the audit reads
     file times from, taken before anything can copy the run. Every scaffold ends here; without a record the audit
-    falls back to the files' own times."""
+    falls back to the files' own times. Returns the workspace's changes it recorded (None when it failed)."""
     from labkube.integrity import record_workspace_files
 
     try:
-        record_workspace_files(rd.root)
+        return record_workspace_files(rd.root)
     except (OSError, RuntimeError) as exc:
         rd.logs.mkdir(parents=True, exist_ok=True)
         (rd.logs / "audit-error.txt").write_text(f"recording the workspace's files failed: {exc}\n")
+        return None
 
 
-def audit(rd: RunDir, spec: RunSpec, result: RunResult, telemetry: RunTelemetry | None = None) -> RunResult:
-    """The integrity audit; a failure of the audit itself is recorded, never fatal to the run."""
+def audit(
+    rd: RunDir,
+    spec: RunSpec,
+    result: RunResult,
+    telemetry: RunTelemetry | None = None,
+    card: TaskCard | None = None,
+    changed: WorkspaceChanges | None = None,
+) -> RunResult:
+    """The integrity audit (of `card`'s task, with the workspace's `changed` files when they are known already); a
+    failure of the audit itself is recorded, never fatal to the run."""
     from labkube.integrity import audit_run
 
     try:
-        report = audit_run(rd.root, spec.inspector_model, spec.inspector_budget_usd)
+        report = audit_run(rd.root, spec.inspector_model, spec.inspector_budget_usd, card=card, changed=changed)
     except Exception as exc:
         (rd.logs / "audit-error.txt").write_text(traceback.format_exc())
         result.integrity_verdict = "NEEDS_REVIEW"

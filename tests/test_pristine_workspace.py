@@ -1,0 +1,85 @@
+"""The pristine commit of an empty workspace copied from a process's template (as the agent zygote's forked runs get
+it) is the one `git` makes, and the workspace diff it skips `git` for is the one `git` computes."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from labkube.integrity.evidence import workspace_changes
+from labkube.tasks import make_empty_pristine, remove_empty_pristine
+from labkube.tasks.workspace import EMPTY_TREE, PRISTINE_TAG, commit_pristine, pristine_is_empty
+
+
+def git(workspace: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=workspace, capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.fixture
+def empty_pristine() -> Iterator[None]:
+    make_empty_pristine()
+    yield
+    remove_empty_pristine()
+
+
+def test_an_empty_workspace_from_the_template_is_a_repository_with_the_empty_pristine_commit(
+    tmp_path: Path, empty_pristine: None
+) -> None:
+    copied, made = tmp_path / "copied", tmp_path / "made"
+    copied.mkdir()
+    commit_pristine(copied)
+    remove_empty_pristine()
+    made.mkdir()
+    commit_pristine(made)  # no template any more: git makes it
+    for workspace in (copied, made):
+        assert git(workspace, "rev-parse", f"{PRISTINE_TAG}^{{tree}}") == EMPTY_TREE
+        assert git(workspace, "rev-parse", "--abbrev-ref", "HEAD") == "main"
+        assert git(workspace, "status", "--porcelain", "--ignored") == ""
+        assert pristine_is_empty(workspace)
+        assert workspace_changes(workspace).changes == []
+
+
+def test_a_workspace_with_files_is_committed_by_git_even_with_a_template(tmp_path: Path, empty_pristine: None) -> None:
+    (tmp_path / "question.txt").write_text("what is 2 + 2?\n")
+    commit_pristine(tmp_path)
+    assert git(tmp_path, "ls-tree", "--name-only", PRISTINE_TAG) == "question.txt"
+    assert not pristine_is_empty(tmp_path)
+
+
+def test_the_diff_without_git_is_only_for_an_empty_pristine_and_an_empty_workspace(
+    tmp_path: Path, empty_pristine: None
+) -> None:
+    emptied = tmp_path / "emptied"
+    emptied.mkdir()
+    (emptied / "question.txt").write_text("what is 2 + 2?\n")
+    commit_pristine(emptied)
+    (emptied / "question.txt").unlink()  # nothing left but the repository: a deletion, which only git sees
+    deleted = workspace_changes(emptied)
+    assert [(c.path, c.status) for c in deleted.changes] == [("question.txt", "D")]
+    assert "question.txt" in deleted.diff
+
+    written = tmp_path / "written"
+    written.mkdir()
+    commit_pristine(written)
+    (written / "answer.txt").write_text("4\n")
+    (written / ".hidden").mkdir()
+    (written / ".hidden" / "ignored.log").write_text("x\n")
+    (written / ".gitignore").write_text(".hidden/\n")
+    added = workspace_changes(written)
+    assert sorted((c.path, c.status) for c in added.changes) == [
+        (".gitignore", "A"),
+        (".hidden/ignored.log", "A"),
+        ("answer.txt", "A"),
+    ]
+
+
+def test_an_unreadable_pristine_tag_falls_back_to_git(tmp_path: Path, empty_pristine: None) -> None:
+    commit_pristine(tmp_path)
+    tag = tmp_path / ".git" / "refs" / "tags" / PRISTINE_TAG
+    tag.write_text("../../../../etc/passwd\n")
+    assert not pristine_is_empty(tmp_path)
+    tag.unlink()
+    assert not pristine_is_empty(tmp_path)
