@@ -83,28 +83,34 @@ def _pids() -> list[int]:
     return [int(name) for name in os.listdir("/proc") if name.isdigit()]
 
 
+def _proc_file(pid: int, name: str) -> bytes | None:
+    """`/proc/<pid>/<name>`; None when the process is gone or not ours to read. Plain `open`: a scan reads two of
+    these for every process on the machine at every end of a run."""
+    try:
+        with open(f"/proc/{pid}/{name}", "rb") as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
 def tagged_pids(token: str) -> set[int]:
     """Processes whose environment holds the run's token (all of them, whoever their parent is now)."""
     needle = f"{TOKEN_VARIABLE}={token}".encode()
     found = set()
     for pid in _pids():
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:  # gone, or not ours to read
-            continue
-        if needle in environ.split(b"\0"):
+        environ = _proc_file(pid, "environ")
+        if environ is not None and needle in environ.split(b"\0"):
             found.add(pid)
     return found
 
 
 def _stat(pid: int) -> tuple[str, int] | None:
     """(state, parent pid) of a process; None when it is gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+    raw = _proc_file(pid, "stat")
+    if raw is None:
         return None
-    fields = text[text.rfind(")") + 2 :].split()  # the command name may hold spaces and parentheses
-    return fields[0], int(fields[1])
+    fields = raw[raw.rfind(b")") + 2 :].split()  # the command name may hold spaces and parentheses
+    return fields[0].decode(), int(fields[1])
 
 
 def descendants(root: int) -> set[int]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import select
@@ -139,13 +140,12 @@ def serve() -> None:
     for module in PRELOAD:
         with contextlib.suppress(ImportError):  # an optional one (trio) that is not installed
             importlib.import_module(module)
-    # What every run would otherwise make for itself: the price table its first model call reads (a YAML parse,
-    # 10-25 ms) and the pristine repository of an empty workspace (four `git` processes).
-    from labkube.agent.pricing import default_prices
-    from labkube.tasks import make_empty_pristine, remove_empty_pristine
+    from labkube.agent.harness.sandbox_process import end_prepared_runs, prepare_for_runs
 
-    default_prices()
-    make_empty_pristine()
+    prepare_for_runs()
+    # What the zygote made stays out of its children's garbage collections, whose passes over those objects would
+    # write to (and so copy, one page at a time) the memory every child shares with it.
+    gc.freeze()
 
     children: dict[int, int] = {}  # pidfd -> pid
     buffer = b""
@@ -160,7 +160,7 @@ def serve() -> None:
                 continue
             chunk = os.read(0, 65536)
             if not chunk:  # the supervisor is gone
-                remove_empty_pristine()
+                end_prepared_runs()
                 os._exit(0)
             buffer += chunk
             while b"\n" in buffer:

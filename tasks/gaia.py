@@ -32,7 +32,33 @@ thousands separators unless asked; do not abbreviate or add articles to strings.
 """
 
 
+_loaded: dict[Path, tuple[tuple[int, ...], list[GaiaQuestion]]] = {}  # dataset -> (its state when read, questions)
+
+
 def load_questions(dataset: Path) -> list[GaiaQuestion]:
+    """The dataset's questions, checked. A process reads a dataset again only once its files changed: a campaign's
+    supervisor asks for one question's card per run, and the whole file is read and checked for each."""
+    state = _dataset_state(dataset)
+    known = _loaded.get(dataset)
+    if state is not None and known is not None and known[0] == state:
+        return list(known[1])
+    questions = _read_questions(dataset)
+    if state is not None and not any("/" in q.file_name for q in questions):
+        _loaded[dataset] = (state, questions)
+    return list(questions)
+
+
+def _dataset_state(dataset: Path) -> tuple[int, ...] | None:
+    """What changes when metadata.jsonl is rewritten or an attachment beside it is added, removed, renamed or
+    replaced: the file's identity and time, and the folder's (an attachment in a subfolder is never cached)."""
+    try:
+        meta, folder = (dataset / "metadata.jsonl").stat(), dataset.stat()
+    except OSError:
+        return None
+    return (meta.st_ino, meta.st_mtime_ns, meta.st_size, folder.st_ino, folder.st_mtime_ns)
+
+
+def _read_questions(dataset: Path) -> list[GaiaQuestion]:
     meta = dataset / "metadata.jsonl"
     if not meta.exists():
         raise TaskError(f"GAIA dataset {dataset}: no metadata.jsonl (expected GAIA's layout)")

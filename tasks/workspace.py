@@ -109,6 +109,8 @@ def make_empty_pristine() -> None:
     global _empty_pristine
     path = Path(tempfile.mkdtemp(prefix="labkube-empty-pristine-"))
     commit_pristine(path)
+    for sample in (path / ".git" / "hooks").glob("*.sample"):  # inert examples; without them a copy takes a third
+        sample.unlink()
     _empty_pristine = (os.getpid(), path)
 
 

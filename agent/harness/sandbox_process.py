@@ -47,6 +47,29 @@ def agent_process(run_dir: Path, resume: bool = False, finalize_reason: str | No
     return code
 
 
+def prepare_for_runs() -> None:
+    """In a process that forks runs (the agent zygote), before it forks: what every run's agent would otherwise
+    work out for itself. The price table its first model call reads (a YAML parse, 10-25 ms), the schemas of
+    rg-agent's tools (from their type hints and docstrings, about 5 ms) and the pristine repository of an empty
+    workspace (four `git` processes); `end_prepared_runs` removes that repository."""
+    import tempfile
+
+    from labkube.agent.pricing import default_prices
+    from labkube.agent.rg.tools import ToolContext, research_tools
+    from labkube.agent.rg.workspace import Workspace
+    from labkube.tasks import make_empty_pristine
+
+    default_prices()
+    research_tools(ToolContext(workspace=Workspace(tempfile.gettempdir())))
+    make_empty_pristine()
+
+
+def end_prepared_runs() -> None:
+    from labkube.tasks import remove_empty_pristine
+
+    remove_empty_pristine()
+
+
 def _run(run_dir: Path, resume: bool, finalize_reason: str | None) -> int:
     secret_env = [n for n in os.environ.pop("LABKUBE_STDIN_VARS", "").split(",") if n]
     if secret_env and os.environ.get("LABKUBE_KEYS_ON_STDIN") != "1":

@@ -7,6 +7,7 @@ the tool's output; any other exception is a harness error.
 
 from __future__ import annotations
 
+import copy
 import errno
 import inspect
 import re
@@ -103,6 +104,31 @@ def parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
     return head.strip(), args
 
 
+_descriptions: dict[tuple[types.CodeType, str], tuple[str, dict[str, Any]]] = {}
+
+
+def _described(execute: Callable[..., Awaitable[str]]) -> tuple[str, dict[str, Any]]:
+    """The description and parameter schema of an `execute`, worked out once per process for each (its code, its
+    docstring): every `execute` a factory returns has the same (the agent zygote works them out before it forks)."""
+    assert execute.__doc__
+    key = (execute.__code__, execute.__doc__)
+    if key not in _descriptions:
+        description, arg_help = parse_docstring(execute.__doc__)
+        hints = typing.get_type_hints(execute)
+        properties: dict[str, Any] = {}
+        required = []
+        for pname, param in inspect.signature(execute).parameters.items():
+            schema = _json_schema_for(hints.get(pname, str))
+            if pname in arg_help:
+                schema["description"] = arg_help[pname]
+            properties[pname] = schema
+            if param.default is inspect.Parameter.empty:
+                required.append(pname)
+        params = {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
+        _descriptions[key] = (description, params)
+    return _descriptions[key]
+
+
 def tool(
     *, access: Access, name: str | None = None
 ) -> Callable[[Callable[..., Callable[..., Awaitable[str]]]], Callable[..., Tool]]:
@@ -113,24 +139,8 @@ def tool(
             execute = factory(*args, **kwargs)
             if not execute.__doc__:
                 raise TypeError(f"tool {factory.__name__}: execute() has no docstring to describe it to the model")
-            description, arg_help = parse_docstring(execute.__doc__)
-            hints = typing.get_type_hints(execute)
-            properties: dict[str, Any] = {}
-            required = []
-            for pname, param in inspect.signature(execute).parameters.items():
-                schema = _json_schema_for(hints.get(pname, str))
-                if pname in arg_help:
-                    schema["description"] = arg_help[pname]
-                properties[pname] = schema
-                if param.default is inspect.Parameter.empty:
-                    required.append(pname)
-            params = {
-                "type": "object",
-                "properties": properties,
-                "required": required,
-                "additionalProperties": False,
-            }
-            return Tool(name or factory.__name__, description, params, execute, access)
+            description, params = _described(execute)
+            return Tool(name or factory.__name__, description, copy.deepcopy(params), execute, access)
 
         make.__name__ = factory.__name__
         make.__doc__ = factory.__doc__
