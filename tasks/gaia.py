@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import stat
+import time
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -32,6 +33,7 @@ thousands separators unless asked; do not abbreviate or add articles to strings.
 """
 
 
+RECENT_NS = 2_000_000_000
 _loaded: dict[Path, tuple[tuple[int, ...], list[GaiaQuestion]]] = {}  # dataset -> (its state when read, questions)
 
 
@@ -50,10 +52,14 @@ def load_questions(dataset: Path) -> list[GaiaQuestion]:
 
 def _dataset_state(dataset: Path) -> tuple[int, ...] | None:
     """What changes when metadata.jsonl is rewritten or an attachment beside it is added, removed, renamed or
-    replaced: the file's identity and time, and the folder's (an attachment in a subfolder is never cached)."""
+    replaced: the file's identity and time, and the folder's (an attachment in a subfolder is never cached). None
+    (not cached) for one changed in the last seconds: the kernel's file times move in ticks of a few ms, so two
+    writes of the same size within one tick would look the same."""
     try:
         meta, folder = (dataset / "metadata.jsonl").stat(), dataset.stat()
     except OSError:
+        return None
+    if time.time_ns() - max(meta.st_mtime_ns, folder.st_mtime_ns) < RECENT_NS:
         return None
     return (meta.st_ino, meta.st_mtime_ns, meta.st_size, folder.st_ino, folder.st_mtime_ns)
 

@@ -66,6 +66,27 @@ def test_malformed_datasets_say_what_is_wrong(tmp_path: Path, rows, files, messa
         resolve_tasks(str(dataset(tmp_path, rows, files)))
 
 
+def test_a_dataset_read_again_after_its_files_change_is_read_afresh(tmp_path: Path) -> None:
+    d = dataset(tmp_path, ROWS, {"nums.txt": "1000\n250\n"})
+
+    def age() -> None:  # files written seconds ago, as a campaign's dataset is: the process keeps what it read
+        for path in (d / "metadata.jsonl", d):
+            os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns - 10**10))
+
+    age()
+    assert [c.name for c in resolve_tasks(str(d))] == ["q1", "q2"]
+    (d / "metadata.jsonl").write_text(json.dumps(ROWS[1]) + "\n")
+    age()
+    assert [c.name for c in resolve_tasks(str(d))] == ["q2"]
+    (d / "metadata.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    age()
+    assert [c.name for c in resolve_tasks(str(d))] == ["q1", "q2"]
+    (d / "nums.txt").unlink()  # only the folder changes
+    age()
+    with pytest.raises(TaskError, match=r"attachment nums\.txt is missing"):
+        resolve_tasks(str(d))
+
+
 async def run_question(tmp_path: Path, d: Path, task_id: str, answer: str) -> tuple:
     (card,) = resolve_tasks(f"{d}#{task_id}")
     plan_dir = tmp_path / "plan"
