@@ -13,8 +13,9 @@ from labkube.agent.rg.web import backend_from_env
 from labkube.campaign import CampaignSpec, expand_runs
 from labkube.metrics import serve
 from labkube.model_ref import parse_model
-from labkube.operator.driver import RayContext, connect, drive, shutdown
+from labkube.operator.driver import RayContext, connect, drive, early_world_count, shutdown
 from labkube.operator.telemetry import CampaignTelemetry
+from labkube.operator.warm import EarlyWorlds
 from labkube.report import report_rows
 from labkube.result import RunResult
 from labkube.run_spec import RunSpec
@@ -150,7 +151,15 @@ def launch(
             if on_tick is not None:
                 on_tick()
 
-        ctx = ray_ctx or connect(ray_address, spec.concurrency, num_gpus=_local_gpus())
+        # On a Ray this process starts, the supervisors live on this machine: their first worlds start now, while
+        # Ray does (importing ARE and starting Ray take seconds each), and they adopt them.
+        local = ray_ctx is None and ray_address is None
+        early = EarlyWorlds(early_world_count(todo, spec.concurrency) if local else 0, cdir.root)
+        try:
+            ctx = ray_ctx or connect(ray_address, spec.concurrency, num_gpus=_local_gpus())
+        except BaseException:
+            early.close()
+            raise
         try:
             asyncio.run(
                 drive(
@@ -163,9 +172,11 @@ def launch(
                     env=run_env(metrics.env if metrics else None),
                     on_waiting=metrics.telemetry.waiting_for_gpus if metrics else None,
                     gpu_hours_cap=spec.gpu_hours_cap,
+                    early_worlds=early.handoffs,
                 )
             )
         finally:
+            early.close()
             if ray_ctx is None:
                 shutdown(ctx)
             if metrics is not None:

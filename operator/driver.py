@@ -26,7 +26,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 import ray.exceptions
@@ -36,6 +36,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from labkube.result import RunResult
 from labkube.run_spec import RunPhase, RunSpec, RunStatus
 from labkube.store import CampaignDir, read_model, utcnow, write_model
+
+if TYPE_CHECKING:
+    from labkube.tasks.gaia2.world_process import WorldHandoff
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +69,10 @@ class SupervisorActor:
         result = await supervise_run(run_dir, env, backend, self.warm if backend is None and warm_workers() else None)
         return result.model_dump(mode="json")
 
-    async def warm_up(self, slots: int, campaign_root: str, worlds: int, fork_agents: bool) -> None:
-        await self.warm.warm_up(slots, Path(campaign_root), worlds, fork_agents)
+    async def warm_up(
+        self, slots: int, campaign_root: str, worlds: int, fork_agents: bool, adopt: list[WorldHandoff] | None = None
+    ) -> None:
+        await self.warm.warm_up(slots, Path(campaign_root), worlds, fork_agents, adopt)
 
     async def close(self) -> None:
         await self.warm.close()
@@ -133,14 +138,20 @@ def _use_token(token: str) -> None:
 
 
 @contextlib.contextmanager
-def _without_monitors() -> Any:
-    """Inside, `ray.init` starts a head node without the autoscaler monitor and the log monitor (160 MiB together).
-    A node started on this machine never scales, and with `log_to_driver=False` nothing reads what the log monitor
-    publishes. `ray start` has flags for both (`--no-monitor`, `--include-log-monitor=false`); `ray.init` does not,
-    so its node parameters get them here."""
+def _lean_head() -> Any:
+    """Inside, `ray.init` starts a head node without the processes labkube never uses, each of which a short
+    campaign waits for: the autoscaler monitor and the log monitor (160 MiB together; a node started on this machine
+    never scales, and with `log_to_driver=False` nothing reads what the log monitor publishes), and the dashboard's
+    API server (`include_dashboard=False` still starts it, with only its usage-stats module; `ray.init` waits for it
+    to publish its address: about 1.7 s of a 4-6 s start on a 2-core machine, and 150 MiB). labkube uses neither
+    the dashboard, nor the state API, nor job submission (docs/kubernetes.md, "Why ray[default]"). `ray start` has
+    flags for the monitors (`--no-monitor`, `--include-log-monitor=false`) but none for the API server; `ray.init`
+    has none, so its node parameters and the head's start get them here."""
+    import ray._private.node as node
     import ray._private.parameter as parameter
 
     base = parameter.RayParams
+    start_api_server = node.Node.start_api_server
 
     class HeadParams(base):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -148,11 +159,16 @@ def _without_monitors() -> Any:
             self.no_monitor = True
             self.include_log_monitor = False
 
+    def no_api_server(self: Any, **_: Any) -> None:
+        self._webui_url = None
+
     parameter.RayParams = HeadParams  # type: ignore[misc]
+    node.Node.start_api_server = no_api_server  # type: ignore[method-assign]
     try:
         yield
     finally:
         parameter.RayParams = base  # type: ignore[misc]
+        node.Node.start_api_server = start_api_server  # type: ignore[method-assign]
 
 
 def connect(
@@ -189,13 +205,17 @@ def connect(
         _use_token(os.environ["RAY_AUTH_TOKEN"])
     else:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        # No run or supervisor takes a CPU resource (runs hold SLOT): one CPU makes Ray prestart the one worker the
+        # supervisor actor lives in, not one idle interpreter per core.
+        if not address:
+            init_args["num_cpus"] = 1
     if ray.is_initialized():
         return _context(False)
     try:
         if address:
             _connect_patiently(address, patience_s)
         else:
-            with _without_monitors():
+            with _lean_head():
                 ray.init(
                     address="local",  # a new instance, never one a `ray start` on this machine left in /tmp/ray
                     resources=resources,
@@ -355,8 +375,12 @@ async def drive(
     on_waiting: Callable[[int], None] | None = None,
     backend: dict | None = None,
     gpu_hours_cap: float | None = None,
+    early_worlds: Callable[[], list[WorldHandoff]] | None = None,
 ) -> list[RunResult]:
     """Supervise every run to a final state; returns results in the order of `runs`.
+
+    `early_worlds` gives the worlds this process started while Ray started (`warm.EarlyWorlds`), for the
+    supervisors to adopt.
 
     `backend` (a `k8s_backend.K8sBackend` as JSON) runs each agent in a pod instead of a local
     process. With `gpu_hours_cap`, a run needing GPUs starts only while the campaign's GPU-hours
@@ -369,7 +393,8 @@ async def drive(
     actors = [new_supervisor(ctx, i) for i in range(n_actors)]
     await asyncio.gather(*(a.ping.remote() for a in actors))
     if backend is None and warm_workers():
-        await warm_up(actors, runs, concurrency, campaign_root)
+        adopt = await asyncio.to_thread(early_worlds) if early_worlds is not None else []
+        await warm_up(actors, runs, concurrency, campaign_root, adopt)
     limit = asyncio.Semaphore(concurrency)
     meter = GpuHoursMeter(campaign_root, runs, pods=backend is not None) if gpu_hours_cap is not None else None
 
@@ -442,15 +467,31 @@ def warm_workers() -> bool:
     return os.environ.get("LABKUBE_WARM_WORKERS", "1") != "0"
 
 
-async def warm_up(actors: list, runs: list[RunSpec], concurrency: int, campaign_root: Path) -> None:
-    """Each supervisor starts what its share of the runs in flight reuses: Gaia2 worlds and the agent zygote."""
+def early_world_count(runs: list[RunSpec], concurrency: int) -> int:
+    """How many worlds the campaign's supervisors keep warm in all (one per run slot that a Gaia2 run may take)."""
+    from labkube.operator.warm import uses_world
+
+    return min(concurrency, sum(1 for r in runs if uses_world(r))) if warm_workers() else 0
+
+
+async def warm_up(
+    actors: list, runs: list[RunSpec], concurrency: int, campaign_root: Path, adopt: list[WorldHandoff] | None = None
+) -> None:
+    """Each supervisor starts what its share of the runs in flight reuses: Gaia2 worlds and the agent zygote. The
+    worlds in `adopt` are shared out among them first."""
     from labkube.operator.warm import forks_agent, uses_world
 
     slots = math.ceil(min(concurrency, len(runs)) / len(actors))
     worlds = min(slots, sum(1 for r in runs if uses_world(r)))
     fork_agents = any(forks_agent(r) for r in runs)
-    if worlds or fork_agents:
-        await asyncio.gather(*(a.warm_up.remote(slots, str(campaign_root), worlds, fork_agents) for a in actors))
+    adopt = adopt or []
+    if worlds or fork_agents or adopt:
+        await asyncio.gather(
+            *(
+                a.warm_up.remote(slots, str(campaign_root), worlds, fork_agents, adopt[i :: len(actors)])
+                for i, a in enumerate(actors)
+            )
+        )
 
 
 async def close_warm(actors: list) -> None:

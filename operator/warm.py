@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from labkube.model_ref import SCRIPTED, SCRIPTED_WITH_ARG, UnknownModel, parse_m
 from labkube.operator.agent_zygote import AgentZygote
 from labkube.run_spec import RunSpec
 from labkube.task_card import TaskFamily
-from labkube.tasks.gaia2.world_process import WorldPool, WorldProcess
+from labkube.tasks.gaia2.world_process import WorldHandoff, WorldPool, WorldProcess
 
 log = logging.getLogger(__name__)
 
@@ -72,14 +73,18 @@ class WarmWorker:
             self.worlds = WorldPool(python, max_idle=self.slots, log_dir=campaign_root / WORLDS_FOLDER)
         return self.worlds
 
-    async def warm_up(self, slots: int, campaign_root: Path, worlds: int, fork_agents: bool) -> None:
-        """Before the first run: the zygote and `worlds` world processes (at most `slots`), started in parallel."""
+    async def warm_up(
+        self, slots: int, campaign_root: Path, worlds: int, fork_agents: bool, adopt: list[WorldHandoff] | None = None
+    ) -> None:
+        """Before the first run: the zygote and `worlds` world processes (at most `slots`), started in parallel;
+        the worlds in `adopt` (the driver started them while Ray started) count among them."""
         self.slots = max(1, slots)
         jobs = []
         if fork_agents:
             jobs.append(self.zygote.start())
-        pool = self._pool(campaign_root) if worlds else None
+        pool = self._pool(campaign_root) if worlds or adopt else None
         if pool is not None:
+            pool.adopt(adopt or [])
             jobs.append(asyncio.to_thread(pool.prestart, min(worlds, self.slots)))
         await asyncio.gather(*jobs)
 
@@ -117,3 +122,37 @@ class WarmWorker:
         if self.worlds is not None:
             await asyncio.to_thread(self.worlds.close)
         await self.zygote.close()
+
+
+class EarlyWorlds:
+    """The worlds `labkube run` starts on this machine while Ray starts (importing ARE takes seconds; so does Ray),
+    handed to the supervisor actors to adopt (`WorldHandoff`). They are this process's children: they exit with it
+    (a world exits when its parent does), and `close()` stops and reaps them after the campaign."""
+
+    def __init__(self, count: int, campaign_root: Path) -> None:
+        self.pool: WorldPool | None = None
+        self._thread: threading.Thread | None = None
+        if count <= 0:
+            return
+        from labkube.tasks.gaia2 import WorldEnvError, world_python
+
+        try:
+            python = world_python()
+        except WorldEnvError:  # the runs' agents say so in their own words
+            return
+        self.pool = WorldPool(python, max_idle=count, log_dir=campaign_root / WORLDS_FOLDER, log_prefix="world-early")
+        self._thread = threading.Thread(target=self.pool.prestart, args=(count,), daemon=True, name="early-worlds")
+        self._thread.start()
+
+    def handoffs(self) -> list[WorldHandoff]:
+        """Once they listen: what the supervisors adopt (none when the worlds could not start: they start their own
+        and meet the same error)."""
+        if self._thread is not None:
+            self._thread.join()
+        return [world.handoff() for world in self.pool.idle()] if self.pool is not None else []
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+        if self.pool is not None:
+            self.pool.close()

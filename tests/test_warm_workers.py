@@ -7,6 +7,7 @@ Real parts throughout: ARE world processes, the supervisor (`supervise_run`, as 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -120,6 +121,52 @@ async def test_pooled_worlds_are_reused_and_one_that_failed_a_load_is_replaced(a
         assert run_log.exists(), "the run's part of the world log is in its own logs"
     finally:
         await warm.close()
+
+
+def test_a_world_adopted_from_another_process_is_watched_and_stopped_as_its_own(are_python: Path) -> None:
+    """The driver starts worlds while Ray starts and the supervisor adopts them: the adopting pool is not their
+    parent, so a killed world stays a zombie until its parent reaps it. Here this test process is the parent (it
+    does not reap until the end) and a second pool adopts: the zombie must count as dead, and a pid that names
+    another process (a stale start time) must too."""
+    with WorldPool(are_python, max_idle=2) as parent:
+        parent.prestart(2)
+        first, second = parent.idle()
+        stale = second.handoff().model_copy(update={"started_ticks": second.handoff().started_ticks + 1})
+        with WorldPool(are_python, max_idle=1) as adopting:
+            assert adopting.adopt([stale, first.handoff()]) == 1
+            assert second.alive(), "a pid whose start time differs names another process: neither taken nor killed"
+            (adopted,) = adopting.idle()
+            assert adopted.pid == first.pid and adopted.alive()
+            with adopting.world() as lent:
+                assert lent is adopted  # lent as its own; its parent still holds it
+            adopted.stop()
+            os.waitid(os.P_PID, first.pid, os.WEXITED | os.WNOWAIT)  # until it has exited, left unreaped: a zombie
+            assert not adopted.alive() and first.proc.poll() is not None
+            assert adopting.adopt([second.handoff()]) == 1 and second.alive()
+            assert WorldPool(are_python, max_idle=1).adopt([first.handoff()]) == 0, "a dead world is not adopted"
+        assert adopting.started == 0, "the adopting pool started no world of its own"
+
+
+def test_labkube_run_starts_its_worlds_while_ray_starts_and_stops_them(tmp_path: Path) -> None:
+    """`labkube run` on Gaia2: the campaign's worlds are the driver's, started before Ray and adopted by the
+    supervisor (which starts none of its own); every run's world log comes from them; none outlives the command."""
+    from cli_helpers import labkube
+
+    out = tmp_path / "camp"
+    refs = ["gaia2/time_door_code", "gaia2/execution_budget_email"]
+    proc = labkube("run", *refs, "--model", "oracle", "--concurrency", "2", "--out", str(out), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    logs = sorted(p.name for p in (out / "worlds").iterdir())
+    assert logs == ["world-early-1.log", "world-early-2.log"], logs
+    results = [json.loads(p.read_text()) for p in (out / "runs").glob("*/result.json")]
+    assert len(results) == 2 and all(r["score"] == 1.0 for r in results)
+    assert all((p / "logs" / "world.log").stat().st_size > 0 for p in (out / "runs").iterdir())
+    holders = []
+    for fd in Path("/proc").glob("[0-9]*/fd/*"):
+        with contextlib.suppress(OSError):
+            if os.readlink(fd).startswith(str(out / "worlds")):
+                holders.append(fd)
+    assert holders == [], f"world processes outlived the command: {holders}"
 
 
 def gaia_question(root: Path, task_id: str, commands: list[str], answer: str) -> Path:

@@ -20,6 +20,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from labkube.tasks.gaia2.world_client import WorldClient
 from labkube.tasks.gaia2.world_env import world_python
 
@@ -29,6 +31,27 @@ STARTUP_TIMEOUT = 60.0
 
 class WorldStartError(RuntimeError):
     """The world process did not come up (its log says why)."""
+
+
+class WorldHandoff(BaseModel):
+    """A listening world that one process of this machine started and another adopts into its pool: `labkube
+    run` starts its campaign's first worlds while Ray starts, and hands them to the supervisor actor."""
+
+    pid: int
+    started_ticks: int  # /proc/<pid>/stat's start time: with the pid, it names one process (pids are reused)
+    host: str
+    port: int
+    log_path: str
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, start time in clock ticks) of a process, from /proc; None when there is no such process."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()  # the command name, in parentheses, may hold spaces
+    return fields[0], int(fields[19])
 
 
 class WorldProcess:
@@ -66,6 +89,17 @@ class WorldProcess:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
 
+    def handoff(self) -> WorldHandoff:
+        """What another process needs to adopt this world (its parent, this process, still reaps it)."""
+        stat = _proc_stat(self.pid)
+        return WorldHandoff(
+            pid=self.pid,
+            started_ticks=stat[1] if stat else -1,
+            host=self.host,
+            port=self.port,
+            log_path=str(self.log_path),
+        )
+
     def log_tail(self, lines: int = 20) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -74,6 +108,28 @@ class WorldProcess:
 
     def __repr__(self) -> str:
         return f"WorldProcess(pid={self.pid}, url={self.base_url}, alive={self.alive()})"
+
+
+class AdoptedWorld(WorldProcess):
+    """A world another process started (`WorldHandoff`): not this process's child, so it is watched through /proc
+    (a zombie or a reused pid is not alive) and stopped by killing its process group; its parent reaps it."""
+
+    def __init__(self, handoff: WorldHandoff) -> None:
+        self.handed = handoff
+        self.host, self.port, self.log_path = handoff.host, handoff.port, Path(handoff.log_path)
+
+    @property
+    def pid(self) -> int:
+        return self.handed.pid
+
+    def alive(self) -> bool:
+        stat = _proc_stat(self.handed.pid)
+        return stat is not None and stat[0] not in ("Z", "X") and stat[1] == self.handed.started_ticks
+
+    def stop(self) -> None:
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.handed.pid, signal.SIGKILL)
 
 
 def _read_listening(proc: subprocess.Popen[bytes], timeout: float) -> int:
@@ -145,15 +201,23 @@ class WorldPool:
     that used it went wrong (`healthy=False`: the world errored, its scenario failed to load, the run's agent was
     killed) or the pool already keeps `max_idle`. A world keeps nothing of a run: the next `POST /scenario` unloads
     the previous scenario and builds the next from its source. `prestart(n)` starts worlds ahead of the first run,
-    in parallel. With `log_dir`, world i logs to `log_dir/world-<i>.log`. `close()` stops them all.
+    in parallel; `adopt()` takes worlds another process started. With `log_dir`, world i logs to
+    `log_dir/<log_prefix>-<i>.log`. `close()` stops them all.
     """
 
     def __init__(
-        self, python: Path | None = None, *, max_idle: int = 2, log_dir: Path | None = None, **start_kwargs: object
+        self,
+        python: Path | None = None,
+        *,
+        max_idle: int = 2,
+        log_dir: Path | None = None,
+        log_prefix: str = "world",
+        **start_kwargs: object,
     ) -> None:
         self._python = python
         self._max_idle = max_idle
         self._log_dir = log_dir
+        self._log_prefix = log_prefix
         self._start_kwargs = start_kwargs
         self._idle: list[WorldProcess] = []
         self._busy: set[WorldProcess] = set()
@@ -173,7 +237,7 @@ class WorldPool:
         kwargs = dict(self._start_kwargs)
         if self._log_dir is not None:
             self._log_dir.mkdir(parents=True, exist_ok=True)
-            kwargs["log_path"] = self._log_dir / f"world-{number}.log"
+            kwargs["log_path"] = self._log_dir / f"{self._log_prefix}-{number}.log"
         return start_world(self._python, **kwargs)  # type: ignore[arg-type]
 
     def prestart(self, count: int) -> None:
@@ -196,6 +260,30 @@ class WorldPool:
             thread.join()
         for world in started:
             self.release(world)
+
+    def adopt(self, handoffs: list[WorldHandoff]) -> int:
+        """Take idle worlds another process started (up to `max_idle`); the ones gone already are skipped. Returns
+        how many were taken."""
+        taken = 0
+        for handoff in handoffs:
+            world = AdoptedWorld(handoff)
+            with self._lock:
+                dead = [w for w in self._idle if not w.alive()]  # a world that died idle holds no place
+                self._idle = [w for w in self._idle if w not in dead]
+                room = not self._closed and len(self._idle) + len(self._busy) < self._max_idle
+                taken_now = room and world.alive()
+                if taken_now:
+                    self._idle.append(world)
+                    taken += 1
+            for gone in dead:
+                gone.stop()
+            if not taken_now:
+                world.stop()
+        return taken
+
+    def idle(self) -> list[WorldProcess]:
+        with self._lock:
+            return list(self._idle)
 
     def acquire(self) -> WorldProcess:
         with self._lock:
