@@ -10,12 +10,13 @@ The answer the agent gives through `end_task` is scored by GAIA's official rules
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import stat
 import time
 from pathlib import Path
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from labkube.result import SubtaskScore
 from labkube.task_card import GaiaQuestion, Subtask, TaskCard, TaskFamily
@@ -34,6 +35,7 @@ thousands separators unless asked; do not abbreviate or add articles to strings.
 
 
 RECENT_NS = 2_000_000_000
+_ROWS = TypeAdapter(list[GaiaQuestion])
 _loaded: dict[Path, tuple[tuple[int, ...], list[GaiaQuestion]]] = {}  # dataset -> (its state when read, questions)
 
 
@@ -74,26 +76,35 @@ def _read_questions(dataset: Path) -> list[GaiaQuestion]:
         raise TaskError(f"GAIA dataset {dataset}: metadata.jsonl is not a text (UTF-8) file") from None
     except OSError as exc:
         raise TaskError(f"GAIA dataset {dataset}: cannot read metadata.jsonl ({exc.strerror or exc})") from None
-    questions = []
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            questions.append(GaiaQuestion.model_validate(json.loads(line)))
-        except (ValueError, ValidationError) as exc:
-            raise TaskError(f"GAIA dataset {dataset}: metadata.jsonl line {n}: {str(exc).splitlines()[0]}") from None
+    lines = [line for line in text.splitlines() if line.strip()]
+    try:  # every row at once; a dataset that fails is read again row by row, to say which line is wrong
+        questions = _ROWS.validate_json(f"[{','.join(lines)}]")
+    except ValidationError:
+        questions = []
+    if len(questions) != len(lines):
+        questions = []
+        for n, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                questions.append(GaiaQuestion.model_validate(json.loads(line)))
+            except (ValueError, ValidationError) as exc:
+                where = f"GAIA dataset {dataset}: metadata.jsonl line {n}"
+                raise TaskError(f"{where}: {str(exc).splitlines()[0]}") from None
     ids = [q.task_id for q in questions]
     if len(set(ids)) != len(ids):
         raise TaskError(f"GAIA dataset {dataset}: duplicate task_id in metadata.jsonl")
-    root = dataset.resolve()
+    inside = os.path.realpath(dataset).rstrip(os.sep) + os.sep
     for q in questions:
-        attachment = (dataset / q.file_name).resolve() if q.file_name else None
-        if attachment is not None and (Path(q.file_name).is_absolute() or root not in attachment.parents):
+        if not q.file_name:
+            continue
+        path = os.path.join(dataset, q.file_name)
+        if os.path.isabs(q.file_name) or not os.path.realpath(path).startswith(inside):
             raise TaskError(
                 f"GAIA dataset {dataset}: question {q.task_id}: attachment {q.file_name!r} is outside "
                 "the dataset directory"
             )
-        if q.file_name and not (dataset / q.file_name).is_file():
+        if not os.path.isfile(path):
             raise TaskError(f"GAIA dataset {dataset}: question {q.task_id}: attachment {q.file_name} is missing")
     return questions
 
