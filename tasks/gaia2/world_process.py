@@ -132,28 +132,91 @@ class AdoptedWorld(WorldProcess):
                 os.killpg(self.handed.pid, signal.SIGKILL)
 
 
-def _read_listening(proc: subprocess.Popen[bytes], timeout: float) -> int:
+def _read_listening(proc: subprocess.Popen[bytes], copies: int, timeout: float) -> dict[int, tuple[int, int]]:
+    """The worlds' LISTENING lines: {copy: (port, pid)}, until all `copies` answered or `timeout` s passed."""
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout
-    buffer = b""
-    while time.monotonic() < deadline:
+    buffer, listening = b"", {}
+    while time.monotonic() < deadline and len(listening) < copies:
         ready, _, _ = select.select([proc.stdout], [], [], max(0.0, min(0.5, deadline - time.monotonic())))
         if ready:
             chunk = os.read(proc.stdout.fileno(), 4096)
             if not chunk:
-                break  # stdout closed: the process is exiting
+                break  # stdout closed: every copy is exiting
             buffer += chunk
             for line in buffer.decode(errors="replace").splitlines():
-                if line.startswith("LISTENING "):
-                    return int(line.split()[1])
-        elif proc.poll() is not None:
+                fields = line.split()
+                if len(fields) >= 2 and fields[0] == "LISTENING":
+                    copy = int(fields[3]) if len(fields) == 4 else 0
+                    listening[copy] = (int(fields[1]), int(fields[2]) if len(fields) == 4 else proc.pid)
+        elif proc.poll() is not None and 0 not in listening:
             break
-    raise WorldStartError("no LISTENING line")
+    return listening
 
 
-def world_command(python: Path, host: str, port: int, log_level: str) -> list[str]:
-    """The world process's argv: the server script, by path, with the ARE environment's python."""
-    return [str(python), str(SERVER_SCRIPT), "--host", host, "--port", str(port), "--log-level", log_level]
+def world_command(
+    python: Path, host: str, port: int, log_level: str, copy_logs: list[Path] | tuple[()] = ()
+) -> list[str]:
+    """The world process's argv: the server script, by path, with the ARE environment's python; one more world,
+    forked once ARE is imported, per path in `copy_logs` (their logs)."""
+    copies = [arg for log in copy_logs for arg in ("--copy-log", str(log))]
+    return [str(python), str(SERVER_SCRIPT), "--host", host, "--port", str(port), "--log-level", log_level, *copies]
+
+
+def _temporary_log() -> Path:
+    fd, name = tempfile.mkstemp(prefix="labkube-world-", suffix=".log")
+    os.close(fd)
+    return Path(name)
+
+
+def start_worlds(
+    python: Path | None = None,
+    count: int = 1,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    startup_timeout: float = STARTUP_TIMEOUT,
+    log_paths: list[Path] | None = None,
+    log_level: str = "WARNING",
+) -> list[WorldProcess]:
+    """Start `count` worlds from one import of ARE (a process, and `count - 1` copies it forks once ARE is
+    imported: importing ARE is most of a world's start, seconds of CPU each), each on a port, in a process group and
+    with a log of its own; wait (at most `startup_timeout` s) for them to listen. The first is this process's child
+    (`WorldProcess`); the copies are the first's (`AdoptedWorld`: stopping the first does not stop them). Returns
+    the ones that listen; raises WorldStartError when none does."""
+    python = python or world_python()
+    logs = list(log_paths) if log_paths else [_temporary_log() for _ in range(count)]
+    cmd = world_command(python, host, port, log_level, logs[1:count])
+    with logs[0].open("ab") as log:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            start_new_session=True,  # its own process group, so stop() can kill everything it started
+            cwd=tempfile.gettempdir(),
+        )
+    first = WorldProcess(proc, host, 0, logs[0])
+    listening = _read_listening(proc, count, startup_timeout)
+    copies: list[WorldProcess] = []
+    for copy, (port, pid) in sorted(listening.items()):
+        if copy == 0:
+            first.port = port
+            continue
+        stat = _proc_stat(pid)
+        ticks = stat[1] if stat else -1
+        copies.append(
+            AdoptedWorld(WorldHandoff(pid=pid, started_ticks=ticks, host=host, port=port, log_path=str(logs[copy])))
+        )
+    if 0 not in listening:
+        for world in (*copies, first):
+            world.stop()
+        tail = first.log_tail(5).replace("\n", " | ")
+        raise WorldStartError(
+            f"the world process ({python} {SERVER_SCRIPT.name}) did not start listening within "
+            f"{startup_timeout:.0f} s; log {logs[0]}: {tail or 'empty'}"
+        )
+    return [first, *copies]
 
 
 def start_world(
@@ -166,32 +229,10 @@ def start_world(
     log_level: str = "WARNING",
 ) -> WorldProcess:
     """Start a world process and wait (at most `startup_timeout` s) for it to listen."""
-    python = python or world_python()
-    if log_path is None:
-        fd, name = tempfile.mkstemp(prefix="labkube-world-", suffix=".log")
-        os.close(fd)
-        log_path = Path(name)
-    cmd = world_command(python, host, port, log_level)
-    with log_path.open("ab") as log:
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            start_new_session=True,  # its own process group, so stop() can kill everything it started
-            cwd=tempfile.gettempdir(),
-        )
-    world = WorldProcess(proc, host, 0, log_path)
-    try:
-        world.port = _read_listening(proc, startup_timeout)
-    except WorldStartError:
-        world.stop()
-        tail = world.log_tail(5).replace("\n", " | ")
-        raise WorldStartError(
-            f"the world process ({python} {SERVER_SCRIPT.name}) did not start listening within "
-            f"{startup_timeout:.0f} s; log {log_path}: {tail or 'empty'}"
-        ) from None
-    return world
+    logs = [log_path] if log_path is not None else None
+    return start_worlds(
+        python, 1, host=host, port=port, startup_timeout=startup_timeout, log_paths=logs, log_level=log_level
+    )[0]
 
 
 class WorldPool:
@@ -201,8 +242,8 @@ class WorldPool:
     that used it went wrong (`healthy=False`: the world errored, its scenario failed to load, the run's agent was
     killed) or the pool already keeps `max_idle`. A world keeps nothing of a run: the next `POST /scenario` unloads
     the previous scenario and builds the next from its source. `prestart(n)` starts worlds ahead of the first run,
-    in parallel; `adopt()` takes worlds another process started. With `log_dir`, world i logs to
-    `log_dir/<log_prefix>-<i>.log`. `close()` stops them all.
+    from one import of ARE (forked copies); `adopt()` takes worlds another process started. With `log_dir`, world
+    i logs to `log_dir/<log_prefix>-<i>.log`. `close()` stops them all.
     """
 
     def __init__(
@@ -230,36 +271,27 @@ class WorldPool:
         """How many world processes this pool has started (a reused world is not counted again)."""
         return self._started
 
-    def _start(self) -> WorldProcess:
+    def _start(self, count: int = 1) -> list[WorldProcess]:
+        """`count` worlds from one import of ARE (`start_worlds`), numbered on from the pool's last."""
         with self._lock:
-            self._started += 1
-            number = self._started
+            first = self._started + 1
+            self._started += count
         kwargs = dict(self._start_kwargs)
         if self._log_dir is not None:
             self._log_dir.mkdir(parents=True, exist_ok=True)
-            kwargs["log_path"] = self._log_dir / f"{self._log_prefix}-{number}.log"
-        return start_world(self._python, **kwargs)  # type: ignore[arg-type]
+            kwargs["log_paths"] = [self._log_dir / f"{self._log_prefix}-{n}.log" for n in range(first, first + count)]
+        return start_worlds(self._python, count, **kwargs)  # type: ignore[arg-type]
 
     def prestart(self, count: int) -> None:
-        """Start worlds until `count` are idle (at most `max_idle`), in parallel; a world that fails to start is
-        left to the first `acquire()`, which raises its error."""
+        """Start worlds until `count` are idle (at most `max_idle`), from one import of ARE; worlds that fail to
+        start are left to the first `acquire()`, which raises their error."""
         with self._lock:
             missing = min(count, self._max_idle) - len(self._idle) - len(self._busy)
         if missing <= 0:
             return
-        started: list[WorldProcess] = []
-
-        def one() -> None:
-            with contextlib.suppress(WorldStartError):
-                started.append(self._start())
-
-        threads = [threading.Thread(target=one, name="world-prestart") for _ in range(missing)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        for world in started:
-            self.release(world)
+        with contextlib.suppress(WorldStartError):
+            for world in self._start(missing):
+                self.release(world)
 
     def adopt(self, handoffs: list[WorldHandoff]) -> int:
         """Take idle worlds another process started (up to `max_idle`); the ones gone already are skipped. Returns
@@ -295,7 +327,7 @@ class WorldPool:
                     self._busy.add(world)
                     return world
                 world.stop()
-        world = self._start()
+        (world,) = self._start()
         with self._lock:
             if self._closed:
                 world.stop()

@@ -5,9 +5,10 @@ by path:
 
     <are-venv>/bin/python world_server.py --port 0
 
-The first line on stdout is `LISTENING <port>`; everything else (ARE's logging included) goes to
-stderr. One process serves any number of scenarios one after another (`POST /scenario` replaces the
-current one). The protocol is documented in docs/gaia2-world-protocol.md.
+The first line on stdout is `LISTENING <port>` (with `--copy-log`, each forked copy i adds `LISTENING <port>
+<pid> <i>`); everything else (ARE's logging included) goes to stderr. One process serves any number of scenarios
+one after another (`POST /scenario` replaces the current one). The protocol is documented in
+docs/gaia2-world-protocol.md.
 
 ARE decides everything that matters: the apps and their tools, the event loop and its simulated clock,
 the notification system, the turn triggers and the judge (GraphPerEventJudge for Gaia2 JSON scenarios,
@@ -27,6 +28,7 @@ import argparse
 import json
 import logging
 import os
+import select
 import signal
 import sys
 import threading
@@ -116,24 +118,61 @@ class Handler(BaseHTTPRequestHandler):
         self._dispatch("POST")
 
 
-def _exit_with_parent(parent: int) -> None:
-    """A world belongs to the agent that started it: when that process is gone, so is the world."""
-    while True:
-        time.sleep(1.0)
-        if os.getppid() != parent:
-            os.killpg(os.getpgrp(), signal.SIGKILL)
+def _exit_with(starter: int, forked: bool) -> None:
+    """A world belongs to the process that started it (an agent, a supervisor, `labkube run`): when that process is
+    gone, so is the world. A forked copy's parent is the first world, not the starter, so the starter is watched
+    through a pidfd (readable once it exits); without pidfds, the first world watches its parent pid change and a
+    copy polls the starter's pid."""
+    try:
+        pidfd = os.pidfd_open(starter)
+    except (AttributeError, OSError):
+        pidfd = None
+    if pidfd is not None:
+        select.select([pidfd], [], [])
+    else:
+        while (os.getppid() == starter) if not forked else _exists(starter):
+            time.sleep(1.0)
+    os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
-def serve(host: str, port: int, announce: Callable[[str], None]) -> None:
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def serve(host: str, port: int, announce: Callable[[str], None], starter: int, copy: int = 0) -> None:
     if os.environ.get("LABKUBE_WORLD_ORPHAN_EXIT", "1") == "1":
-        threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True, name="world-parent").start()
+        threading.Thread(target=_exit_with, args=(starter, copy > 0), daemon=True, name="world-parent").start()
     install_template_cache()
     threading.Thread(target=warm_judge, daemon=True, name="world-warm-judge").start()
     Handler.session = WorldSession()
     server = ThreadingHTTPServer((host, port), Handler)
     server.daemon_threads = True
-    announce(f"LISTENING {server.server_address[1]}")
+    announce(f"LISTENING {server.server_address[1]}" + (f" {os.getpid()} {copy}" if copy else ""))
     server.serve_forever()
+
+
+def fork_copies(logs: list[str]) -> tuple[int, list[int]]:
+    """Fork one copy of this process per log path, before any thread exists (ARE is imported once, for all of
+    them). Each copy gets a session of its own (stopping one world kills its process group, and only it) and its own
+    log on stdout and stderr. Returns (this process's copy index, the children it must reap: only the first has)."""
+    children: list[int] = []
+    for index, log in enumerate(logs, start=1):
+        pid = os.fork()
+        if pid == 0:
+            os.setsid()
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.dup2(fd, sys.stderr.fileno())
+            os.dup2(fd, sys.stdout.fileno())
+            os.close(fd)
+            return index, []
+        children.append(pid)
+    return 0, children
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -147,6 +186,13 @@ def main(argv: list[str] | None = None) -> None:
         help="0 picks a free port (printed as LISTENING <port>); default: $LABKUBE_WORLD_PORT",
     )
     parser.add_argument("--log-level", default=os.environ.get("LABKUBE_WORLD_LOG_LEVEL", "WARNING"))
+    parser.add_argument(
+        "--copy-log",
+        action="append",
+        default=[],
+        help="serve one more world, forked after ARE is imported, logging here (repeatable); each announces "
+        "LISTENING <port> <pid> <copy> on stdout",
+    )
     args = parser.parse_args(argv)
     # ARE starts some tool servers (MCP) as a bare `python`: make that this virtualenv's python.
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
@@ -157,10 +203,14 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("are").setLevel(args.log_level.upper())
 
     def announce(line: str) -> None:
-        os.write(announce_fd, (line + "\n").encode())
+        os.write(announce_fd, (line + "\n").encode())  # one short write: the copies' lines never interleave
         os.close(announce_fd)
 
-    serve(args.host, args.port, announce)
+    starter = os.getppid()
+    index, children = fork_copies(args.copy_log) if args.copy_log else (0, [])
+    for child in children:  # the first world reaps its copies (they are stopped by their own process group)
+        threading.Thread(target=os.waitpid, args=(child, 0), daemon=True, name="world-copy-reaper").start()
+    serve(args.host, args.port if index == 0 else 0, announce, starter, copy=index)
 
 
 if __name__ == "__main__":
