@@ -92,8 +92,11 @@ def commit_pristine(dest: Path) -> None:
     empty pristine repository when it has one (`make_empty_pristine`, made by the agent zygote before it forks):
     the same commit of the empty tree, without four `git` processes per run."""
     if _empty_pristine is not None and not any(dest.iterdir()):
-        shutil.copytree(_empty_pristine[1] / ".git", dest / ".git", symlinks=True)
-        return
+        try:
+            shutil.copytree(_empty_pristine[1] / ".git", dest / ".git", symlinks=True)
+            return
+        except OSError:  # the template is gone (a cleaner of /tmp): git makes this one
+            shutil.rmtree(dest / ".git", ignore_errors=True)
     run_git(dest, "init", "-q", "-b", "main")
     run_git(dest, "add", "-A")
     run_git(dest, "commit", "-q", "--allow-empty", "-m", "pristine task")

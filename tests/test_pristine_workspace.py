@@ -3,6 +3,7 @@ it) is the one `git` makes, and the workspace diff it skips `git` for is the one
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,3 +84,14 @@ def test_an_unreadable_pristine_tag_falls_back_to_git(tmp_path: Path, empty_pris
     assert not pristine_is_empty(tmp_path)
     tag.unlink()
     assert not pristine_is_empty(tmp_path)
+
+
+def test_a_template_removed_from_under_the_process_leaves_git_to_make_the_commit(
+    tmp_path: Path, empty_pristine: None
+) -> None:
+    from labkube.tasks import workspace
+
+    assert workspace._empty_pristine is not None
+    shutil.rmtree(workspace._empty_pristine[1])
+    commit_pristine(tmp_path)
+    assert git(tmp_path, "rev-parse", f"{PRISTINE_TAG}^{{tree}}") == EMPTY_TREE
