@@ -12,7 +12,7 @@ side's time once started (ARE from its first log line, after its imports; labkub
 its last result) and whether every verdict agrees (per scenario, the number of passing runs). ARE's oracle mode
 does not judge; labkube's judges every oracle trace with ARE's GraphPerEventJudge, and the benchmark checks it did.
 
-    python benchmarks/gaia2_oracle.py [--seeds 4] [--concurrency 2] [--write-docs]
+    python benchmarks/gaia2_oracle.py [--seeds 4 [20 ...]] [--concurrency 2] [--write-docs]
 
 `--write-docs` replaces the table in docs/gaia2-world-protocol.md (`<!-- benchmark:gaia2_oracle -->`).
 """
@@ -134,7 +134,9 @@ def run_labkube(seeds: int, concurrency: int, work: Path, limit_s: float) -> Sid
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=4, help="runs of every scenario (ARE's --num_runs)")
+    parser.add_argument(
+        "--seeds", type=int, nargs="+", default=[4], help="runs of every scenario (ARE's --num_runs); several sizes"
+    )
     parser.add_argument("--concurrency", type=int, default=2, help="runs at once on each side")
     parser.add_argument("--limit", type=float, default=600.0, help="seconds before either command is killed")
     parser.add_argument("--write-docs", action="store_true", help="put the table into docs/gaia2-world-protocol.md")
@@ -142,48 +144,55 @@ def main() -> None:
     args = parser.parse_args()
     console = Console(width=140)
     venv = setup_world_env()
-    with tempfile.TemporaryDirectory(prefix="gaia2-oracle-") as tmp:
-        work = Path(tmp)
-        ids = layout(work / "dataset")
-        are = run_are(venv, work / "dataset", args.seeds, args.concurrency, work, args.limit)
-        lk = run_labkube(args.seeds, args.concurrency, work, args.limit)
-        for side in (are, lk):
-            if side.error:
-                console.print(f"[red]{side.name}: {side.error}[/]")
-                console.print((work / ("are.log" if side is are else "labkube.log")).read_text()[-3000:])
-    expected = len(ids) * args.seeds
-    agree = are.runs == lk.runs == expected and all(are.passed[i] == lk.passed[i] for i in ids)
     header = ("runner", "runs", "wall s", "scenarios/min", "once started s", "passed", "judged")
-    rows = []
-    for side in (are, lk):
-        rows.append(
-            (
-                side.name,
-                str(side.runs),
-                f"{side.wall_s:.1f}",
-                f"{side.rate:.0f}",
-                "unknown" if side.started_s is None else f"{side.started_s:.1f}",
-                str(sum(side.passed.values())),
-                "no (oracle mode skips the judge)" if side is are else f"{side.judged}/{side.runs}",
+    rows, ratios, failed = [], [], False
+    for seeds in args.seeds:
+        with tempfile.TemporaryDirectory(prefix="gaia2-oracle-") as tmp:
+            work = Path(tmp)
+            ids = layout(work / "dataset")
+            are = run_are(venv, work / "dataset", seeds, args.concurrency, work, args.limit)
+            lk = run_labkube(seeds, args.concurrency, work, args.limit)
+            for side in (are, lk):
+                if side.error:
+                    console.print(f"[red]{side.name}: {side.error}[/]")
+                    console.print((work / ("are.log" if side is are else "labkube.log")).read_text()[-3000:])
+        expected = len(ids) * seeds
+        agree = are.runs == lk.runs == expected and all(are.passed[i] == lk.passed[i] for i in ids)
+        failed |= not agree or bool(are.error or lk.error)
+        for side in (are, lk):
+            rows.append(
+                (
+                    side.name,
+                    str(side.runs),
+                    f"{side.wall_s:.1f}",
+                    f"{side.rate:.0f}",
+                    "unknown" if side.started_s is None else f"{side.started_s:.1f}",
+                    str(sum(side.passed.values())),
+                    "no (oracle mode skips the judge)" if side is are else f"{side.judged}/{side.runs}",
+                )
             )
+        ratio = lk.rate / are.rate if are.rate else float("nan")
+        ratios.append(
+            f"{expected} runs ({len(ids)} scenarios x {seeds} seeds): labkube / ARE scenarios per minute {ratio:.2f}, "
+            f"every verdict agrees: {'yes' if agree else 'no'}"
         )
-    title = f"Gaia2 oracle, {len(ids)} bundled scenarios x {args.seeds} seeds, concurrency {args.concurrency}"
+        console.print(f"{ratios[-1]} (passing runs per scenario: ARE {dict(are.passed)}, labkube {dict(lk.passed)})")
+    sizes = "/".join(map(str, args.seeds))
+    title = f"Gaia2 oracle, {len(ids)} bundled scenarios x {sizes} seeds, concurrency {args.concurrency}"
     table = Table(title=title)
     for i, column in enumerate(header):
         table.add_column(column, justify="left" if i == 0 else "right")
     for row in rows:
         table.add_row(*row)
     console.print(table)
-    ratio = lk.rate / are.rate if are.rate else float("nan")
-    verdicts = f"labkube / ARE scenarios per minute: {ratio:.2f}; every verdict agrees: {'yes' if agree else 'no'}"
-    console.print(f"{verdicts} (per scenario, passing runs: ARE {dict(are.passed)}, labkube {dict(lk.passed)})")
     if args.write_docs:
-        command = f"python benchmarks/gaia2_oracle.py --seeds {args.seeds} --concurrency {args.concurrency}"
+        sizes = " ".join(map(str, args.seeds))
+        command = f"python benchmarks/gaia2_oracle.py --seeds {sizes} --concurrency {args.concurrency}"
         body = markdown_table(header, rows, [False] + [True] * 6)
-        body += f"\n\n{verdicts}."
+        body += "\n\n" + "\n".join(f"- {line}." for line in ratios)
         write_block(args.doc, "gaia2_oracle", body, command)
         console.print(f"written: {args.doc}")
-    if not agree or are.error or lk.error:
+    if failed:
         sys.exit(1)
 
 
