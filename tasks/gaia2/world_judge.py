@@ -51,8 +51,34 @@ def install_template_cache() -> None:
 
     are_llm_utils.jinja_format = jinja_format
     are_judge.jinja_format = jinja_format
+    # Each judge builds about 900 LLM functions (a soft check per tool and argument, built even for hard checks only)
+    # from the same dozen prompt templates, ARE's module constants, rendering their system prompt and examples again
+    # each time: 4,000 renders per run. Render them once per templates object.
+    are_llm_utils.LLMFunction.__init__ = _rendered_once(are_llm_utils.LLMFunction.__init__)
     # Each judge's tool judges read their checkers' parameter names: about 1,800 signatures per judge, the same ones.
     are_tool_judge.inspect = _SignatureCache()
+
+
+_LLM_FUNCTIONS: dict[int, tuple[Any, str, list[dict[str, str]]]] = {}  # id -> (templates, system prompt, examples)
+
+
+def _rendered_once(original: Any) -> Any:
+    """`LLMFunction.__init__`, with what it renders from its prompt templates remembered per templates object (kept
+    alive with its entry, so its id names it); a templates object made on the fly is rendered as ARE does."""
+
+    def init(self: Any, engine: Any, prompt_templates: Any) -> None:
+        seen = _LLM_FUNCTIONS.get(id(prompt_templates))
+        if seen is None or seen[0] is not prompt_templates:
+            original(self, engine, prompt_templates)
+            if len(_LLM_FUNCTIONS) < 256:
+                _LLM_FUNCTIONS[id(prompt_templates)] = (prompt_templates, self.system_prompt, list(self.examples))
+            return
+        are_llm_utils.LLMFunctionBase.__init__(self, engine, prompt_templates)
+        self.system_prompt = seen[1]
+        self.user_prompt_template = prompt_templates.user_prompt_template
+        self.examples = list(seen[2])
+
+    return init
 
 
 @functools.lru_cache(maxsize=65536)
