@@ -95,13 +95,25 @@ def _proc_file(pid: int, name: str) -> bytes | None:
 
 def tagged_pids(token: str) -> set[int]:
     """Processes whose environment holds the run's token (all of them, whoever their parent is now)."""
-    needle = f"{TOKEN_VARIABLE}={token}".encode()
-    found = set()
+    return run_pids(token=token)
+
+
+def run_pids(*, token: str | None = None, root: int | None = None) -> set[int]:
+    """The processes of a run, in one pass over /proc: those whose environment holds `token` and those below
+    `root` in the process tree (`root` excluded)."""
+    needle = f"{TOKEN_VARIABLE}={token}".encode() if token else None
+    children: dict[int, list[int]] = {}
+    found: set[int] = set()
     for pid in _pids():
-        environ = _proc_file(pid, "environ")
-        if environ is not None and needle in environ.split(b"\0"):
-            found.add(pid)
-    return found
+        if root is not None:
+            stat = _stat(pid)
+            if stat is not None:
+                children.setdefault(stat[1], []).append(pid)
+        if needle is not None:
+            environ = _proc_file(pid, "environ")
+            if environ is not None and needle in environ.split(b"\0"):
+                found.add(pid)
+    return found | (_below(root, children) if root is not None else set())
 
 
 def _stat(pid: int) -> tuple[str, int] | None:
@@ -115,11 +127,10 @@ def _stat(pid: int) -> tuple[str, int] | None:
 
 def descendants(root: int) -> set[int]:
     """Every process below `root` in the process tree (with the agent as subreaper: every process it started)."""
-    children: dict[int, list[int]] = {}
-    for pid in _pids():
-        stat = _stat(pid)
-        if stat is not None:
-            children.setdefault(stat[1], []).append(pid)
+    return run_pids(root=root)
+
+
+def _below(root: int, children: dict[int, list[int]]) -> set[int]:
     found: set[int] = set()
     todo = list(children.get(root, []))
     while todo:
@@ -144,12 +155,7 @@ def kill_pids(
     skip = {os.getpid(), *exclude}
     deadline = time.monotonic() + wait_s
     while True:
-        pids: set[int] = set()
-        if token:
-            pids |= tagged_pids(token)
-        if root is not None:
-            pids |= descendants(root)
-        pids = {p for p in pids - skip if alive(p)}
+        pids = {p for p in run_pids(token=token, root=root) - skip if alive(p)}
         if not pids:
             return set()
         if time.monotonic() > deadline:
