@@ -197,6 +197,8 @@ def seed_tool_failures(scenario: Any) -> None:
     unset, so each tool draws from `Random(None)` and the same seed fails different calls on every run."""
     tools = []
     for app in scenario.apps or []:
+        if getattr(app, "failure_probability", None) is None:
+            continue  # its tools never fail (ARE gives a tool its app's probability); building them costs ms per app
         tools += app.get_tools()
         inner = getattr(getattr(app, "app_agent", None), "tools", None) or {}  # agent2agent: the app's own tools
         tools += [t.app_tool for t in inner.values() if hasattr(t, "app_tool")]
