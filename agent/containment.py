@@ -84,10 +84,14 @@ def _pids() -> list[int]:
 
 
 def _proc_file(pid: int, name: str) -> bytes | None:
-    """`/proc/<pid>/<name>`; None when the process is gone or not ours to read. Plain `open`: a scan reads two of
-    these for every process on the machine at every end of a run."""
+    """`/proc/<pid>/<name>`; None when the process is gone or not ours to read."""
+    return _read_file(f"/proc/{pid}/{name}")
+
+
+def _read_file(path: str) -> bytes | None:
+    """Plain `open`, not pathlib: a scan reads two files of every process on the machine at every end of a run."""
     try:
-        with open(f"/proc/{pid}/{name}", "rb") as fh:
+        with open(path, "rb") as fh:
             return fh.read()
     except OSError:
         return None
@@ -285,9 +289,11 @@ def apply_limits(record: Containment, parent: Path, memory_gb: float | None, cpu
 
 def cgroup_pids(path: Path) -> set[int]:
     pids: set[int] = set()
-    for procs in path.rglob("cgroup.procs"):
-        with contextlib.suppress(OSError, ValueError):
-            pids |= {int(line) for line in procs.read_text().split()}
+    for directory, _dirs, files in os.walk(path):  # the run's cgroup and any its processes made below it
+        if "cgroup.procs" in files:
+            raw = _read_file(os.path.join(directory, "cgroup.procs"))
+            with contextlib.suppress(ValueError):
+                pids |= {int(line) for line in (raw or b"").split()}
     return pids
 
 
