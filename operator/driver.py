@@ -74,6 +74,9 @@ class SupervisorActor:
     ) -> None:
         await self.warm.warm_up(slots, Path(campaign_root), worlds, fork_agents, adopt)
 
+    async def start_zygote(self) -> None:
+        await self.warm.zygote.start()
+
     async def close(self) -> None:
         await self.warm.close()
 
@@ -390,7 +393,12 @@ async def drive(
     if not runs:
         return []
     n_actors = actor_count(ctx, concurrency, len(runs))
+    from labkube.operator.warm import forks_agent
+
     actors = [new_supervisor(ctx, i) for i in range(n_actors)]
+    if backend is None and warm_workers() and any(forks_agent(r) for r in runs):
+        for actor in actors:  # the zygote's imports overlap the rest of the warm-up (its result comes with warm_up's)
+            actor.start_zygote.remote()
     await asyncio.gather(*(a.ping.remote() for a in actors))
     if backend is None and warm_workers():
         adopt = await asyncio.to_thread(early_worlds) if early_worlds is not None else []
