@@ -19,8 +19,8 @@ agent/gateway.py, or agent/gateway/ since the split, in a process of its own), t
 after measured under the same load. A streamed call's latency is to its last event; its first token is its first
 text delta as the SDK yields it.
 
-    python benchmarks/gateway_overhead.py [--calls 400] [--rounds 100] [--concurrency 1,16] [--baseline REF]
-                                          [--write-docs]
+    python benchmarks/gateway_overhead.py [--calls 400] [--rounds 100] [--concurrency 1,4,16] [--baseline REF]
+                                          [--uvloop] [--profile-gateway FILE] [--write-docs]
 
 `--write-docs` replaces the table in docs/third-party-agents.md (`<!-- benchmark:gateway_overhead -->`).
 """
@@ -568,7 +568,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=400, help="pairs of calls per case at concurrency 1")
     parser.add_argument("--rounds", type=int, default=100, help="pairs of simultaneous rounds per case above 1")
-    parser.add_argument("--concurrency", default="1,16")
+    parser.add_argument("--concurrency", default="1,4,16")
     parser.add_argument("--apis", default=",".join(APIS))
     parser.add_argument("--warmup", type=int, default=50, help="uncounted calls each way first, per case")
     parser.add_argument("--request-kb", type=int, default=64, help="size of each request's JSON")
@@ -648,7 +648,7 @@ def main() -> None:
     )
     footer = (
         "Milliseconds. Each gateway call is paired with a direct call made beside it (alternated in random order; at"
-        " 16 at once, call k of a round each way); added pN = the Nth percentile of the paired differences (gateway"
+        " C at once, call k of a round of C each way); added pN = the Nth percentile of the paired differences (gateway"
         " - direct); noise pN = the same of a second direct client's calls (what a gateway adding nothing would"
         " show: a negative tail is noise); direct pN = the direct calls' own. Gateway CPU per call = the gateway"
         " process's user and system time over the case's calls, warm-up included."
