@@ -189,6 +189,20 @@ async def test_worlds_forked_from_one_import_of_are_are_independent_worlds(are_p
         assert all(p.stat().st_size > 0 for p in tmp_path.glob("world-*.log")), "each world logs to its own file"
 
 
+def test_a_world_holds_no_api_key_of_the_process_that_starts_it(
+    are_python: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keys reach a world in its requests' LLM specs, never its environment, which a shell of the same user reads."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-for-worlds")
+    monkeypatch.setenv("LABKUBE_WORLD_TEST_MARK", "kept")
+    with WorldPool(are_python, max_idle=2) as pool:
+        pool.prestart(2)
+        for world in pool.idle():
+            environ = Path(f"/proc/{world.pid}/environ").read_bytes().split(b"\0")
+            assert b"LABKUBE_WORLD_TEST_MARK=kept" in environ  # the rest of the environment is passed on
+            assert not any(entry.startswith(b"OPENAI_API_KEY=") for entry in environ), world
+
+
 def test_forked_worlds_end_with_the_process_that_started_them(are_python: Path, tmp_path: Path) -> None:
     """The copies' parent is the first world, not the starter: they watch the starter itself, and a starter
     SIGKILLed takes every world with it."""

@@ -187,9 +187,13 @@ def start_worlds(
     python = python or world_python()
     logs = list(log_paths) if log_paths else [_temporary_log() for _ in range(count)]
     cmd = world_command(python, host, port, log_level, logs[1:count])
+    # A world needs no key (an LLM spec carries its own, in the request); an agent's shell of the same user could
+    # read one from the world's /proc/<pid>/environ.
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
     with logs[0].open("ab") as log:
         proc = subprocess.Popen(
             cmd,
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=log,
