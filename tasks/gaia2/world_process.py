@@ -43,6 +43,12 @@ class WorldHandoff(BaseModel):
     port: int
     log_path: str
 
+    @classmethod
+    def of(cls, pid: int, host: str, port: int, log_path: Path) -> WorldHandoff:
+        """The handoff of a live process (its start time read now; -1, which no process has, when it is gone)."""
+        stat = _proc_stat(pid)
+        return cls(pid=pid, started_ticks=stat[1] if stat else -1, host=host, port=port, log_path=str(log_path))
+
 
 def _proc_stat(pid: int) -> tuple[str, int] | None:
     """(state, start time in clock ticks) of a process, from /proc; None when there is no such process."""
@@ -91,14 +97,7 @@ class WorldProcess:
 
     def handoff(self) -> WorldHandoff:
         """What another process needs to adopt this world (its parent, this process, still reaps it)."""
-        stat = _proc_stat(self.pid)
-        return WorldHandoff(
-            pid=self.pid,
-            started_ticks=stat[1] if stat else -1,
-            host=self.host,
-            port=self.port,
-            log_path=str(self.log_path),
-        )
+        return WorldHandoff.of(self.pid, self.host, self.port, self.log_path)
 
     def log_tail(self, lines: int = 20) -> str:
         try:
@@ -207,11 +206,7 @@ def start_worlds(
         if copy == 0:
             first.port = port
             continue
-        stat = _proc_stat(pid)
-        ticks = stat[1] if stat else -1
-        copies.append(
-            AdoptedWorld(WorldHandoff(pid=pid, started_ticks=ticks, host=host, port=port, log_path=str(logs[copy])))
-        )
+        copies.append(AdoptedWorld(WorldHandoff.of(pid, host, port, logs[copy])))
     if 0 not in listening:
         for world in (*copies, first):
             world.stop()
@@ -298,8 +293,9 @@ class WorldPool:
                 self.release(world)
 
     def adopt(self, handoffs: list[WorldHandoff]) -> int:
-        """Take idle worlds another process started (up to `max_idle`); the ones gone already are skipped. Returns
-        how many were taken."""
+        """Take idle worlds another process started, up to `max_idle` (an idle world that died makes room); one
+        left over is stopped, since nothing would use it, and one gone already is skipped. Returns how many were
+        taken."""
         taken = 0
         for handoff in handoffs:
             world = AdoptedWorld(handoff)
