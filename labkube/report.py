@@ -6,6 +6,7 @@ scaffold), every row with the same columns, the scaffolds of one model next to e
 
 from __future__ import annotations
 
+import os
 import statistics
 from pathlib import Path
 from typing import get_args
@@ -15,7 +16,7 @@ from pydantic import BaseModel, Field
 from labkube.budgets import Spend, total_cost
 from labkube.integrity_report import Verdict
 from labkube.result import GPU_USE_FILE, GpuUse, Outcome, RunResult
-from labkube.run_spec import DEFAULT_AGENT, AgentName, RunPhase, scaffold_label
+from labkube.run_spec import DEFAULT_AGENT, AgentName, RunPhase, RunSpec, scaffold_label
 from labkube.store import CampaignDir, read_model
 
 # rg-agent first, then the others in the order `--agent` lists them; an unknown name sorts last.
@@ -110,70 +111,122 @@ def report_rows(cdir: CampaignDir) -> list[ReportRow]:
     rows = []
     for run_id in cdir.run_ids():
         spec = cdir.run_spec(run_id)
-        if spec is None:
-            continue
-        result = cdir.result(run_id)
-        gpu = run_gpu_use(cdir.run_dir(run_id), result)
-        gpu_fields = {
-            "gpu_utilization": gpu.mean_utilization if gpu else None,
-            "gpu_memory_peak_bytes": gpu.peak_memory_bytes if gpu and gpu.samples else None,
-        }
-        if result is not None:
-            rows.append(
-                ReportRow(
-                    run_id=run_id,
-                    task=result.task,
-                    group=spec.group or spec.task,
-                    model=result.model,
-                    agent=result.agent,
-                    seed=result.seed,
-                    status=result.status.value,
-                    stop_reason=result.stop_reason.value if result.stop_reason else None,
-                    outcome=result.outcome.value if result.outcome else None,
-                    score=result.score,
-                    primary_scores=result.primary_scores,
-                    beat_baseline=result.beat_baseline,
-                    completion=result.completion,
-                    cost_usd=dollars(result.spend),
-                    tokens_total=result.spend.usage.total,
-                    wall_seconds=round(result.spend.wall_seconds, 3),
-                    gpu_hours=round(spec.gpus * result.spend.wall_seconds / 3600, 6),
-                    **gpu_fields,
-                    steps=result.spend.steps,
-                    resumes=result.resumes,
-                    integrity_verdict=result.integrity_verdict,
-                    error=result.error,
-                    message=result.error or result.message or "",
-                )
-            )
-            continue
-        status = cdir.status(run_id)
-        if status is not None and (cdir.run_dir(run_id) / "result.json").exists():
-            # a result.json that cannot be read is no result (as in analyze and export): the run is not finished,
-            # whatever its last status said
-            phase = RunPhase.pending if status.phase.final else status.phase
-            status = status.model_copy(update={"phase": phase, "score": None, "message": UNREADABLE_RESULT})
-        rows.append(
-            ReportRow(
-                run_id=run_id,
-                task=spec.task,
-                group=spec.group or spec.task,
-                model=spec.model,
-                agent=spec.agent,
-                seed=spec.seed,
-                status=(status.phase if status else RunPhase.pending).value,
-                score=status.score if status else None,
-                cost_usd=dollars(status.spend) if status else 0.0,
-                tokens_total=status.spend.usage.total if status else 0,
-                wall_seconds=round(status.spend.wall_seconds, 3) if status else 0.0,
-                gpu_hours=round(spec.gpus * status.spend.wall_seconds / 3600, 6) if status else 0.0,
-                **gpu_fields,
-                steps=status.spend.steps if status else 0,
-                resumes=max(status.attempts - 1, 0) if status else 0,
-                message=status.message if status else "",
-            )
-        )
+        if spec is not None:
+            rows.append(run_row(cdir, run_id, spec, cdir.result(run_id)))
     return rows
+
+
+def run_row(cdir: CampaignDir, run_id: str, spec: RunSpec, result: RunResult | None) -> ReportRow:
+    """One run's row: its result's numbers once it has one, its status's while it runs."""
+    gpu = run_gpu_use(cdir.run_dir(run_id), result)
+    gpu_fields = {
+        "gpu_utilization": gpu.mean_utilization if gpu else None,
+        "gpu_memory_peak_bytes": gpu.peak_memory_bytes if gpu and gpu.samples else None,
+    }
+    if result is not None:
+        return ReportRow(
+            run_id=run_id,
+            task=result.task,
+            group=spec.group or spec.task,
+            model=result.model,
+            agent=result.agent,
+            seed=result.seed,
+            status=result.status.value,
+            stop_reason=result.stop_reason.value if result.stop_reason else None,
+            outcome=result.outcome.value if result.outcome else None,
+            score=result.score,
+            primary_scores=result.primary_scores,
+            beat_baseline=result.beat_baseline,
+            completion=result.completion,
+            cost_usd=dollars(result.spend),
+            tokens_total=result.spend.usage.total,
+            wall_seconds=round(result.spend.wall_seconds, 3),
+            gpu_hours=round(spec.gpus * result.spend.wall_seconds / 3600, 6),
+            **gpu_fields,
+            steps=result.spend.steps,
+            resumes=result.resumes,
+            integrity_verdict=result.integrity_verdict,
+            error=result.error,
+            message=result.error or result.message or "",
+        )
+    status = cdir.status(run_id)
+    if status is not None and (cdir.run_dir(run_id) / "result.json").exists():
+        # a result.json that cannot be read is no result (as in analyze and export): the run is not finished,
+        # whatever its last status said
+        phase = RunPhase.pending if status.phase.final else status.phase
+        status = status.model_copy(update={"phase": phase, "score": None, "message": UNREADABLE_RESULT})
+    return ReportRow(
+        run_id=run_id,
+        task=spec.task,
+        group=spec.group or spec.task,
+        model=spec.model,
+        agent=spec.agent,
+        seed=spec.seed,
+        status=(status.phase if status else RunPhase.pending).value,
+        score=status.score if status else None,
+        cost_usd=dollars(status.spend) if status else 0.0,
+        tokens_total=status.spend.usage.total if status else 0,
+        wall_seconds=round(status.spend.wall_seconds, 3) if status else 0.0,
+        gpu_hours=round(spec.gpus * status.spend.wall_seconds / 3600, 6) if status else 0.0,
+        **gpu_fields,
+        steps=status.spend.steps if status else 0,
+        resumes=max(status.attempts - 1, 0) if status else 0,
+        message=status.message if status else "",
+    )
+
+
+FileStamp = tuple[int, int, int] | None  # (inode, size, mtime in ns) of a file; None when it is not there
+
+
+def _stamp(path: str) -> FileStamp:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class LiveRows:
+    """`report_rows` of a campaign while it runs, for whoever shows or counts its runs again and again (the live
+    table, the campaign's metrics). Re-reading every run's files each time cost the driver a few ms per run and
+    redraw, for hundreds of runs of which only a few change: here a run's spec and the campaign's run list are read
+    once, a running run's row is rebuilt only when one of its files (status, result, GPU use) changed, and a final
+    run's row is kept without looking at its files again (one writer drives a campaign: its result stays)."""
+
+    def __init__(self, cdir: CampaignDir) -> None:
+        self.cdir = cdir
+        self._run_ids: list[str] | None = None
+        self._specs: dict[str, RunSpec] = {}
+        self._rows: dict[str, tuple[tuple[FileStamp, ...], ReportRow]] = {}
+        self._final: dict[str, ReportRow] = {}
+
+    def _stamps(self, run_id: str) -> tuple[FileStamp, ...]:
+        root = str(self.cdir.run_dir(run_id))
+        return tuple(_stamp(os.path.join(root, name)) for name in ("status.json", "result.json", GPU_USE_FILE))
+
+    def rows(self) -> list[ReportRow]:
+        if self._run_ids is None:
+            self._run_ids = self.cdir.run_ids()
+        rows = []
+        for run_id in self._run_ids:
+            spec = self._specs.get(run_id) or self.cdir.run_spec(run_id)
+            if spec is None:
+                continue
+            self._specs[run_id] = spec
+            if run_id in self._final:
+                rows.append(self._final[run_id])
+                continue
+            stamps = self._stamps(run_id)
+            kept = self._rows.get(run_id)
+            if kept is None or kept[0] != stamps:
+                result = self.cdir.result(run_id)
+                kept = (stamps, run_row(self.cdir, run_id, spec, result))
+                self._rows[run_id] = kept
+                if result is not None and result.final:
+                    self._final[run_id] = kept[1]
+                    del self._rows[run_id]
+            rows.append(kept[1])
+        return rows
 
 
 def run_gpu_use(run_root: Path, result: RunResult | None) -> GpuUse | None:

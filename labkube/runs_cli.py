@@ -32,7 +32,7 @@ from labkube.cli_checks import (
     open_campaign,
 )
 from labkube.model_ref import UnknownModel
-from labkube.report import aggregate, report_rows
+from labkube.report import LiveRows, aggregate, report_rows
 from labkube.results.views import aggregate_table, report_table, status_table
 from labkube.run_spec import RunSpec, slug
 from labkube.store import CampaignDir, CampaignLocked, StoreError
@@ -62,17 +62,23 @@ def run_campaign(spec: CampaignSpec, out: Path, ray_address: str | None, metrics
     bar = progress.add_task(f"campaign {spec.name}", total=None)
     live = Live(console=console, auto_refresh=False, transient=False)
     drawn = {"at": -math.inf, "cost": 0.0}
+    live_rows = LiveRows(cdir)
 
     def render(force: bool = False) -> None:
-        # Reading every run's files and drawing every row costs the driver's process ~4 ms a run: with hundreds of
-        # short runs, redrawn twice a second, it took a core the runs needed. Redraw at most ~5% of the time.
+        """Redraw the table while the campaign runs (at most ~5% of the time: with hundreds of short runs, redrawn
+        twice a second, it took a core the runs needed); `force`: the whole table, once, as the campaign ends.
+        Where nothing is drawn until the end (output to a file or a pipe), nothing is done until then."""
         now = time.monotonic()
-        if not force and now - drawn["at"] < max(0.5, 20 * drawn["cost"]):
+        if not force and (
+            now - drawn["at"] < max(0.5, 20 * drawn["cost"]) or not (console.is_terminal or console.is_jupyter)
+        ):
             return
-        rows = report_rows(cdir)
+        rows = live_rows.rows()
         done = sum(r.status in ("Finished", "Failed") for r in rows)
         progress.update(bar, total=len(rows), completed=done)
-        live.update(Group(status_table(rows, f"runs in {cdir.root}"), progress), refresh=True)
+        # A live table taller than the terminal shows only its first lines: the rows below are not drawn.
+        shown = rows if force else rows[: console.height]
+        live.update(Group(status_table(shown, f"runs in {cdir.root}"), progress), refresh=not force)
         drawn["at"], drawn["cost"] = now, time.monotonic() - now
 
     def on_start(_cdir: CampaignDir, runs: list[RunSpec], todo: list[RunSpec]) -> None:
@@ -101,7 +107,7 @@ def run_campaign(spec: CampaignSpec, out: Path, ray_address: str | None, metrics
     except DriverError as exc:
         raise UsageFailure(f"{exc} (results so far are kept in {out})") from None
     failed = [r for r in results if r.status.value == "Failed"]
-    held = [r for r in report_rows(cdir) if r.status == "Pending" and r.message.startswith(HELD)]
+    held = [r for r in live_rows.rows() if r.status == "Pending" and r.message.startswith(HELD)]
     console.print(f"campaign directory: {cdir.root}")
     for r in failed:
         what = r.outcome.value if r.outcome else "failed"

@@ -16,7 +16,7 @@ from labkube.model_ref import parse_model
 from labkube.operator.driver import RayContext, connect, drive, early_world_count, shutdown
 from labkube.operator.telemetry import CampaignTelemetry
 from labkube.operator.warm import EarlyWorlds
-from labkube.report import report_rows
+from labkube.report import LiveRows
 from labkube.result import RunResult
 from labkube.run_spec import RunSpec
 from labkube.store import CampaignDir, mark_stopped
@@ -203,7 +203,7 @@ class CampaignMetrics:
         from prometheus_client import CollectorRegistry
         from prometheus_client.multiprocess import MultiProcessCollector
 
-        self.cdir = cdir
+        self.rows = LiveRows(cdir)
         self.directory = cdir.root / "metrics"
         self.directory.mkdir(parents=True, exist_ok=True)
         self.env = {"LABKUBE_METRICS_DIR": str(self.directory)}
@@ -220,7 +220,7 @@ class CampaignMetrics:
         now = time.monotonic()
         if not force and now - self._updated_at < max(0.5, 20 * self._cost):
             return
-        self.telemetry.update(report_rows(self.cdir), self.gpus)
+        self.telemetry.update(self.rows.rows(), self.gpus)
         self._updated_at, self._cost = now, time.monotonic() - now
 
     def close(self) -> None:
