@@ -102,31 +102,60 @@ def tagged_pids(token: str) -> set[int]:
     return run_pids(token=token)
 
 
-def run_pids(*, token: str | None = None, root: int | None = None) -> set[int]:
+def run_pids(*, token: str | None = None, root: int | None = None, since: int | None = None) -> set[int]:
     """The processes of a run, in one pass over /proc: those whose environment holds `token` and those below
-    `root` in the process tree (`root` excluded)."""
+    `root` in the process tree (`root` excluded). With `since` (a start time in clock ticks after boot, as
+    /proc/<pid>/stat gives it), a process that started earlier is not looked at for the token: it cannot hold one
+    minted after it started. Reading a process's environment is the costly read of a scan."""
     needle = f"{TOKEN_VARIABLE}={token}".encode() if token else None
+    if needle is None and root is not None:
+        below = _descendants_from_children_lists(root)
+        if below is not None:
+            return below
     children: dict[int, list[int]] = {}
     found: set[int] = set()
     for pid in _pids():
-        if root is not None:
-            stat = _stat(pid)
-            if stat is not None:
-                children.setdefault(stat[1], []).append(pid)
-        if needle is not None:
+        stat = _stat(pid) if root is not None or since is not None else None
+        if stat is not None and root is not None:
+            children.setdefault(stat[1], []).append(pid)
+        if needle is not None and (since is None or (stat is not None and stat[2] >= since)):
             environ = _proc_file(pid, "environ")
             if environ is not None and needle in environ.split(b"\0"):
                 found.add(pid)
     return found | (_below(root, children) if root is not None else set())
 
 
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state, parent pid) of a process; None when it is gone."""
+def _descendants_from_children_lists(root: int) -> set[int] | None:
+    """Every process below `root`, from the kernel's lists of each thread's children (/proc/<pid>/task/<tid>/
+    children): a walk over the run's own processes instead of a read of every process on the machine. None where
+    the kernel keeps no such list (CONFIG_PROC_CHILDREN). A process forked during the walk may be missed: a caller
+    that kills what it finds walks again until nothing is left."""
+    if not os.path.exists(f"/proc/{root}/task/{root}/children"):
+        return None
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            threads = os.listdir(f"/proc/{pid}/task")
+        except OSError:  # gone: its children, if any, went to the subreaper, whose list is read again next walk
+            continue
+        for tid in threads:
+            listed = _read_file(f"/proc/{pid}/task/{tid}/children")
+            for child in map(int, (listed or b"").split()):
+                if child not in found:
+                    found.add(child)
+                    todo.append(child)
+    return found
+
+
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, parent pid, start time in clock ticks after boot) of a process; None when it is gone."""
     raw = _proc_file(pid, "stat")
     if raw is None:
         return None
     fields = raw[raw.rfind(b")") + 2 :].split()  # the command name may hold spaces and parentheses
-    return fields[0].decode(), int(fields[1])
+    return fields[0].decode(), int(fields[1]), int(fields[19])
 
 
 def descendants(root: int) -> set[int]:
@@ -152,14 +181,20 @@ def alive(pid: int) -> bool:
 
 
 def kill_pids(
-    *, token: str | None = None, root: int | None = None, exclude: Iterable[int] = (), wait_s: float = KILL_WAIT_S
+    *,
+    token: str | None = None,
+    root: int | None = None,
+    since: int | None = None,
+    exclude: Iterable[int] = (),
+    wait_s: float = KILL_WAIT_S,
 ) -> set[int]:
-    """SIGKILL the processes of a run (those tagged with `token`, those below `root`, `root` excluded) until none
-    is left; returns the pids still alive after `wait_s` (a process stuck in uninterruptible sleep)."""
+    """SIGKILL the processes of a run (those tagged with `token`, those below `root`, `root` excluded; `since` as
+    for `run_pids`) until none is left; returns the pids still alive after `wait_s` (a process stuck in
+    uninterruptible sleep)."""
     skip = {os.getpid(), *exclude}
     deadline = time.monotonic() + wait_s
     while True:
-        pids = {p for p in run_pids(token=token, root=root) - skip if alive(p)}
+        pids = {p for p in run_pids(token=token, root=root, since=since) - skip if alive(p)}
         if not pids:
             return set()
         if time.monotonic() > deadline:
@@ -365,11 +400,16 @@ def close_containment(run_dir: Path, record: Containment) -> set[int]:
     return left
 
 
+_token_from_sandbox = False  # whether this agent was given its run's token (set by `adopt_run_processes`)
+
+
 def adopt_run_processes(run_dir: Path) -> str:
     """For the agent, before it starts anything: take the run's token (the sandbox's, or a new one when the agent
     runs on its own), end what an earlier start left, and become the subreaper of everything it starts.
     Returns the token, also set in this process's environment for every child."""
+    global _token_from_sandbox
     token = os.environ.get(TOKEN_VARIABLE)
+    _token_from_sandbox = token is not None
     record = read_record(run_dir)
     if token is None:
         end_leftovers(run_dir)
@@ -388,6 +428,12 @@ def adopt_run_processes(run_dir: Path) -> str:
 
 
 def end_run_processes() -> set[int]:
-    """For the agent, as it exits: every process it started, wherever it went, is killed."""
-    token = os.environ.get(TOKEN_VARIABLE)
-    return kill_pids(token=token, root=os.getpid())
+    """For the agent, as it exits: every process it started, wherever it went, is killed. Under the local sandbox
+    (which gave it the run's token) those are the processes below it, the subreaper: the sandbox then ends the
+    run's cgroup and searches the machine for the token itself. On its own, the agent searches for the token too;
+    what carries it started after this process (an earlier start's leftovers were ended before it started), so
+    older processes are not searched."""
+    if _token_from_sandbox:
+        return kill_pids(root=os.getpid())
+    me = _stat(os.getpid())
+    return kill_pids(token=os.environ.get(TOKEN_VARIABLE), root=os.getpid(), since=me[2] if me is not None else None)

@@ -112,8 +112,13 @@ def make_empty_pristine() -> None:
     global _empty_pristine
     path = Path(tempfile.mkdtemp(prefix="labkube-empty-pristine-"))
     commit_pristine(path)
-    for sample in (path / ".git" / "hooks").glob("*.sample"):  # inert examples; without them a copy takes a third
-        sample.unlink()
+    # What git reads is HEAD, config, the index, objects and refs; the rest `git init` writes (sample hooks, the
+    # reflogs, a description for gitweb, the commit message file) is inert, and leaving it out halves each copy.
+    git = path / ".git"
+    for inert in ("hooks", "logs", "info", "branches"):
+        shutil.rmtree(git / inert, ignore_errors=True)
+    for inert in ("description", "COMMIT_EDITMSG"):
+        (git / inert).unlink(missing_ok=True)
     _empty_pristine = (os.getpid(), path)
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from labkube.integrity.evidence import workspace_changes
 from labkube.tasks import make_empty_pristine, remove_empty_pristine
-from labkube.tasks.workspace import EMPTY_TREE, PRISTINE_TAG, commit_pristine, pristine_is_empty
+from labkube.tasks.workspace import EMPTY_TREE, PRISTINE_TAG, commit_pristine, pristine_is_empty, run_git
 
 
 def git(workspace: Path, *args: str) -> str:
@@ -41,6 +41,15 @@ def test_an_empty_workspace_from_the_template_is_a_repository_with_the_empty_pri
         assert git(workspace, "status", "--porcelain", "--ignored") == ""
         assert pristine_is_empty(workspace)
         assert workspace_changes(workspace).changes == []
+        assert git(workspace, "fsck", "--strict") == ""
+    # The template leaves out what `git init` writes that git does not need (hooks, reflogs, description): the copy
+    # is still a repository an agent can commit to, and the diff against the pristine tag is git's own.
+    (copied / "notes.txt").write_text("found it\n")
+    run_git(copied, "add", "-A")
+    run_git(copied, "commit", "-q", "-m", "the agent's work")
+    assert git(copied, "log", "--format=%s") == "the agent's work\npristine task"
+    assert git(copied, "diff", "--name-only", PRISTINE_TAG) == "notes.txt"
+    assert [c.path for c in workspace_changes(copied).changes] == ["notes.txt"]
 
 
 def test_a_workspace_with_files_is_committed_by_git_even_with_a_template(tmp_path: Path, empty_pristine: None) -> None:

@@ -1495,3 +1495,24 @@ def test_tool_bugs(name: str, args: dict[str, Any], setup: Callable[[Path], None
             ctx.jobs.kill_all()
         if out.startswith("ToolError") and name in ("write_file", "apply_patch"):
             assert snapshot(ws) == before
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**64 - 1) | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@CI
+@given(data=JSON_VALUES)
+def test_the_store_writes_json_that_reads_back_as_the_standard_librarys_does(tmp_path: Path, data: object) -> None:
+    """`write_json_atomic` encodes with pydantic-core (the standard library is slow with an indent): whatever it
+    writes reads back, with Python's json, as what `json.dumps` of the same data reads back as, NaN and infinities
+    included (a score may be NaN: written as null it would fail to read as a float)."""
+    path = tmp_path / "value.json"
+    write_json_atomic(path, data)
+    text = path.read_text(encoding="utf-8")
+    assert text.count("\n") == json.dumps(data, indent=2).count("\n") + 1  # its layout, a final newline added
+    again = json.loads(text)
+    assert json.dumps(again, sort_keys=True) == json.dumps(json.loads(json.dumps(data)), sort_keys=True)

@@ -186,3 +186,59 @@ def with_harness_gone(harness: subprocess.Popen) -> None:
     if harness.poll() is None:
         os.killpg(harness.pid, signal.SIGKILL)
         harness.wait(timeout=10)
+
+
+def test_the_walk_of_children_lists_finds_what_a_scan_of_every_process_finds(tmp_path: Path) -> None:
+    """The agent's end (under the sandbox) walks the kernel's children lists from itself; a scan of every process's
+    parent finds the same tree: here a shell with a child, and a subshell with two children of its own."""
+    from labkube.agent import containment
+
+    if containment._descendants_from_children_lists(os.getpid()) is None:
+        pytest.skip("this kernel keeps no children lists (CONFIG_PROC_CHILDREN)")
+    tree = subprocess.Popen(["bash", "-c", "sleep 60 & (sleep 60 & sleep 60 & wait) & wait"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while len(containment._descendants_from_children_lists(tree.pid) or ()) < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        walked = containment._descendants_from_children_lists(tree.pid)
+        assert walked is not None and len(walked) == 4  # a sleep, the subshell, its two sleeps
+        assert walked == containment._below(tree.pid, _parents_map())
+        assert tree.pid in (containment._descendants_from_children_lists(os.getpid()) or set())
+    finally:
+        os.killpg(tree.pid, signal.SIGKILL)
+        tree.wait()
+
+
+def _parents_map() -> dict[int, list[int]]:
+    from labkube.agent import containment
+
+    children: dict[int, list[int]] = {}
+    for pid in containment._pids():
+        stat = containment._stat(pid)
+        if stat is not None:
+            children.setdefault(stat[1], []).append(pid)
+    return children
+
+
+def test_a_token_search_since_a_start_skips_only_older_processes(tmp_path: Path) -> None:
+    """`since` leaves out of the token search only what started before it: an agent on its own (no sandbox) searches
+    from its own start, and what its run started carries the token and started later."""
+    from labkube.agent import containment
+
+    token = containment.new_token()
+    env = {**os.environ, containment.TOKEN_VARIABLE: token}
+    older = subprocess.Popen(["sleep", "60"], env=env)
+    time.sleep(0.05)  # a clock tick (1/100 s) at least between the two starts
+    newer = subprocess.Popen(["sleep", "60"], env=env)
+    try:
+        newer_start = containment._stat(newer.pid)
+        assert newer_start is not None
+        assert containment.run_pids(token=token) == {older.pid, newer.pid}
+        assert containment.run_pids(token=token, since=newer_start[2]) == {newer.pid}
+        assert containment.kill_pids(token=token, since=newer_start[2]) == set()
+        assert newer.wait(timeout=5) == -signal.SIGKILL
+        assert older.poll() is None  # older than `since`: not this search's
+    finally:
+        for proc in (older, newer):
+            proc.kill()
+            proc.wait()
