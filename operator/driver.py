@@ -33,6 +33,7 @@ import ray.exceptions
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
+from labkube.operator.lean_head import SYSTEM_CONFIG, lean_head
 from labkube.result import RunResult
 from labkube.run_spec import RunPhase, RunSpec, RunStatus
 from labkube.store import CampaignDir, read_model, utcnow, write_model
@@ -140,40 +141,6 @@ def _use_token(token: str) -> None:
     AuthenticationTokenLoader.instance().reset_cache()
 
 
-@contextlib.contextmanager
-def _lean_head() -> Any:
-    """Inside, `ray.init` starts a head node without the processes labkube never uses, each of which a short
-    campaign waits for: the autoscaler monitor and the log monitor (160 MiB together; a node started on this machine
-    never scales, and with `log_to_driver=False` nothing reads what the log monitor publishes), and the dashboard's
-    API server (`include_dashboard=False` still starts it, with only its usage-stats module; `ray.init` waits for it
-    to publish its address: about 1.7 s of a 4-6 s start on a 2-core machine, and 150 MiB). labkube uses neither
-    the dashboard, nor the state API, nor job submission (docs/kubernetes.md, "Why ray[default]"). `ray start` has
-    flags for the monitors (`--no-monitor`, `--include-log-monitor=false`) but none for the API server; `ray.init`
-    has none, so its node parameters and the head's start get them here."""
-    import ray._private.node as node
-    import ray._private.parameter as parameter
-
-    base = parameter.RayParams
-    start_api_server = node.Node.start_api_server
-
-    class HeadParams(base):  # type: ignore[misc, valid-type]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.no_monitor = True
-            self.include_log_monitor = False
-
-    def no_api_server(self: Any, **_: Any) -> None:
-        self._webui_url = None
-
-    parameter.RayParams = HeadParams  # type: ignore[misc]
-    node.Node.start_api_server = no_api_server  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        parameter.RayParams = base  # type: ignore[misc]
-        node.Node.start_api_server = start_api_server  # type: ignore[method-assign]
-
-
 def connect(
     address: str | None,
     concurrency: int,
@@ -218,7 +185,7 @@ def connect(
         if address:
             _connect_patiently(address, patience_s)
         else:
-            with _lean_head():
+            with lean_head():
                 ray.init(
                     address="local",  # a new instance, never one a `ray start` on this machine left in /tmp/ray
                     resources=resources,
@@ -226,6 +193,7 @@ def connect(
                     include_dashboard=False,
                     log_to_driver=False,
                     logging_level="ERROR",
+                    _system_config=SYSTEM_CONFIG,
                     **init_args,  # type: ignore[arg-type]
                 )
     except (ConnectionError, RuntimeError, TimeoutError, ValueError) as exc:

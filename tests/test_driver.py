@@ -114,26 +114,31 @@ def test_a_run_that_asks_for_no_gpu_sees_none(ray_local, tmp_path: Path) -> None
     assert (tmp_path / "out" / "runs" / result.run_id / "workspace" / "cuda.txt").read_text() == "[]"
 
 
-def test_the_local_head_runs_without_the_monitors_and_the_dashboard_api_server(ray_local) -> None:
+def test_the_local_head_runs_without_the_monitors_the_dashboard_and_the_agents(ray_local) -> None:
     """A head started on this machine never scales and its workers' logs go to nobody (`log_to_driver=False`): the
     two monitors would be 160 MiB of the operator pod's memory for nothing. Nothing of labkube uses the dashboard's
-    API server, which `ray.init` would wait for (about 1.7 s of a short campaign) and keep (150 MiB). No run or
-    supervisor takes a CPU: the node declares one, so Ray prestarts one worker, not one per core. Checked on the
-    processes of this session (the ones whose command line names its directory)."""
+    API server, which `ray.init` would wait for (about 1.7 s of a short campaign) and keep (150 MiB), nor the
+    dashboard and runtime-env agents, which the raylet waits for: stand-ins run in their place
+    (`operator/ray_agent_standin.py`). No run or supervisor takes a CPU: the node declares one, so Ray prestarts one
+    worker, not one per core. Checked on the processes of this session (the ones whose command line names its
+    directory)."""
     import ray
 
     session = ray._private.worker._global_node.get_session_dir_path()
-    lines = []
+    commands = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            argv = cmdline.read_bytes().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if session in text:
-            lines.append(text)
-    assert any("gcs_server" in line for line in lines) and any("raylet" in line for line in lines), lines
-    assert not [line for line in lines if "monitor.py" in line], "an autoscaler or log monitor was started"
-    assert not [line for line in lines if "dashboard/dashboard.py" in line], "the dashboard API server was started"
-    assert any("dashboard/agent.py" in line for line in lines), lines  # the agent the raylet needs still runs
+        if session in " ".join(argv):
+            commands.append(argv)
+    programs = [" ".join(argv[:5]) for argv in commands]
+    assert any("gcs_server" in p for p in programs) and any("raylet/raylet" in p for p in programs), programs
+    assert not [p for p in programs if "monitor.py" in p], "an autoscaler or log monitor was started"
+    assert not [p for p in programs if "dashboard/dashboard.py" in p], "the dashboard API server was started"
+    assert not [p for p in programs if "dashboard/agent.py" in p or "runtime_env/agent" in p], "a Ray agent started"
+    standins = sorted(argv[4] for argv in commands if argv[3:4] and argv[3].endswith("ray_agent_standin.py"))
+    assert standins == ["dashboard", "runtime_env"], programs
     assert ray.cluster_resources().get("CPU") == 1.0
     assert ray.cluster_resources().get("GPU") == 2.0  # the node's own parameters are the ones given
