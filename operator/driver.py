@@ -33,7 +33,7 @@ import ray.exceptions
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from labkube.operator.lean_head import SYSTEM_CONFIG, lean_head
+from labkube.operator.lean_head import lean_head
 from labkube.result import RunResult
 from labkube.run_spec import RunPhase, RunSpec, RunStatus
 from labkube.store import CampaignDir, read_model, utcnow, write_model
@@ -193,7 +193,6 @@ def connect(
                     include_dashboard=False,
                     log_to_driver=False,
                     logging_level="ERROR",
-                    _system_config=SYSTEM_CONFIG,
                     **init_args,  # type: ignore[arg-type]
                 )
     except (ConnectionError, RuntimeError, TimeoutError, ValueError) as exc:

@@ -14,10 +14,8 @@ metrics (docs/kubernetes.md, "Why ray[default]"). Ray 2.60's `ray.init` still st
   worlds import ARE). The raylet runs `operator/ray_agent_standin.py` in their place, which publishes the ports the
   raylet waits for at once and lives as long as the raylet.
 
-And `ray.init` spends time waiting on fixed intervals: Ray asks the GCS for the new node once a second (a raylet
-that registers just after an ask costs up to a second), imports the dashboard's packages to decide how to start the
-agent it no longer starts, and at shutdown the driver waits 250 ms to flush task events to the GCS for the state
-API (`SYSTEM_CONFIG`).
+And `ray.init` asks the GCS for the new node once a second (a raylet that registers just after an ask costs up to a
+second) and imports the dashboard's packages (about 0.2 s) to decide how to start the agent it no longer starts.
 """
 
 from __future__ import annotations
@@ -33,7 +31,6 @@ from typing import Any
 
 STANDIN = Path(__file__).with_name("ray_agent_standin.py")
 AGENT_COMMANDS = {"--dashboard_agent_command=": "dashboard", "--runtime_env_agent_command=": "runtime_env"}
-SYSTEM_CONFIG = {"task_events_shutdown_flush_timeout_ms": 0}  # for ray.init's _system_config
 NODE_POLL_S = 0.02
 NODE_WAIT_S = 30.0  # Ray's own wait for a raylet to register
 
@@ -77,8 +74,7 @@ def wait_for_node(gcs_address: str, node_id: str) -> None:
 
 @contextlib.contextmanager
 def lean_head() -> Iterator[None]:
-    """Inside, `ray.init` starts a head node as the module's docstring says (pass it `_system_config=SYSTEM_CONFIG`
-    too)."""
+    """Inside, `ray.init` starts a head node as the module's docstring says."""
     import ray._private.node as node
     import ray._private.parameter as parameter
     import ray._private.services as services
