@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import os
 import shutil
 from pathlib import Path
 
-from labkube.agent.harness.entrypoint import DISK_FULL_EXIT
 from labkube.budgets import StopReason
 from labkube.operator.agent_zygote import AgentZygote
 from labkube.operator.local_sandbox import SandboxExit, run_local
 from labkube.operator.run_failure import harness_failure, last_error_line
 from labkube.operator.warm import WarmWorker, forks_agent, uses_world
 from labkube.result import RunResult
-from labkube.run_spec import RunPhase, RunStatus
+from labkube.run_spec import RunPhase, RunSpec, RunStatus
 from labkube.store import RunDir, read_model, utcnow, write_model
 from labkube.tasks.environment import SetupError
 
@@ -27,8 +28,7 @@ def _final(rd: RunDir) -> RunResult | None:
     return result if result is not None and result.final else None
 
 
-def _deadline(rd: RunDir) -> float | None:
-    spec = rd.spec()
+def _deadline(rd: RunDir, spec: RunSpec) -> float | None:
     if spec.budgets.wall_seconds is None:
         return None
     status = read_model(rd.status_json, RunStatus)
@@ -54,7 +54,7 @@ async def supervise_run(
     if not rd.status_json.exists():
         write_model(rd.status_json, RunStatus(run_id=spec.run_id, phase=RunPhase.starting, updated_at=utcnow()))
     try:
-        env = await task_environment(rd, env)
+        env = await task_environment(rd, spec, env)
     except SetupError as exc:
         return harness_failure(rd, str(exc), StopReason.setup_error, exc.log_tail)
     zygote = warm.zygote if warm is not None and forks_agent(spec) else None
@@ -63,11 +63,11 @@ async def supervise_run(
     if warm is not None and uses_world(spec) and not rd.checkpoint_json.exists():
         lease = await warm.lease_world(rd.root.parent.parent)
     if lease is None:
-        result, _clean = await _attempts(rd, env, zygote)
+        result, _clean = await _attempts(rd, spec, env, zygote)
         return result
     healthy = False
     try:
-        result, clean = await _attempts(rd, {**(env or {}), **lease.env}, zygote)
+        result, clean = await _attempts(rd, spec, {**(env or {}), **lease.env}, zygote)
         healthy = clean and result.final and result.stop_reason is not StopReason.world_error
         return result
     finally:
@@ -75,19 +75,25 @@ async def supervise_run(
         warm.return_world(lease, rd.logs, healthy)
 
 
-async def _attempts(rd: RunDir, env: dict[str, str] | None, zygote: AgentZygote | None) -> tuple[RunResult, bool]:
+async def _attempts(
+    rd: RunDir, spec: RunSpec, env: dict[str, str] | None, zygote: AgentZygote | None
+) -> tuple[RunResult, bool]:
     """The run's agent until it leaves a final result (resumed after a crash, at most MAX_ATTEMPTS), then the
     result; `clean` when every attempt's agent exited by itself (not killed, not past its deadline)."""
     exit_: SandboxExit | None = None
-    limits = card_limits(rd)
+    limits = card_limits(spec)
     clean = True
     for _attempt in range(MAX_ATTEMPTS):
         extra = ("--resume",) if rd.checkpoint_json.exists() else ()
-        exit_ = await run_local(rd.root, *extra, deadline_s=_deadline(rd), env=env, zygote=zygote, **limits)
+        exit_ = await run_local(rd.root, *extra, deadline_s=_deadline(rd, spec), env=env, zygote=zygote, **limits)
         clean = clean and exit_.returncode in (0, 1) and not exit_.timed_out
         done = _final(rd)
         if done is not None:
             return done, clean
+        # Here only (an agent that left no result): the agent's modules are 150 ms of imports the supervisor's
+        # first run would otherwise wait for.
+        from labkube.agent.harness.entrypoint import DISK_FULL_EXIT
+
         if exit_.returncode == DISK_FULL_EXIT:
             why = last_error_line(rd) or "disk full; free space and run the campaign again"
             return harness_failure(rd, why), clean
@@ -101,25 +107,35 @@ async def _attempts(rd: RunDir, env: dict[str, str] | None, zygote: AgentZygote 
     return harness_failure(rd, f"agent exited {exit_.returncode if exit_ else '?'} without a result; see logs/"), False
 
 
-def card_limits(rd: RunDir) -> dict[str, float]:
+def card_limits(spec: RunSpec) -> dict[str, float]:
     """The task card's memory and CPUs, as the run's cgroup limits (a pod gets the same as its limit and request)."""
-    from labkube.tasks import TaskError, card_for_run
+    from labkube.tasks import TaskError
 
-    spec = rd.spec()
+    overlay = json.dumps(spec.task_overlay, sort_keys=True) if spec.task_overlay is not None else None
     try:
-        card = card_for_run(spec.task, spec.task_path, spec.task_id, spec.family, spec.task_overlay)
+        return dict(_card_limits(spec.task, spec.task_path, spec.task_id, spec.family, overlay))
     except (TaskError, OSError):  # the agent meets the same error and ends the run with it, in the run's own words
         return {}
-    return {"memory_gb": card.resources.memory_gb, "cpus": card.resources.cpus}
 
 
-async def task_environment(rd: RunDir, env: dict[str, str] | None) -> dict[str, str] | None:
+@functools.lru_cache(maxsize=1024)
+def _card_limits(
+    task: str, task_path: str, task_id: str | None, family: str, overlay: str | None
+) -> tuple[tuple[str, float], ...]:
+    """Read once per task (and GAIA question) while the supervisor lives, not once per run: a campaign's seeds share
+    their card. A card that cannot be read is not kept (the error is raised each time)."""
+    from labkube.tasks import card_for_run
+
+    card = card_for_run(task, task_path, task_id, family, json.loads(overlay) if overlay is not None else None)
+    return (("memory_gb", card.resources.memory_gb), ("cpus", card.resources.cpus))
+
+
+async def task_environment(rd: RunDir, spec: RunSpec, env: dict[str, str] | None) -> dict[str, str] | None:
     """Build (or reuse) the task's environment before the agent starts; `env` for the agent with it named. Its time
     goes to `setup.json` (and the result's `setup_seconds`), not to the run's budget: the agent is not running."""
     from labkube.tasks import card_for_run
     from labkube.tasks.environment import CACHE_VARIABLE, ENV_VARIABLE, ensure_env
 
-    spec = rd.spec()
     if spec.family != "researchgym":
         return env
     card = card_for_run(spec.task, spec.task_path, spec.task_id, spec.family, spec.task_overlay)
