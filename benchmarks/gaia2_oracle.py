@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -38,6 +39,7 @@ from docs_block import REPO, markdown_table, write_block
 from rich.console import Console
 from rich.table import Table
 
+from labkube.agent.containment import become_subreaper
 from labkube.tasks.gaia2 import load_scenario, resolve_scenarios, setup_world_env
 
 ARE_RESULT = re.compile(r"\[Scenario = (\S+), Run = (\d+)\] .*Result: ScenarioValidationResult\(success=(True|False)")
@@ -49,6 +51,7 @@ class Side:
     name: str
     runs: int = 0
     wall_s: float = 0.0
+    cpu_s: float = 0.0  # user + system, of the command and every process below it
     started_s: float | None = None  # from the first run's start (after imports and start-up) to the last result
     passed: Counter[str] = field(default_factory=Counter)  # scenario id -> passing runs
     judged: int = 0
@@ -71,8 +74,12 @@ def layout(dest: Path) -> list[str]:
     return ids
 
 
-def timed(cmd: list[str], env: dict[str, str], limit_s: float, log: Path) -> tuple[float, int]:
-    """Run `cmd` in its own process group, output to `log`; (wall seconds, exit code). Killed past `limit_s`."""
+def timed(cmd: list[str], env: dict[str, str], limit_s: float, log: Path) -> tuple[float, float, int]:
+    """Run `cmd` in its own process group, output to `log`; (wall seconds, CPU seconds, exit code). Killed past
+    `limit_s`. The CPU is the command's and its descendants' (this process is their subreaper, so what they leave
+    behind comes back here to be reaped and counted)."""
+    become_subreaper()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd="/tmp")
@@ -81,7 +88,18 @@ def timed(cmd: list[str], env: dict[str, str], limit_s: float, log: Path) -> tup
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             code = proc.wait()
-    return time.monotonic() - started, code
+    wall = time.monotonic() - started
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # what outlived the command, once it has ended
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            time.sleep(0.05)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return wall, cpu, code
 
 
 def run_are(venv: Path, dataset: Path, seeds: int, concurrency: int, work: Path, limit_s: float) -> Side:
@@ -90,7 +108,7 @@ def run_are(venv: Path, dataset: Path, seeds: int, concurrency: int, work: Path,
     cmd = [str(venv / "bin" / "are-benchmark"), "run", "-d", str(dataset), "-o", "--num_runs", str(seeds)]
     cmd += ["--max_concurrent_scenarios", str(concurrency), "--output_dir", str(work / "are-out")]
     log = work / "are.log"
-    side.wall_s, code = timed(cmd, env, limit_s, log)
+    side.wall_s, side.cpu_s, code = timed(cmd, env, limit_s, log)
     text = log.read_text(errors="replace")
     seen: dict[tuple[str, str], bool] = {}
     for scenario, run, success in ARE_RESULT.findall(text):
@@ -113,7 +131,7 @@ def run_labkube(seeds: int, concurrency: int, work: Path, limit_s: float) -> Sid
     cmd += ["--seeds", str(seeds), "--concurrency", str(concurrency), "--out", str(out)]
     env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
     log = work / "labkube.log"
-    side.wall_s, code = timed(cmd, env, limit_s, log)
+    side.wall_s, side.cpu_s, code = timed(cmd, env, limit_s, log)
     starts, ends = [], []
     for result_json in sorted(out.glob("runs/*/result.json")):
         result = json.loads(result_json.read_text())
@@ -144,7 +162,7 @@ def main() -> None:
     args = parser.parse_args()
     console = Console(width=140)
     venv = setup_world_env()
-    header = ("runner", "runs", "wall s", "scenarios/min", "once started s", "passed", "judged")
+    header = ("runner", "runs", "wall s", "scenarios/min", "once started s", "CPU s", "passed", "judged")
     rows, ratios, failed = [], [], False
     for seeds in args.seeds:
         with tempfile.TemporaryDirectory(prefix="gaia2-oracle-") as tmp:
@@ -167,6 +185,7 @@ def main() -> None:
                     f"{side.wall_s:.1f}",
                     f"{side.rate:.0f}",
                     "unknown" if side.started_s is None else f"{side.started_s:.1f}",
+                    f"{side.cpu_s:.1f}",
                     str(sum(side.passed.values())),
                     "no (oracle mode skips the judge)" if side is are else f"{side.judged}/{side.runs}",
                 )
@@ -188,7 +207,7 @@ def main() -> None:
     if args.write_docs:
         sizes = " ".join(map(str, args.seeds))
         command = f"python benchmarks/gaia2_oracle.py --seeds {sizes} --concurrency {args.concurrency}"
-        body = markdown_table(header, rows, [False] + [True] * 6)
+        body = markdown_table(header, rows, [False] + [True] * 7)
         body += "\n\n" + "\n".join(f"- {line}." for line in ratios)
         write_block(args.doc, "gaia2_oracle", body, command)
         console.print(f"written: {args.doc}")
