@@ -13,9 +13,10 @@ from labkube.agent.rg.web import backend_from_env
 from labkube.campaign import CampaignSpec, expand_runs
 from labkube.metrics import serve
 from labkube.model_ref import parse_model
-from labkube.operator.driver import RayContext, connect, drive, early_world_count, shutdown
+from labkube.operator.driver import RayContext, connect, drive, early_world_count, shutdown, warm_workers
 from labkube.operator.telemetry import CampaignTelemetry
-from labkube.operator.warm import EarlyWorlds
+from labkube.operator.warm import EarlyWorlds, forks_agent
+from labkube.operator.zygote_handoff import EarlyZygote
 from labkube.report import LiveRows
 from labkube.result import RunResult
 from labkube.run_spec import RunSpec
@@ -151,14 +152,17 @@ def launch(
             if on_tick is not None:
                 on_tick()
 
-        # On a Ray this process starts, the supervisors live on this machine: their first worlds start now, while
-        # Ray does (importing ARE and starting Ray take seconds each), and they adopt them.
+        # On a Ray this process starts, the supervisors live on this machine: their first worlds and their agent
+        # zygote start now, while Ray does (importing ARE, the agent's imports and starting Ray take a second or more
+        # each), and they adopt them.
         local = ray_ctx is None and ray_address is None
         early = EarlyWorlds(early_world_count(todo, spec.concurrency) if local else 0, cdir.root)
+        zygote = EarlyZygote(local and warm_workers() and any(forks_agent(r) for r in todo))
         try:
             ctx = ray_ctx or connect(ray_address, spec.concurrency, num_gpus=_local_gpus())
         except BaseException:
             early.close()
+            zygote.close()
             raise
         try:
             asyncio.run(
@@ -173,12 +177,14 @@ def launch(
                     on_waiting=metrics.telemetry.waiting_for_gpus if metrics else None,
                     gpu_hours_cap=spec.gpu_hours_cap,
                     early_worlds=early.handoffs,
+                    early_zygote=zygote.handoff(),
                 )
             )
         finally:
             early.close()
             if ray_ctx is None:
                 shutdown(ctx)
+            zygote.close()  # once its supervisor is gone (its actor's worker ends with Ray), it has exited
             if metrics is not None:
                 metrics.tick(force=True)
                 metrics.close()

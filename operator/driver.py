@@ -39,6 +39,7 @@ from labkube.run_spec import RunPhase, RunSpec, RunStatus
 from labkube.store import CampaignDir, read_model, utcnow, write_model
 
 if TYPE_CHECKING:
+    from labkube.operator.zygote_handoff import ZygoteHandoff
     from labkube.tasks.gaia2.world_process import WorldHandoff
 
 log = logging.getLogger(__name__)
@@ -75,8 +76,10 @@ class SupervisorActor:
     ) -> None:
         await self.warm.warm_up(slots, Path(campaign_root), worlds, fork_agents, adopt)
 
-    async def start_zygote(self) -> None:
-        await self.warm.zygote.start()
+    async def start_zygote(self, handoff: ZygoteHandoff | None = None) -> None:
+        """The zygote `handoff` offers (the driver started it while Ray started), else one of this actor's own."""
+        if handoff is None or not await self.warm.zygote.adopt(handoff):
+            await self.warm.zygote.start()
 
     async def close(self) -> None:
         await self.warm.close()
@@ -346,11 +349,12 @@ async def drive(
     backend: dict | None = None,
     gpu_hours_cap: float | None = None,
     early_worlds: Callable[[], list[WorldHandoff]] | None = None,
+    early_zygote: ZygoteHandoff | None = None,
 ) -> list[RunResult]:
     """Supervise every run to a final state; returns results in the order of `runs`.
 
     `early_worlds` gives the worlds this process started while Ray started (`warm.EarlyWorlds`), for the
-    supervisors to adopt.
+    supervisors to adopt; the first supervisor adopts `early_zygote` (`zygote_handoff.EarlyZygote`).
 
     `backend` (a `k8s_backend.K8sBackend` as JSON) runs each agent in a pod instead of a local
     process. With `gpu_hours_cap`, a run needing GPUs starts only while the campaign's GPU-hours
@@ -364,8 +368,8 @@ async def drive(
 
     actors = [new_supervisor(ctx, i) for i in range(n_actors)]
     if backend is None and warm_workers() and any(forks_agent(r) for r in runs):
-        for actor in actors:  # the zygote's imports overlap the rest of the warm-up (its result comes with warm_up's)
-            actor.start_zygote.remote()
+        for i, actor in enumerate(actors):  # the zygote's imports overlap the rest of the warm-up
+            actor.start_zygote.remote(early_zygote if i == 0 else None)
     await asyncio.gather(*(a.ping.remote() for a in actors))
     if backend is None and warm_workers():
         adopt = await asyncio.to_thread(early_worlds) if early_worlds is not None else []
