@@ -56,15 +56,6 @@ class WorldLease:
         return {"LABKUBE_WORLD_URL": self.world.base_url, "LABKUBE_WORLD_LOG": str(self.world.log_path)}
 
 
-def campaign_key_variables(campaign_root: Path) -> set[str]:
-    """The environment variables a campaign names as its models' API keys (`api_key_env`), which its shared worlds
-    must not inherit (the `*_API_KEY` ones they never do)."""
-    try:
-        return set(CampaignDir(campaign_root).load_spec().api_key_env.values())
-    except StoreError:  # no campaign here (a supervisor driven by hand): the runs' own keys stay with them
-        return set()
-
-
 class WarmWorker:
     def __init__(self) -> None:
         self.zygote = SupervisorZygote()
@@ -79,12 +70,7 @@ class WarmWorker:
                 python = world_python()
             except WorldEnvError:  # each run's agent says so in its own words (`labkube worlds setup`)
                 return None
-            self.worlds = WorldPool(
-                python,
-                max_idle=self.slots,
-                log_dir=campaign_root / WORLDS_FOLDER,
-                key_variables=campaign_key_variables(campaign_root),
-            )
+            self.worlds = WorldPool(python, max_idle=self.slots, log_dir=campaign_root / WORLDS_FOLDER)
         return self.worlds
 
     async def warm_up(
@@ -154,13 +140,7 @@ class EarlyWorlds:
             python = world_python()
         except WorldEnvError:  # the runs' agents say so in their own words
             return
-        self.pool = WorldPool(
-            python,
-            max_idle=count,
-            log_dir=campaign_root / WORLDS_FOLDER,
-            log_prefix="world-early",
-            key_variables=campaign_key_variables(campaign_root),
-        )
+        self.pool = WorldPool(python, max_idle=count, log_dir=campaign_root / WORLDS_FOLDER, log_prefix="world-early")
         self._thread = threading.Thread(target=self.pool.prestart, args=(count,), daemon=True, name="early-worlds")
         self._thread.start()
 
