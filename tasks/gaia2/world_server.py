@@ -39,6 +39,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import deferred_imports  # noqa: F401  (first, before any of ARE: ARE's document converter is imported on first use)
 from world_health import WorldBroken
 from world_judge import install_template_cache, warm_judge
 from world_protocol import ProtocolError, one_line
