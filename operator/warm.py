@@ -22,6 +22,7 @@ from pathlib import Path
 from labkube.model_ref import SCRIPTED, SCRIPTED_WITH_ARG, UnknownModel, parse_model
 from labkube.operator.zygote_handoff import SupervisorZygote
 from labkube.run_spec import RunSpec
+from labkube.store import CampaignDir, StoreError
 from labkube.task_card import TaskFamily
 from labkube.tasks.gaia2.world_process import WorldHandoff, WorldPool, WorldProcess
 
@@ -56,6 +57,15 @@ class WorldLease:
         return {"LABKUBE_WORLD_URL": self.world.base_url, "LABKUBE_WORLD_LOG": str(self.world.log_path)}
 
 
+def campaign_key_variables(campaign_root: Path) -> set[str]:
+    """The environment variables a campaign names as its models' API keys (`api_key_env`), which its shared worlds
+    must not inherit (the `*_API_KEY` ones they never do)."""
+    try:
+        return set(CampaignDir(campaign_root).load_spec().api_key_env.values())
+    except StoreError:  # no campaign here (a supervisor driven by hand): the runs' own keys stay with them
+        return set()
+
+
 class WarmWorker:
     def __init__(self) -> None:
         self.zygote = SupervisorZygote()
@@ -70,7 +80,12 @@ class WarmWorker:
                 python = world_python()
             except WorldEnvError:  # each run's agent says so in its own words (`labkube worlds setup`)
                 return None
-            self.worlds = WorldPool(python, max_idle=self.slots, log_dir=campaign_root / WORLDS_FOLDER)
+            self.worlds = WorldPool(
+                python,
+                max_idle=self.slots,
+                log_dir=campaign_root / WORLDS_FOLDER,
+                key_variables=campaign_key_variables(campaign_root),
+            )
         return self.worlds
 
     async def warm_up(
@@ -140,7 +155,13 @@ class EarlyWorlds:
             python = world_python()
         except WorldEnvError:  # the runs' agents say so in their own words
             return
-        self.pool = WorldPool(python, max_idle=count, log_dir=campaign_root / WORLDS_FOLDER, log_prefix="world-early")
+        self.pool = WorldPool(
+            python,
+            max_idle=count,
+            log_dir=campaign_root / WORLDS_FOLDER,
+            log_prefix="world-early",
+            key_variables=campaign_key_variables(campaign_root),
+        )
         self._thread = threading.Thread(target=self.pool.prestart, args=(count,), daemon=True, name="early-worlds")
         self._thread.start()
 

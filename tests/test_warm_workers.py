@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from labkube.campaign import CampaignSpec
 from labkube.operator.supervisor import supervise_run
-from labkube.operator.warm import WarmWorker
+from labkube.operator.warm import EarlyWorlds, WarmWorker
 from labkube.run_spec import RunSpec, make_run_id
-from labkube.store import write_model
+from labkube.store import CampaignDir, write_model
 from labkube.task_card import TaskFamily
 from labkube.tasks import resolve_tasks
 from labkube.tasks.gaia2 import WorldPool, WorldProcess, load_scenario, setup_world_env, world_python
@@ -201,6 +202,35 @@ def test_a_world_holds_no_api_key_of_the_process_that_starts_it(
             environ = Path(f"/proc/{world.pid}/environ").read_bytes().split(b"\0")
             assert b"LABKUBE_WORLD_TEST_MARK=kept" in environ  # the rest of the environment is passed on
             assert not any(entry.startswith(b"OPENAI_API_KEY=") for entry in environ), world
+
+
+def test_a_campaigns_worlds_hold_none_of_the_keys_it_names(
+    are_python: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A campaign may name its models' keys anything (`api_key_env`); the worlds its runs share (those `labkube run`
+    starts early, and a supervisor's pool) are started without those variables either."""
+    monkeypatch.setenv("TEAM_LLM_SECRET", "sk-test-custom-name")
+    monkeypatch.setenv("LABKUBE_WORLD_TEST_MARK", "kept")
+    spec = CampaignSpec(
+        name="keys", tasks=["gaia2/time_door_code"], models=["oracle"], api_key_env={"gpt-5": "TEAM_LLM_SECRET"}
+    )
+    CampaignDir(tmp_path).write_campaign(spec, [])
+    early = EarlyWorlds(1, tmp_path)
+    warm = WarmWorker()
+    try:
+        handed = early.handoffs()
+        pool = warm._pool(tmp_path)
+        assert pool is not None
+        pool.prestart(1)
+        pids = [h.pid for h in handed] + [w.pid for w in pool.idle()]
+        assert len(pids) == 2
+        for pid in pids:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            assert b"LABKUBE_WORLD_TEST_MARK=kept" in environ
+            assert not any(entry.startswith(b"TEAM_LLM_SECRET=") for entry in environ), pid
+    finally:
+        early.close()
+        asyncio.run(warm.close())
 
 
 def test_forked_worlds_end_with_the_process_that_started_them(are_python: Path, tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -177,18 +177,21 @@ def start_worlds(
     startup_timeout: float = STARTUP_TIMEOUT,
     log_paths: list[Path] | None = None,
     log_level: str = "WARNING",
+    key_variables: Iterable[str] = (),
 ) -> list[WorldProcess]:
     """Start `count` worlds from one import of ARE (a process, and `count - 1` copies it forks once ARE is
     imported: importing ARE is most of a world's start, seconds of CPU each), each on a port, in a process group and
     with a log of its own; wait (at most `startup_timeout` s) for them to listen. The first is this process's child
     (`WorldProcess`); the copies are the first's (`AdoptedWorld`: stopping the first does not stop them). Returns
-    the ones that listen; raises WorldStartError when none does."""
+    the ones that listen; raises WorldStartError when none does. The worlds start without this process's API keys:
+    its `*_API_KEY` variables and the `key_variables` a campaign names for its models (`api_key_env`)."""
     python = python or world_python()
     logs = list(log_paths) if log_paths else [_temporary_log() for _ in range(count)]
     cmd = world_command(python, host, port, log_level, logs[1:count])
     # A world needs no key (an LLM spec carries its own, in the request); an agent's shell of the same user could
     # read one from the world's /proc/<pid>/environ.
-    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    keys = frozenset(key_variables)
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k not in keys}
     with logs[0].open("ab") as log:
         proc = subprocess.Popen(
             cmd,
