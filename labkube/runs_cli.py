@@ -86,10 +86,21 @@ def run_campaign(spec: CampaignSpec, out: Path, ray_address: str | None, metrics
         if skipped:
             console.print(f"{skipped} of {len(runs)} runs already finished in {cdir.root}: skipped")
 
+    def draw_final() -> None:
+        render(force=True)
+        live.stop()  # draws it, while the campaign's Ray shuts down (leaving `with live` is then a no-op)
+
     try:
         with cdir.lock(), live:
-            results = launch(spec, out, ray_address, on_start=on_start, on_tick=render, metrics_port=metrics_port)
-            render(force=True)
+            results = launch(
+                spec,
+                out,
+                ray_address,
+                on_start=on_start,
+                on_tick=render,
+                metrics_port=metrics_port,
+                on_end=draw_final,
+            )
         console.print()
     except CampaignLocked as exc:
         raise UsageFailure(str(exc)) from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -127,11 +128,13 @@ def launch(
     on_tick: Callable[[], None] | None = None,
     ray_ctx: RayContext | None = None,
     metrics_port: int | None = None,
+    on_end: Callable[[], None] | None = None,
 ) -> list[RunResult]:
     """Run the campaign into `out`; finished runs are skipped, unfinished ones resume.
 
     With `metrics_port`, the campaign's series and every run's are served on that one port while
-    the campaign runs.
+    the campaign runs. `on_end` is called once every run is final (not when the campaign is interrupted or fails),
+    while the Ray this started shuts down: `labkube run` draws its final table meanwhile.
     """
     cdir, runs, _ = plan_campaign(spec, out)
     with cdir.lock():  # one writer per campaign directory: no run is driven (and graded) twice
@@ -142,6 +145,8 @@ def launch(
         if on_start is not None:
             on_start(cdir, runs, todo)
         if not todo:
+            if on_end is not None:
+                on_end()
             return [r for r in (cdir.result(x.run_id) for x in runs) if r is not None]
 
         metrics = CampaignMetrics(cdir, spec, runs, metrics_port) if metrics_port is not None else None
@@ -164,6 +169,7 @@ def launch(
             early.close()
             zygote.close()
             raise
+        results: list[RunResult] | None = None
         try:
             asyncio.run(
                 drive(
@@ -180,15 +186,27 @@ def launch(
                     early_zygote=zygote.handoff(),
                 )
             )
+            results = []
         finally:
-            early.close()
+            # Ray's shutdown mostly waits (its driver's gRPC threads end on a 250 ms poll): the rest of the end runs
+            # meanwhile, and nothing returns before Ray has stopped.
+            stopping = threading.Thread(target=shutdown, args=(ctx,), name="ray-shutdown")
             if ray_ctx is None:
-                shutdown(ctx)
+                stopping.start()
+            try:
+                early.close()
+                if results is not None:  # every run is final
+                    results = [r for r in (cdir.result(x.run_id) for x in runs) if r is not None]
+                    if on_end is not None:
+                        on_end()
+            finally:
+                if ray_ctx is None:
+                    stopping.join()
             zygote.close()  # once its supervisor is gone (its actor's worker ends with Ray), it has exited
             if metrics is not None:
                 metrics.tick(force=True)
                 metrics.close()
-        return [r for r in (cdir.result(x.run_id) for x in runs) if r is not None]
+        return results or []
 
 
 def stop_unfinished(cdir: CampaignDir) -> int:
