@@ -110,7 +110,9 @@ class WarmWorker:
         if pool is None:
             return None
         try:
-            world = await asyncio.to_thread(pool.acquire)
+            # An idle world is taken here; a thread (and its two wake-ups, a good part of the supervisor's CPU per
+            # short run) only to start one.
+            world = pool.acquire_idle() or await asyncio.to_thread(pool.acquire)
         except Exception as exc:  # a world that would not start: the run's agent meets the same and reports it
             log.warning("no warm world: %s", exc)
             return None
@@ -123,10 +125,10 @@ class WarmWorker:
     def return_world(self, lease: WorldLease, run_logs: Path, healthy: bool) -> None:
         """The run's part of the world's log goes to its `logs/world.log`; the world back to the pool if healthy."""
         with contextlib.suppress(OSError):
-            with lease.world.log_path.open("rb") as src:
-                src.seek(lease.log_offset)
-                part = src.read()
-            if part:
+            if lease.world.log_path.stat().st_size > lease.log_offset:  # a world at WARNING mostly logs nothing
+                with lease.world.log_path.open("rb") as src:
+                    src.seek(lease.log_offset)
+                    part = src.read()
                 run_logs.mkdir(parents=True, exist_ok=True)
                 with (run_logs / "world.log").open("ab") as dst:
                     dst.write(part)

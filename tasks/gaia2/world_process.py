@@ -320,7 +320,9 @@ class WorldPool:
         with self._lock:
             return list(self._idle)
 
-    def acquire(self) -> WorldProcess:
+    def acquire_idle(self) -> WorldProcess | None:
+        """An idle live world, or None (without starting one, so without blocking: a caller on an event loop
+        starts one in a thread only when this gives none)."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("the world pool is closed")
@@ -330,6 +332,12 @@ class WorldPool:
                     self._busy.add(world)
                     return world
                 world.stop()
+        return None
+
+    def acquire(self) -> WorldProcess:
+        world = self.acquire_idle()
+        if world is not None:
+            return world
         (world,) = self._start()
         with self._lock:
             if self._closed:
