@@ -108,3 +108,35 @@ async def test_a_zygote_that_died_before_its_adoption_is_replaced_by_the_supervi
     finally:
         await warm.close()
         early.close()
+
+
+def marked_processes(marker: str) -> list[str]:
+    """The processes whose environment holds `marker` (every process `labkube run` starts inherits it)."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker.encode() in environ.read_bytes().split(b"\0"):
+                found.append((environ.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            continue
+    return found
+
+
+def test_labkube_run_leaves_no_process_behind(tmp_path: Path) -> None:
+    """`labkube run` on Gaia2 oracle runs (their agents forked from the zygote the command started and its supervisor
+    adopted): no process the command started (Ray's, the agent stand-ins, the zygote, the worlds, the agents)
+    outlives it."""
+    from cli_helpers import labkube
+
+    marker = f"LABKUBE_TEST_MARK={os.getpid()}-{time.monotonic_ns()}"
+    out = tmp_path / "camp"
+    proc = labkube(
+        "run", "gaia2/time_door_code", "--model", "oracle", "--seeds", "2", "--concurrency", "2",
+        "--out", str(out), cwd=tmp_path, env=dict([marker.split("=", 1)]),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert len(list(out.glob("runs/*/result.json"))) == 2
+    deadline = time.monotonic() + 5  # Ray signals its processes and does not wait for them to be gone
+    while marked_processes(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marked_processes(marker) == [], "processes outlived labkube run"
