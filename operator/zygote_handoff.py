@@ -119,7 +119,10 @@ def receive(handoff: ZygoteHandoff) -> socket.socket | None:
             _, fds, _, _ = socket.recv_fds(asking, 1, 1)
         except OSError:
             return None
-    return socket.socket(fileno=fds[0]) if fds else None
+    if not fds:
+        return None
+    os.set_inheritable(fds[0], False)  # a received descriptor is inheritable: no child of ours may keep the zygote
+    return socket.socket(fileno=fds[0])
 
 
 class _Writer:

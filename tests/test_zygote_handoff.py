@@ -78,7 +78,7 @@ def test_the_zygote_is_offered_once_and_only_to_this_user() -> None:
         connection = receive(handoff)
         assert connection is not None
         with connection:
-            assert connection.family == socket.AF_UNIX
+            assert connection.family == socket.AF_UNIX and not connection.get_inheritable()
             assert receive(handoff) is None  # one supervisor holds it
             assert receive(ZygoteHandoff(pid=handoff.pid, address=handoff.address + "0")) is None
     finally:
