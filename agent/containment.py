@@ -149,6 +149,12 @@ def _descendants_from_children_lists(root: int) -> set[int] | None:
     return found
 
 
+def boot_ticks() -> int:
+    """Now, as a process's start time is counted (/proc/<pid>/stat: clock ticks since boot, as /proc/uptime counts
+    seconds), less a tick for the two clocks' rounding: every process started from now on started at or after it."""
+    return int(float(Path("/proc/uptime").read_text().split()[0]) * os.sysconf("SC_CLK_TCK")) - 1
+
+
 def _stat(pid: int) -> tuple[str, int, int] | None:
     """(state, parent pid, start time in clock ticks after boot) of a process; None when it is gone."""
     raw = _proc_file(pid, "stat")
@@ -392,10 +398,11 @@ def open_containment(run_dir: Path, memory_gb: float | None = None, cpus: float 
     return record
 
 
-def close_containment(run_dir: Path, record: Containment) -> set[int]:
-    """After the agent has exited: every process of the run is killed and gone before this returns."""
+def close_containment(run_dir: Path, record: Containment, since: int | None = None) -> set[int]:
+    """After the agent has exited: every process of the run is killed and gone before this returns. With `since`
+    (`boot_ticks()` before the agent started), only processes started since are searched for the run's token."""
     left = kill_cgroup(Path(record.cgroup)) if record.cgroup else set()
-    left |= kill_pids(token=record.token)
+    left |= kill_pids(token=record.token, since=since)
     write_model(record_path(run_dir), record.model_copy(update={"cgroup": None}))
     return left
 

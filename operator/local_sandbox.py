@@ -11,7 +11,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from labkube.agent.containment import TOKEN_VARIABLE, close_containment, join_cgroup, kill_pids, open_containment
+from labkube.agent.containment import (
+    TOKEN_VARIABLE,
+    boot_ticks,
+    close_containment,
+    join_cgroup,
+    kill_pids,
+    open_containment,
+)
 from labkube.operator.agent_keys import secret_names, split_secrets
 from labkube.operator.agent_zygote import AgentZygote, ZygoteChild, ZygoteError
 
@@ -53,6 +60,9 @@ async def run_local(
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     box = await asyncio.to_thread(open_containment, run_dir, memory_gb, cpus)
+    # What carries the run's token starts from here on (open_containment ended what an earlier start left): the
+    # search for it at the end skips older processes, whose environments are most of a scan's reads.
+    since = boot_ticks()
     child_env, secrets = split_secrets({**os.environ, **(env or {})}, secret_names(run_dir))
     child_env = {**child_env, TOKEN_VARIABLE: box.token}
     try:
@@ -69,7 +79,7 @@ async def run_local(
             if zygote is not None and isinstance(proc, ZygoteChild):
                 zygote.forget(proc.pid)
     finally:
-        await asyncio.to_thread(close_containment, run_dir, box)
+        await asyncio.to_thread(close_containment, run_dir, box, since)
 
 
 async def _start_agent(

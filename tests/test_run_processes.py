@@ -242,3 +242,19 @@ def test_a_token_search_since_a_start_skips_only_older_processes(tmp_path: Path)
         for proc in (older, newer):
             proc.kill()
             proc.wait()
+
+
+def test_boot_ticks_count_as_a_process_start_time_does() -> None:
+    """The sandbox takes `boot_ticks()` before the agent starts and searches for the run's token only among processes
+    started since: a process started after it has a start time at or after it, and not later than the clock."""
+    from labkube.agent import containment
+
+    before = containment.boot_ticks()
+    proc = subprocess.Popen(["sleep", "5"])
+    try:
+        stat = containment._stat(proc.pid)
+        assert stat is not None
+        assert before <= stat[2] <= containment.boot_ticks() + 1
+    finally:
+        proc.kill()
+        proc.wait()
