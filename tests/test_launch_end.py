@@ -4,6 +4,10 @@ left (`labkube run` draws its final table meanwhile)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -30,30 +34,44 @@ def session_processes(session: str) -> list[str]:
     return found
 
 
-def test_on_end_sees_every_run_final_and_launch_returns_once_ray_has_stopped(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import ray
+LAUNCH = """
+import json, sys
+from pathlib import Path
+import ray
+from labkube.campaign import CampaignSpec
+from labkube.operator import launch
 
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    assert not ray.is_initialized()
+out = Path(sys.argv[2])
+seen = []
+
+def on_end():
+    finished = [p for p in (out / "runs").glob("*/result.json") if p.is_file()]
+    seen.append([len(finished), ray._private.worker._global_node.get_session_dir_path()])
+
+spec = CampaignSpec(name="end", tasks=[sys.argv[1]], models=["oracle"], seeds=2)
+results = launch(spec, out, on_end=on_end)
+print(json.dumps({"status": [r.status.value for r in results], "seen": seen, "ray": ray.is_initialized()}))
+"""
+
+
+def test_on_end_sees_every_run_final_and_launch_returns_once_ray_has_stopped(tmp_path: Path) -> None:
+    """In a process of its own, as `labkube run` calls it: `launch` starts Ray only where none is connected, and
+    the test session may hold one."""
     task = make_tiny_task(tmp_path, [WRITE, {"tool": "read_file", "args": {"path": "result.txt"}}])
-    spec = CampaignSpec(name="end", tasks=[str(task)], models=["oracle"], seeds=2)
-    out = tmp_path / "out"
-    seen: list[tuple[int, str]] = []
-
-    def on_end() -> None:
-        finished = [p for p in (out / "runs").glob("*/result.json") if p.is_file()]
-        seen.append((len(finished), ray._private.worker._global_node.get_session_dir_path()))
-
-    results = launch(spec, out, on_end=on_end)
-    assert [r.status.value for r in results] == ["Finished", "Finished"]
-    assert len(seen) == 1 and seen[0][0] == 2, seen
-    assert not ray.is_initialized()
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    ran = subprocess.run(
+        [sys.executable, "-P", "-c", LAUNCH, str(task), str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=300, env=env, check=False,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    report = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert report["status"] == ["Finished", "Finished"] and not report["ray"], report
+    [[finished, session]] = report["seen"]
+    assert finished == 2
     deadline = time.monotonic() + 5  # Ray signals its processes and does not wait for them to be gone
-    while session_processes(seen[0][1]) and time.monotonic() < deadline:
+    while session_processes(session) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert session_processes(seen[0][1]) == [], "a Ray process outlived launch"
+    assert session_processes(session) == [], "a Ray process outlived launch"
 
 
 def test_on_end_is_called_when_every_run_had_already_finished(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
