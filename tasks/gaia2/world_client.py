@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
-import aiohttp
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    import aiohttp
 
 
 class WorldError(Exception):
@@ -245,6 +247,8 @@ class WorldClient:
             self._http = None
 
     def _session(self) -> aiohttp.ClientSession:
+        import aiohttp  # here, not at the top: a supervisor imports this package for its world pool, never to call
+
         if self._http is None:
             # A world speaks plain HTTP on this machine or in this pod: no proxy from the environment, no cookies.
             self._http = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar(), trust_env=False)
@@ -258,6 +262,8 @@ class WorldClient:
         slow: bool = False,
         read_timeout: float | None = None,
     ) -> Any:
+        import aiohttp
+
         read = read_timeout or (self._slow_timeout if slow else self._timeout)
         # Timed out as httpx timed it: connecting, then each wait for the next bytes (not the whole answer).
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT, sock_read=read)
