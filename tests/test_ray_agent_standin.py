@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from labkube.operator.lean_head import STANDIN, standin_agents
 
 NODE = "ab" * 28
@@ -92,3 +94,22 @@ def test_the_raylets_agent_commands_become_the_standin_with_rays_options() -> No
     assert command[2] == f"--dashboard_agent_command={dashboard}"
     runtime_env = subprocess.list2cmdline([*standin, "runtime_env", "--node-id=n"])
     assert command[3] == f"--runtime_env_agent_command={runtime_env}"
+
+
+def test_the_lean_head_changes_only_the_ray_it_was_tested_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lean head replaces parts of Ray's private start-up (its raylet's agent commands, its node parameters, its
+    node poll). Another Ray than the tested one starts its head as it does by itself: slower, never broken by an
+    assumption about internals that changed."""
+    import ray
+    import ray._private.services as services
+
+    from labkube.operator.lean_head import lean_head, lean_ray
+
+    assert lean_ray(ray.__version__), f"the lean head is not tested on this Ray ({ray.__version__}): see LEAN_RAY"
+    original = services.start_ray_process
+    with lean_head():
+        assert services.start_ray_process is not original
+    assert services.start_ray_process is original
+    monkeypatch.setattr(ray, "__version__", "2.61.0")
+    with lean_head():
+        assert services.start_ray_process is original
