@@ -191,7 +191,9 @@ class LiveRows:
     table, the campaign's metrics). Re-reading every run's files each time cost the driver a few ms per run and
     redraw, for hundreds of runs of which only a few change: here a run's spec and the campaign's run list are read
     once, a running run's row is rebuilt only when one of its files (status, result, GPU use) changed, and a final
-    run's row is kept without looking at its files again (one writer drives a campaign: its result stays)."""
+    run's row is kept without looking at its files again once its audit has put its verdict into it (one writer
+    drives a campaign; `result.json` is final before the audit, whose LLM inspector may take seconds, rewrites it
+    with the verdict: a row kept before that would show the run unaudited)."""
 
     def __init__(self, cdir: CampaignDir) -> None:
         self.cdir = cdir
@@ -222,7 +224,7 @@ class LiveRows:
                 result = self.cdir.result(run_id)
                 kept = (stamps, run_row(self.cdir, run_id, spec, result))
                 self._rows[run_id] = kept
-                if result is not None and result.final:
+                if result is not None and result.final and result.integrity_verdict is not None:
                     self._final[run_id] = kept[1]
                     del self._rows[run_id]
             rows.append(kept[1])

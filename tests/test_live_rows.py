@@ -30,7 +30,7 @@ def run_spec(seed: int) -> RunSpec:
     )
 
 
-def final_result(spec: RunSpec, score: float) -> RunResult:
+def final_result(spec: RunSpec, score: float, verdict: str | None = "PASS") -> RunResult:
     return RunResult(
         run_id=spec.run_id,
         task=spec.task,
@@ -40,6 +40,7 @@ def final_result(spec: RunSpec, score: float) -> RunResult:
         stop_reason=StopReason.done,
         score=score,
         spend=Spend(steps=3),
+        integrity_verdict=verdict,
     )
 
 
@@ -77,3 +78,18 @@ def test_live_rows_read_a_final_run_once_and_a_running_run_when_it_changes(tmp_p
     write_status(cdir, running, RunPhase.finished, 3)
     assert live.rows()[1:] == report_rows(cdir)[1:]
     assert live.rows()[1].score == 0.75
+
+
+def test_a_final_result_is_read_again_until_its_audit_has_put_its_verdict_in(tmp_path: Path) -> None:
+    """The agent writes a final `result.json`, then its audit (an LLM inspector may take seconds) rewrites it with the
+    integrity verdict: a row kept from before would show the run unaudited in the live table and the final one."""
+    cdir = CampaignDir(tmp_path / "camp")
+    run = run_spec(0)
+    cdir.write_campaign(CampaignSpec(name="live", tasks=[TASK], models=["oracle"], seeds=1), [run])
+    write_status(cdir, run, RunPhase.finished, 3)
+    write_model(cdir.run_dir(run.run_id) / "result.json", final_result(run, 0.5, verdict=None))
+    live = LiveRows(cdir)
+    assert live.rows()[0].integrity_verdict is None
+    write_model(cdir.run_dir(run.run_id) / "result.json", final_result(run, 0.5, verdict="SUSPICIOUS"))
+    assert live.rows()[0].integrity_verdict == "SUSPICIOUS"
+    assert live.rows() == report_rows(cdir)
