@@ -150,9 +150,11 @@ def _descendants_from_children_lists(root: int) -> set[int] | None:
 
 
 def boot_ticks() -> int:
-    """Now, as a process's start time is counted (/proc/<pid>/stat: clock ticks since boot, as /proc/uptime counts
-    seconds), less a tick for the two clocks' rounding: every process started from now on started at or after it."""
-    return int(float(Path("/proc/uptime").read_text().split()[0]) * os.sysconf("SC_CLK_TCK")) - 1
+    """A second ago, as a process's start time is counted (/proc/<pid>/stat: clock ticks since boot, as /proc/uptime
+    counts seconds): every process started from now on started after it. The two clocks are not read the same way
+    (seen 2 ticks apart on a VM), so the second is the margin; what started in it is searched too."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    return int(float(Path("/proc/uptime").read_text().split()[0]) * ticks) - ticks
 
 
 def _stat(pid: int) -> tuple[str, int, int] | None:
