@@ -1,3 +1,3 @@
-from labkube.cli import main
+from labkube.cli import entry
 
-main()
+entry()

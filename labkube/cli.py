@@ -26,6 +26,7 @@ from labkube.audit_cli import audit
 from labkube.cli_checks import FrontDoor
 from labkube.crds_cli import crds
 from labkube.operator_cli import operator_command
+from labkube.process_exit import exit_process
 from labkube.results.analysis_cli import analyze
 from labkube.results.export_cli import export
 from labkube.results.report_cli import report, status, view
@@ -63,3 +64,11 @@ for command in (
     schema,
 ):
     main.add_command(command)
+
+
+def entry() -> None:
+    """The `labkube` console script: the click group, then the process's end (`process_exit`)."""
+    try:
+        main()
+    except SystemExit as done:  # click's standalone mode always ends with one
+        exit_process(done.code)

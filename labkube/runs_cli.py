@@ -40,7 +40,8 @@ from labkube.store import CampaignDir, CampaignLocked, StoreError
 
 def run_campaign(spec: CampaignSpec, out: Path, ray_address: str | None, metrics_port: int | None = None) -> None:
     from labkube.operator import CampaignError, DriverError, TaskError, launch, plan_campaign
-    from labkube.operator.driver import HELD
+    from labkube.operator.driver_errors import HELD
+    from labkube.process_exit import skip_teardown
 
     check_output_dir(out)
     spec = campaign_here(spec, CampaignDir(out))
@@ -102,6 +103,7 @@ def run_campaign(spec: CampaignSpec, out: Path, ray_address: str | None, metrics
                 on_end=draw_final,
             )
         console.print()
+        skip_teardown()  # every result is on disk, and this process is done with Ray
     except CampaignLocked as exc:
         raise UsageFailure(str(exc)) from None
     except KeyboardInterrupt:

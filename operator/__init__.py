@@ -16,7 +16,7 @@ else:
 
     if TYPE_CHECKING:
         from labkube.operator.campaign_run import CampaignError, launch, plan_campaign
-        from labkube.operator.driver import DriverError
+        from labkube.operator.driver_errors import DriverError
         from labkube.tasks import TaskError
 
     __all__ = ["CampaignError", "DriverError", "TaskError", "launch", "plan_campaign"]
@@ -30,7 +30,7 @@ else:
 
             return getattr(campaign_run, name)
         if name == "DriverError":
-            from labkube.operator.driver import DriverError
+            from labkube.operator.driver_errors import DriverError
 
             return DriverError
         if name == "TaskError":

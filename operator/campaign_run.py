@@ -9,14 +9,14 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from labkube.agent.rg.web import backend_from_env
 from labkube.campaign import CampaignSpec, expand_runs
 from labkube.metrics import serve
 from labkube.model_ref import parse_model
-from labkube.operator.driver import RayContext, connect, drive, early_world_count, shutdown, warm_workers
 from labkube.operator.telemetry import CampaignTelemetry
-from labkube.operator.warm import EarlyWorlds, forks_agent
+from labkube.operator.warm import EarlyWorlds, early_world_count, forks_agent, warm_workers
 from labkube.operator.zygote_handoff import EarlyZygote
 from labkube.report import LiveRows
 from labkube.result import RunResult
@@ -24,6 +24,9 @@ from labkube.run_spec import RunSpec
 from labkube.store import CampaignDir, mark_stopped
 from labkube.task_card import TaskCard
 from labkube.tasks import resolve_campaign_tasks
+
+if TYPE_CHECKING:
+    from labkube.operator.driver import RayContext
 
 API_KEYS = {"openai": "OPENAI_API_KEY", "openai-chat": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 
@@ -164,6 +167,9 @@ def launch(
         early = EarlyWorlds(early_world_count(todo, spec.concurrency) if local else 0, cdir.root)
         zygote = EarlyZygote(local and warm_workers() and any(forks_agent(r) for r in todo))
         try:
+            # Ray's import (half a second of CPU) only now: the worlds and the zygote import meanwhile.
+            from labkube.operator.driver import connect, drive, shutdown
+
             ctx = ray_ctx or connect(ray_address, spec.concurrency, num_gpus=_local_gpus())
         except BaseException:
             early.close()

@@ -33,7 +33,9 @@ import ray.exceptions
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
+from labkube.operator.driver_errors import HELD, DriverError
 from labkube.operator.lean_head import lean_head
+from labkube.operator.warm import warm_workers
 from labkube.result import RunResult
 from labkube.run_spec import RunPhase, RunSpec, RunStatus
 from labkube.store import CampaignDir, read_model, utcnow, write_model
@@ -49,11 +51,6 @@ SUPERVISOR = "labkube_supervisor"  # a node resource: the nodes that host superv
 POD_GPU = "labkube_pod_gpu"  # GPUs of the Kubernetes cluster that run pods may hold at once
 RUNS_PER_ACTOR = 1000  # one actor's event loop keeps up with this many runs (benchmarks/operator_scale.py)
 MAX_ACTORS = 64
-HELD = "not started: "  # the start of the error of a run held back by the GPU-hour cap
-
-
-class DriverError(RuntimeError):
-    pass
 
 
 @ray.remote(num_cpus=0, max_concurrency=10_000)
@@ -438,19 +435,6 @@ async def drive(
             await close_warm(actors)
         for a in actors:
             ray.kill(a)
-
-
-def warm_workers() -> bool:
-    """Whether supervisors keep worlds and an agent zygote warm (`operator/warm.py`); LABKUBE_WARM_WORKERS=0 turns
-    it off: a world and an interpreter per run, as before (the benchmarks' "before")."""
-    return os.environ.get("LABKUBE_WARM_WORKERS", "1") != "0"
-
-
-def early_world_count(runs: list[RunSpec], concurrency: int) -> int:
-    """How many worlds the campaign's supervisors keep warm in all (one per run slot that a Gaia2 run may take)."""
-    from labkube.operator.warm import uses_world
-
-    return min(concurrency, sum(1 for r in runs if uses_world(r))) if warm_workers() else 0
 
 
 async def warm_up(

@@ -66,6 +66,17 @@ def campaign_key_variables(campaign_root: Path) -> set[str]:
         return set()
 
 
+def warm_workers() -> bool:
+    """Whether supervisors keep worlds and an agent zygote warm (`WarmWorker`); LABKUBE_WARM_WORKERS=0 turns
+    it off: a world and an interpreter per run, as before (the benchmarks' "before")."""
+    return os.environ.get("LABKUBE_WARM_WORKERS", "1") != "0"
+
+
+def early_world_count(runs: list[RunSpec], concurrency: int) -> int:
+    """How many worlds the campaign's supervisors keep warm in all (one per run slot that a Gaia2 run may take)."""
+    return min(concurrency, sum(1 for r in runs if uses_world(r))) if warm_workers() else 0
+
+
 class WarmWorker:
     def __init__(self) -> None:
         self.zygote = SupervisorZygote()
