@@ -26,7 +26,7 @@ from are.simulation.validation.utils import llm_utils
 
 original = llm_utils.LLMFunction.__init__
 import world_judge
-world_judge.install_template_cache()
+world_judge.install_judge_caches()
 assert llm_utils.LLMFunction.__init__ is not original, "the cache is installed"
 
 def held(init, templates):

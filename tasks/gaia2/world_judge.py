@@ -6,15 +6,18 @@ Standalone like world_server.py (stdlib + ARE only), imported by name from the s
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
+from are.simulation.scenarios.scenario_imported_from_json import utils as are_scenario_utils
 from are.simulation.utils.serialization import make_serializable
-from are.simulation.validation import ScriptedGraphPerEventJudgeConfig
+from are.simulation.validation import BaseJudge, BaseJudgeConfig, JudgeFactory, ScriptedGraphPerEventJudgeConfig
 from are.simulation.validation import judge as are_judge
 from are.simulation.validation import tool_judge as are_tool_judge
 from are.simulation.validation.utils import llm_utils as are_llm_utils
@@ -35,9 +38,10 @@ def _template(text: str) -> tuple[Any, frozenset[str]]:
     return jinja2.Template(text, keep_trailing_newline=True), variables
 
 
-def install_template_cache() -> None:
+def install_judge_caches() -> None:
     """Building ARE's judge compiles about 8,000 jinja templates (seconds per scenario, even for hard
-    checks only); compile each distinct template once. The checks and what is rendered are unchanged."""
+    checks only); compile each distinct template once, and build the hard-checks judge once
+    (SharedHardChecksJudgeFactory). The checks and what is rendered are unchanged."""
 
     def jinja_format(template: str, skip_validation: bool = True, **kwargs: Any) -> str:
         compiled, variables = _template(template)
@@ -57,6 +61,8 @@ def install_template_cache() -> None:
     are_llm_utils.LLMFunction.__init__ = _rendered_once(are_llm_utils.LLMFunction.__init__)
     # Each judge's tool judges read their checkers' parameter names: about 1,800 signatures per judge, the same ones.
     are_tool_judge.inspect = _SignatureCache()
+    # ARE's preprocessing builds the judge a scenario is validated with through this name.
+    are_scenario_utils.JudgeFactory = SharedHardChecksJudgeFactory
 
 
 _LLM_FUNCTIONS: dict[int, tuple[Any, str, list[dict[str, str]]]] = {}  # id -> (templates, system prompt, examples)
@@ -106,20 +112,49 @@ class _SignatureCache:
         return self._seen[key]
 
 
+def _no_llm(*_: Any, **__: Any) -> Any:
+    raise RuntimeError("no judge model is configured (hard checks only)")
+
+
+# One config object for every hard-checks-only judge: what SharedHardChecksJudgeFactory recognises by identity.
+HARD_CHECKS_CONFIG = ScriptedGraphPerEventJudgeConfig(engine=_no_llm, event_id_to_checker_params={})
+
+
+class SharedHardChecksJudgeFactory(JudgeFactory):
+    """ARE's `JudgeFactory`, except that every hard-checks-only judge is a copy of one built once per process.
+
+    Building a GraphPerEventJudge (its per-tool judges and their 900 LLM checkers, built even when no LLM is called)
+    was half of a world's CPU per oracle run, for the same judge every time: it depends only on its config, and
+    what it learns of a scenario and a run lives in `state` (set by `initialize_state`, grown by validation) and
+    `error_logs`. A copy gets both fresh and shares the rest, which validation only reads. A judge with an LLM engine
+    is built as ARE builds it: its engine counts what that run's judge spent."""
+
+    _pristine: BaseJudge | None = None
+    _building = threading.Lock()
+
+    def __call__(self, config: BaseJudgeConfig) -> BaseJudge:
+        if config is not HARD_CHECKS_CONFIG:
+            return super().__call__(config)
+        cls = SharedHardChecksJudgeFactory
+        with cls._building:
+            if cls._pristine is None:
+                cls._pristine = super().__call__(config)
+            pristine = cls._pristine
+        judge = copy.copy(pristine)
+        judge.state = type(pristine.state)()
+        judge.error_logs = []
+        return judge
+
+
 def judge_config_for(judge: dict[str, Any] | None) -> tuple[Any, str, list[str]]:
     """ARE's Gaia2 judge: hard checks only unless a judge model is given for the soft (LLM) checks."""
     if not judge:
-        config = ScriptedGraphPerEventJudgeConfig(engine=_no_llm, event_id_to_checker_params={})
-        return config, "hard checks only", list(HARD_CHECKS)
+        return HARD_CHECKS_CONFIG, "hard checks only", list(HARD_CHECKS)
     from are.simulation.validation.configs import GraphPerEventJudgeConfig
 
     engine = llm_engine(judge, "judge")
     label = f"hard and soft checks (LLM judge {judge['model']})"
     return GraphPerEventJudgeConfig(engine=engine), label, [*HARD_CHECKS, "soft_llm_checks"]
-
-
-def _no_llm(*_: Any, **__: Any) -> Any:
-    raise RuntimeError("no judge model is configured (hard checks only)")
 
 
 def publish_verdict(body: dict[str, Any]) -> None:
@@ -168,10 +203,9 @@ def judge_matches(judge: Any) -> list[dict[str, Any]] | None:
 
 
 def warm_judge() -> None:
-    """Build ARE's judge once in the background, so the template cache is warm for the first scenario."""
+    """Build ARE's judge once in the background: the hard-checks judge every copy is made from, and the template
+    cache warm for a judge with an LLM."""
     try:
-        from are.simulation.validation import JudgeFactory
-
-        JudgeFactory()(judge_config_for(None)[0])
+        SharedHardChecksJudgeFactory()(HARD_CHECKS_CONFIG)
     except Exception as exc:  # only an optimisation
         log.warning("warming the judge failed: %s", one_line(exc))

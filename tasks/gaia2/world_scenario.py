@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from are.simulation import environment as are_environment
 from are.simulation.data_handler.importer import JsonScenarioImporter
 from are.simulation.environment import Environment, EnvironmentConfig
 from are.simulation.notification_system import VerboseNotificationSystem
@@ -133,6 +134,27 @@ def environment_for(scenario: Any, oracle: bool) -> WorldEnvironment:
     return WorldEnvironment(
         environment_type=EnvironmentType.CLI, config=config, notification_system=VerboseNotificationSystem()
     )
+
+
+_LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
+def format_only_logged_environment_messages() -> None:
+    """ARE's environment formats a message for every event it processes (its simulated time, a colour through
+    termcolor, which asks whether stdout is a terminal each time) before its logger decides to drop it: debug and
+    info messages, dropped at the world's default level, cost about 2 ms of CPU per oracle run. Format a
+    message only when ARE's environment logger would emit it; what is logged is ARE's message, unchanged."""
+    format_and_log = Environment._log
+    if getattr(format_and_log, "labkube_skips_unlogged", False):
+        return
+
+    def log_if_enabled(self: Environment, message: str, level: str, color: str, attrs: list[str] | None = None) -> None:
+        numeric = _LOG_LEVELS.get(level)  # ARE logs nothing at a level it does not name
+        if numeric is not None and are_environment.logger.isEnabledFor(numeric):
+            format_and_log(self, message, level, color, attrs)
+
+    log_if_enabled.labkube_skips_unlogged = True  # type: ignore[attr-defined]
+    Environment._log = log_if_enabled  # type: ignore[method-assign]
 
 
 def noise_configs(noise: Any) -> tuple[ToolAugmentationConfig | None, EnvEventsConfig | None]:
