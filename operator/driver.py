@@ -51,11 +51,18 @@ SUPERVISOR = "labkube_supervisor"  # a node resource: the nodes that host superv
 POD_GPU = "labkube_pod_gpu"  # GPUs of the Kubernetes cluster that run pods may hold at once
 RUNS_PER_ACTOR = 1000  # one actor's event loop keeps up with this many runs (benchmarks/operator_scale.py)
 MAX_ACTORS = 64
-# A Ray process that connects to a socket of its node (the raylet's object manager to its object store, a worker
-# or the driver to the raylet) before it listens tries again after `raylet_client_connect_timeout_milliseconds`:
-# 1 s by default, which a busy 2-core machine's start met in about a third of `labkube run`s. Asked every 20 ms, as
-# long as before in all (10 x 1 s).
-HEAD_SYSTEM_CONFIG = {"raylet_client_connect_timeout_milliseconds": 20, "raylet_client_num_connect_attempts": 500}
+# The head's start, as the first run waits for it. A Ray process that connects to a socket of its node (the raylet's
+# object manager to its object store, a worker or the driver to the raylet) before it listens tries again after
+# `raylet_client_connect_timeout_milliseconds`: 1 s by default, which a busy 2-core machine's start met in about a
+# third of `labkube run`s; asked every 20 ms here, as long as before in all (10 x 1 s). And the raylet answers the
+# first driver's registration only once the worker it prestarts has imported Ray and registered (0.4-0.7 s), unless
+# `prestart_worker_first_driver` is off: the driver then starts its supervisors meanwhile, and the prestarted worker
+# still hosts the first of them.
+HEAD_SYSTEM_CONFIG = {
+    "raylet_client_connect_timeout_milliseconds": 20,
+    "raylet_client_num_connect_attempts": 500,
+    "prestart_worker_first_driver": False,
+}
 
 
 @ray.remote(num_cpus=0, max_concurrency=10_000)
