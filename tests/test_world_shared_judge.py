@@ -5,7 +5,9 @@ Run in ARE's own virtualenv against ARE's own code, on the bundled scenarios:
 - every hard-checks-only judge is a copy of one built once (`SharedHardChecksJudgeFactory`): the verdicts of a
   passing and a failing trace of each scenario, judged one after another by copies, equal those of judges ARE's own
   `JudgeFactory` builds, rationale and matches included; no copy sees what an earlier one judged;
-- ARE's environment formats a log message only when its logger would emit it, and then the same message.
+- ARE's environment formats a log message only when its logger would emit it, and then the same message;
+- ARE's `type_check` and `event_registered` get each function's signature and type hints as `inspect` and `typing`
+  compute them, and `type_check` still refuses an argument of the wrong type.
 """
 
 from __future__ import annotations
@@ -113,6 +115,52 @@ assert before[logging.WARNING][1] == before[logging.DEBUG][1] > 2  # ARE formats
 print("OK")
 """
 
+SIGNATURES_SCRIPT = """
+import inspect, sys, typing
+sys.path.insert(0, sys.argv[1])
+import deferred_imports
+from are.simulation import types as are_types
+from are.simulation.apps.contacts import ContactsApp
+from are.simulation.utils import type_utils
+import world_scenario
+
+world_scenario.install_environment_shortcuts()
+world_scenario.install_environment_shortcuts()  # twice: installed once
+remembered = type_utils.inspect
+assert isinstance(remembered, world_scenario._RememberedSignatures) and are_types.inspect is remembered
+assert remembered.isfunction is inspect.isfunction and remembered.Parameter is inspect.Parameter
+
+functions = [f for f in vars(ContactsApp).values() if inspect.isfunction(f)]
+for fn in functions + [ContactsApp.get_contact]:
+    for _ in range(2):  # computed, then remembered
+        assert remembered.signature(fn) == inspect.signature(fn), fn
+        hints = type_utils.get_type_hints(fn)
+        assert hints == typing.get_type_hints(fn), fn
+        hints.clear()  # what a caller does with its copy is not remembered
+bound = ContactsApp().get_contact
+assert remembered.signature(bound) == inspect.signature(bound)
+extras = {"include_extras": True}
+assert type_utils.get_type_hints(ContactsApp, **extras) == typing.get_type_hints(ContactsApp, **extras)
+
+small = world_scenario._RememberedSignatures(limit=1)
+small.signature(functions[0]); small.signature(functions[1])
+assert list(small._seen) == [functions[0]] and small.signature(functions[1]) == inspect.signature(functions[1])
+
+@type_utils.type_check
+def typed(name: str, count: int | None = None) -> str:
+    return name * (count or 1)
+
+assert typed("ab", 2) == "abab" and typed("ab") == "ab"
+for bad in ((3,), ("ab", "2")):
+    try:
+        typed(*bad)
+    except TypeError as exc:
+        assert "must be of type" in str(exc), exc
+    else:
+        raise AssertionError(f"type_check let {bad} through")
+print("OK")
+"""
+
 
 @pytest.fixture(scope="module")
 def are_python() -> Path:
@@ -134,3 +182,7 @@ def test_copies_of_one_hard_checks_judge_give_the_verdicts_of_judges_ares_factor
 
 def test_the_environment_formats_only_what_its_logger_emits_and_emits_the_same(are_python: Path) -> None:
     run_in_are(are_python, LOG_SCRIPT)
+
+
+def test_tool_calls_get_signatures_and_type_hints_as_inspect_and_typing_compute_them(are_python: Path) -> None:
+    run_in_are(are_python, SIGNATURES_SCRIPT)

@@ -11,18 +11,21 @@ import inspect
 import logging
 import random
 import threading
+import typing
 import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from are.simulation import environment as are_environment
+from are.simulation import types as are_types
 from are.simulation.data_handler.importer import JsonScenarioImporter
 from are.simulation.environment import Environment, EnvironmentConfig
 from are.simulation.notification_system import VerboseNotificationSystem
 from are.simulation.scenarios.scenario_imported_from_json.benchmark_scenario import BenchmarkScenarioImportedFromJson
 from are.simulation.scenarios.utils.scenario_expander import EnvEventsConfig
 from are.simulation.types import CapabilityTag, EnvironmentType, ToolAugmentationConfig
+from are.simulation.utils import type_utils as are_type_utils
 from are.simulation.utils.serialization import make_serializable
 from world_engines import engine_builder, llm_spec
 from world_health import WorldEnvironment
@@ -155,6 +158,64 @@ def format_only_logged_environment_messages() -> None:
 
     log_if_enabled.labkube_skips_unlogged = True  # type: ignore[attr-defined]
     Environment._log = log_if_enabled  # type: ignore[method-assign]
+
+
+def install_environment_shortcuts() -> None:
+    """What ARE's environment and apps recompute on every event, computed once per world process."""
+    format_only_logged_environment_messages()
+    remember_tool_signatures()
+
+
+class _RememberedSignatures:
+    """`inspect` for ARE's modules, with `signature` remembered per function (a function's parameters do not change
+    once it is defined); any other name is `inspect`'s own. At most `limit` functions are remembered, so functions
+    made on the fly cannot grow it without bound; past it, a signature is computed as `inspect` does."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._seen: dict[Any, inspect.Signature] = {}
+        self._limit = limit
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(inspect, name)
+
+    def signature(self, fn: Any) -> inspect.Signature:
+        if not inspect.isfunction(fn):  # a bound method, a class, a partial: as inspect computes it
+            return inspect.signature(fn)
+        seen = self._seen.get(fn)
+        if seen is None:
+            seen = inspect.signature(fn)
+            if len(self._seen) < self._limit:
+                self._seen[fn] = seen
+        return seen
+
+
+def _remembered_type_hints(limit: int = 4096) -> Callable[..., dict[str, Any]]:
+    seen: dict[Any, dict[str, Any]] = {}
+
+    def get_type_hints(fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        if args or kwargs or not inspect.isfunction(fn):
+            return typing.get_type_hints(fn, *args, **kwargs)
+        hints = seen.get(fn)
+        if hints is None:
+            hints = typing.get_type_hints(fn)
+            if len(seen) < limit:
+                seen[fn] = hints
+        return dict(hints)  # a copy: the caller may change what it gets
+
+    return get_type_hints
+
+
+def remember_tool_signatures() -> None:
+    """Every call of an app's tool goes through ARE's `type_check` (the function's signature and its type hints, from
+    its annotations) and, when its app is registered, `event_registered` (its signature again): about 1 ms of CPU
+    per oracle run, computed anew each call for the same hundred functions. Compute each once; the checks and the
+    events they make are ARE's."""
+    if isinstance(are_type_utils.inspect, _RememberedSignatures):
+        return
+    signatures = _RememberedSignatures()
+    are_type_utils.inspect = signatures
+    are_type_utils.get_type_hints = _remembered_type_hints()
+    are_types.inspect = signatures
 
 
 def noise_configs(noise: Any) -> tuple[ToolAugmentationConfig | None, EnvEventsConfig | None]:

@@ -43,7 +43,7 @@ import deferred_imports  # noqa: F401  (first, before any of ARE: ARE's document
 from world_health import WorldBroken
 from world_judge import install_judge_caches, warm_judge
 from world_protocol import ProtocolError, one_line
-from world_scenario import format_only_logged_environment_messages
+from world_scenario import install_environment_shortcuts
 from world_session import WorldSession
 
 ARE_VERSION = "1.2.0"
@@ -151,7 +151,7 @@ def serve(host: str, port: int, announce: Callable[[str], None], starter: int, c
     if os.environ.get("LABKUBE_WORLD_ORPHAN_EXIT", "1") == "1":
         threading.Thread(target=_exit_with, args=(starter, copy > 0), daemon=True, name="world-parent").start()
     install_judge_caches()
-    format_only_logged_environment_messages()
+    install_environment_shortcuts()
     threading.Thread(target=warm_judge, daemon=True, name="world-warm-judge").start()
     Handler.session = WorldSession()
     server = ThreadingHTTPServer((host, port), Handler)
