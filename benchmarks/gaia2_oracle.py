@@ -14,6 +14,9 @@ does not judge; labkube's judges every oracle trace with ARE's GraphPerEventJudg
 
     python benchmarks/gaia2_oracle.py [--seeds 4 [20 ...]] [--concurrency 2] [--write-docs]
 
+labkube's modules are compiled first, as `pip install .` leaves them (`as_installed.py`); ARE's virtualenv is
+compiled by its installer.
+
 `--write-docs` replaces the table in docs/gaia2-world-protocol.md (`<!-- benchmark:gaia2_oracle -->`).
 """
 
@@ -35,6 +38,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from as_installed import compile_labkube
 from docs_block import REPO, markdown_table, write_block
 from rich.console import Console
 from rich.table import Table
@@ -162,6 +166,7 @@ def main() -> None:
     args = parser.parse_args()
     console = Console(width=140)
     venv = setup_world_env()
+    compile_labkube()
     header = ("runner", "runs", "wall s", "scenarios/min", "once started s", "CPU s", "passed", "judged")
     rows, ratios, failed = [], [], False
     for seeds in args.seeds:
