@@ -26,6 +26,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -58,11 +59,13 @@ MAX_ACTORS = 64
 # first driver's registration only once the worker it prestarts has imported Ray and registered (0.4-0.7 s), unless
 # `prestart_worker_first_driver` is off: the driver then starts its supervisors meanwhile, and the prestarted worker
 # still hosts the first of them.
-HEAD_SYSTEM_CONFIG = {
-    "raylet_client_connect_timeout_milliseconds": 20,
-    "raylet_client_num_connect_attempts": 500,
-    "prestart_worker_first_driver": False,
-}
+HEAD_SYSTEM_CONFIG = MappingProxyType(
+    {
+        "raylet_client_connect_timeout_milliseconds": 20,
+        "raylet_client_num_connect_attempts": 500,
+        "prestart_worker_first_driver": False,
+    }
+)
 
 
 @ray.remote(num_cpus=0, max_concurrency=10_000)
@@ -205,7 +208,7 @@ def connect(
                     include_dashboard=False,
                     log_to_driver=False,
                     logging_level="ERROR",
-                    _system_config=HEAD_SYSTEM_CONFIG,
+                    _system_config=dict(HEAD_SYSTEM_CONFIG),  # a copy: Ray adds its session's spilling path
                     **init_args,  # type: ignore[arg-type]
                 )
     except (ConnectionError, RuntimeError, TimeoutError, ValueError) as exc:

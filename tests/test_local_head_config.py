@@ -28,6 +28,8 @@ PROBE = textwrap.dedent(
             return os.getpid()
 
     ctx = connect(None, 1)
+    shutdown(ctx)
+    ctx = connect(None, 1)  # a second head in the same process: Ray adds to the config it is given
     try:
         node = ray._private.worker._global_node
         gcs, raylet = (node.all_processes[kind][0].process.pid for kind in ("gcs_server", "raylet"))
@@ -55,12 +57,16 @@ def test_the_local_head_asks_for_its_sockets_every_20_ms_and_answers_its_driver_
     probe = subprocess.run([sys.executable, "-P", "-c", PROBE], capture_output=True, text=True, env=env, timeout=120)
     assert probe.returncode == 0, probe.stderr[-2000:]
     command_line, placed = probe.stdout.strip().splitlines()[-2:]
-    (config_arg,) = [a for a in json.loads(command_line) if a.startswith("--config_list=")]
+    arguments = json.loads(command_line)
+    (config_arg,) = [a for a in arguments if a.startswith("--config_list=")]
     config = json.loads(base64.b64decode(config_arg.removeprefix("--config_list=")))
+    (session,) = [a.removeprefix("--session-dir=") for a in arguments if a.startswith("--session-dir=")]
+    # the second head's own spilling directory, not the first's (each head gets a fresh copy of the config)
+    assert json.loads(config["object_spilling_config"])["params"]["directory_path"] == session
     assert config["raylet_client_connect_timeout_milliseconds"] == 20
     # the patience in all stays Ray's default (10 attempts 1 s apart)
     assert config["raylet_client_num_connect_attempts"] * 20 >= 10 * 1000
     assert config["prestart_worker_first_driver"] is False
-    assert {k: config[k] for k in HEAD_SYSTEM_CONFIG} == HEAD_SYSTEM_CONFIG
+    assert {k: config[k] for k in HEAD_SYSTEM_CONFIG} == dict(HEAD_SYSTEM_CONFIG)
     where = json.loads(placed)
     assert where["workers"] == [where["actor"]] and where["started"] == 1, where  # the prestarted one hosts it
