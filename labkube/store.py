@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import json
 import os
 import socket
-import tempfile
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -56,15 +56,32 @@ def json_bytes(data: object) -> bytes:
     return pydantic_core.to_json(data, indent=2, fallback=str, inf_nan_mode="constants")
 
 
+_temp_numbers = itertools.count()  # next() is atomic under the GIL: threads of one process get distinct names
+
+
+def _open_temporary(path: Path) -> tuple[int, str]:
+    """A new file beside `path` for its next content: `.NAME.PID.N.tmp`, created exclusively (a name an earlier process
+    of the same pid left is skipped). Not `tempfile.mkstemp`, whose random names cost a forked agent a fresh random
+    generator; and the directory is made only when it is missing, not tried before every write (a dozen a run)."""
+    while True:
+        tmp = f"{path.parent}{os.sep}.{path.name}.{os.getpid()}.{next(_temp_numbers)}.tmp"
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644), tmp
+        except FileExistsError:
+            continue
+        except FileNotFoundError:
+            path.parent.mkdir(parents=True, exist_ok=True)
+
+
 def write_json_atomic(path: Path, data: object) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    payload = json_bytes(data) + b"\n"
+    fd, tmp = _open_temporary(path)
     try:
-        # mkstemp makes the file 0600; on a shared claim the operator reads what run pods write (same fsGroup,
-        # maybe another uid), so store files are readable as any file the process writes would be.
+        # Whatever the umask: on a shared claim the operator reads what run pods write (same fsGroup, maybe another
+        # uid), so store files are readable as any file the process writes would be.
         os.fchmod(fd, 0o644)
         with os.fdopen(fd, "wb") as fh:
-            fh.write(json_bytes(data) + b"\n")
+            fh.write(payload)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
