@@ -426,14 +426,23 @@ def adopt_run_processes(run_dir: Path) -> str:
         if record is None:
             write_model(record_path(run_dir), Containment(token=token, note="the agent ran without a sandbox"))
         os.environ[TOKEN_VARIABLE] = token
-    else:
-        # Started by the sandbox, which ended the run's leftovers and moved this process into the run's cgroup
-        # right after starting it; joining again here closes the gap between the two.
-        if record is not None and record.cgroup and Path(record.cgroup).is_dir():
-            with contextlib.suppress(OSError):
-                (Path(record.cgroup) / "cgroup.procs").write_text(str(os.getpid()))
+    elif record is not None and record.cgroup:
+        # Started by the sandbox, which ended the run's leftovers and moves this process into the run's cgroup right
+        # after starting it; joining here too closes the gap between the two.
+        join_own_cgroup(Path(record.cgroup))
     become_subreaper()
     return token
+
+
+def join_own_cgroup(cgroup: Path) -> None:
+    """Move this process into `cgroup` unless it is there already (the sandbox is usually first): a move takes a
+    lock of the whole cgroup hierarchy, whose release waits for an RCU grace period (0.5 ms and more of a forked
+    agent's start, for a move that changes nothing). A cgroup that is gone is left alone."""
+    procs = _read_file(str(cgroup / "cgroup.procs"))
+    if procs is None or str(os.getpid()).encode() in procs.split():
+        return
+    with contextlib.suppress(OSError):
+        (cgroup / "cgroup.procs").write_text(str(os.getpid()))
 
 
 def end_run_processes() -> set[int]:

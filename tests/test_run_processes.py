@@ -260,3 +260,37 @@ def test_boot_ticks_count_as_a_process_start_time_does() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_an_agent_joins_its_runs_cgroup_unless_the_sandbox_moved_it_there_first(tmp_path: Path) -> None:
+    """`join_own_cgroup` moves the agent into the run's cgroup; when the sandbox was first (the pid is listed), it
+    writes nothing (a move takes a hierarchy-wide lock). Here on a real cgroup where one can be made, and on a
+    directory standing in for one, whose `cgroup.procs` shows whether it was written."""
+    from labkube.agent import containment
+
+    stand_in = tmp_path / "labkube-stand-in"
+    stand_in.mkdir()
+    listed = f"1\n{os.getpid()}\n"
+    (stand_in / "cgroup.procs").write_text(listed)
+    containment.join_own_cgroup(stand_in)
+    assert (stand_in / "cgroup.procs").read_text() == listed  # already there: not written
+    (stand_in / "cgroup.procs").write_text("1\n")
+    containment.join_own_cgroup(stand_in)
+    assert (stand_in / "cgroup.procs").read_text() == str(os.getpid())
+    containment.join_own_cgroup(tmp_path / "gone")  # a cgroup already removed: nothing to join, no error
+
+    try:
+        record = make_run_cgroup("join-" + containment.new_token(), None, None)
+    except Exception as exc:
+        pytest.skip(f"no usable cgroup v2 here: {exc}")
+    if record.cgroup is None:
+        pytest.skip(f"no usable cgroup v2 here: {record.note}")
+    joins = "import sys; from pathlib import Path; from labkube.agent.containment import join_own_cgroup as j; "
+    joins += "j(Path(sys.argv[1])); j(Path(sys.argv[1])); print(open('/proc/self/cgroup').read())"
+    try:
+        out = subprocess.run([sys.executable, "-P", "-c", joins, record.cgroup], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        unified = next(line for line in out.stdout.splitlines() if line.startswith("0::"))
+        assert unified.endswith("/" + Path(record.cgroup).name)
+    finally:
+        containment.kill_cgroup(Path(record.cgroup))
