@@ -34,6 +34,7 @@ import secrets
 import signal
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -102,23 +103,28 @@ def tagged_pids(token: str) -> set[int]:
     return run_pids(token=token)
 
 
-def run_pids(*, token: str | None = None, root: int | None = None, since: int | None = None) -> set[int]:
+def run_pids(*, token: str | None = None, root: int | None = None, since: int | ProcessMark | None = None) -> set[int]:
     """The processes of a run, in one pass over /proc: those whose environment holds `token` and those below
     `root` in the process tree (`root` excluded). With `since` (a start time in clock ticks after boot, as
-    /proc/<pid>/stat gives it), a process that started earlier is not looked at for the token: it cannot hold one
-    minted after it started. Reading a process's environment is the costly read of a scan."""
+    /proc/<pid>/stat gives it, or a `ProcessMark`), a process that started earlier is not looked at for the token: it
+    cannot hold one minted after it started. Reading a process's environment is the costly read of a scan; with a
+    mark, a pid handed out before it is not even read (`ProcessMark.first_new_pid`)."""
     needle = f"{TOKEN_VARIABLE}={token}".encode() if token else None
     if needle is None and root is not None:
         below = _descendants_from_children_lists(root)
         if below is not None:
             return below
+    first_new = since.first_new_pid() if isinstance(since, ProcessMark) and root is None else None
+    since_ticks = since.ticks if isinstance(since, ProcessMark) else since
     children: dict[int, list[int]] = {}
     found: set[int] = set()
     for pid in _pids():
-        stat = _stat(pid) if root is not None or since is not None else None
+        if first_new is not None and pid < first_new:
+            continue
+        stat = _stat(pid) if root is not None or since_ticks is not None else None
         if stat is not None and root is not None:
             children.setdefault(stat[1], []).append(pid)
-        if needle is not None and (since is None or (stat is not None and stat[2] >= since)):
+        if needle is not None and (since_ticks is None or (stat is not None and stat[2] >= since_ticks)):
             environ = _proc_file(pid, "environ")
             if environ is not None and needle in environ.split(b"\0"):
                 found.add(pid)
@@ -157,6 +163,54 @@ def boot_ticks() -> int:
     return int(float(Path("/proc/uptime").read_text().split()[0]) * ticks) - ticks
 
 
+@dataclass(frozen=True)
+class ProcessMark:
+    """A moment in the process table, to find what started after it: the clock tick (`boot_ticks`) and, where /proc
+    is this process's pid namespace, the last pid handed out, the forks since boot and the tasks alive then."""
+
+    ticks: int
+    last_pid: int | None = None
+    forks: int = 0
+    tasks: int = 0
+
+    def first_new_pid(self) -> int | None:
+        """The lowest pid a process started since the mark can have; None when that cannot be bounded. Pids are handed
+        out upward from the last one and wrap at pid_max to low numbers again. The allocator can pass pid_max only
+        after `pid_max - last_pid - tasks` forks at least (it skips the pids of tasks alive then, and each fork moves it
+        on one): while fewer forks have happened since (/proc/stat counts every fork, threads and other namespaces
+        included), every new pid is above the mark's last. A process that sets its own pid (clone3's set_tid, which
+        needs CAP_CHECKPOINT_RESTORE) is missed, as is one that cleared its environment."""
+        if self.last_pid is None:
+            return None
+        forks, pid_max = _forks_since_boot(), _read_int("/proc/sys/kernel/pid_max")
+        if forks is None or pid_max is None or self.last_pid + (forks - self.forks) + self.tasks >= pid_max:
+            return None
+        return self.last_pid + 1
+
+
+def mark_processes() -> ProcessMark:
+    """Now, as `ProcessMark`: every process started after this call started after the mark."""
+    forks = _forks_since_boot()  # before the last pid: a fork between the two reads is counted among those since
+    loadavg = (_read_file("/proc/loadavg") or b"").split()  # "1.0 0.8 0.6 RUNNING/TASKS LAST_PID"
+    ticks = boot_ticks()
+    own_namespace = os.path.realpath("/proc/self") == f"/proc/{os.getpid()}"
+    if forks is None or len(loadavg) < 5 or not own_namespace:
+        return ProcessMark(ticks)
+    return ProcessMark(ticks, int(loadavg[4]), forks, int(loadavg[3].split(b"/")[1]))
+
+
+def _forks_since_boot() -> int | None:
+    for line in (_read_file("/proc/stat") or b"").splitlines():
+        if line.startswith(b"processes "):
+            return int(line.split()[1])
+    return None
+
+
+def _read_int(path: str) -> int | None:
+    raw = _read_file(path)
+    return int(raw) if raw and raw.strip().isdigit() else None
+
+
 def _stat(pid: int) -> tuple[str, int, int] | None:
     """(state, parent pid, start time in clock ticks after boot) of a process; None when it is gone."""
     raw = _proc_file(pid, "stat")
@@ -192,7 +246,7 @@ def kill_pids(
     *,
     token: str | None = None,
     root: int | None = None,
-    since: int | None = None,
+    since: int | ProcessMark | None = None,
     exclude: Iterable[int] = (),
     wait_s: float = KILL_WAIT_S,
 ) -> set[int]:
@@ -400,9 +454,10 @@ def open_containment(run_dir: Path, memory_gb: float | None = None, cpus: float 
     return record
 
 
-def close_containment(run_dir: Path, record: Containment, since: int | None = None) -> set[int]:
+def close_containment(run_dir: Path, record: Containment, since: int | ProcessMark | None = None) -> set[int]:
     """After the agent has exited: every process of the run is killed and gone before this returns. With `since`
-    (`boot_ticks()` before the agent started), only processes started since are searched for the run's token."""
+    (`mark_processes()` or `boot_ticks()` before the agent started), only processes started since are searched for
+    the run's token."""
     left = kill_cgroup(Path(record.cgroup)) if record.cgroup else set()
     left |= kill_pids(token=record.token, since=since)
     write_model(record_path(run_dir), record.model_copy(update={"cgroup": None}))

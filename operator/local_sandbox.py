@@ -13,10 +13,10 @@ from pathlib import Path
 
 from labkube.agent.containment import (
     TOKEN_VARIABLE,
-    boot_ticks,
     close_containment,
     join_cgroup,
     kill_pids,
+    mark_processes,
     open_containment,
 )
 from labkube.operator.agent_keys import secret_names, split_secrets
@@ -61,8 +61,9 @@ async def run_local(
     logs.mkdir(parents=True, exist_ok=True)
     box = await asyncio.to_thread(open_containment, run_dir, memory_gb, cpus)
     # What carries the run's token starts from here on (open_containment ended what an earlier start left): the
-    # search for it at the end skips older processes, whose environments are most of a scan's reads.
-    since = boot_ticks()
+    # search for it at the end skips older processes, whose environments are most of a scan's reads, and, where the
+    # pids handed out since can be bounded, does not read them at all.
+    since = mark_processes()
     child_env, secrets = split_secrets({**os.environ, **(env or {})}, secret_names(run_dir))
     child_env = {**child_env, TOKEN_VARIABLE: box.token}
     try:

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -294,3 +295,46 @@ def test_an_agent_joins_its_runs_cgroup_unless_the_sandbox_moved_it_there_first(
         assert unified.endswith("/" + Path(record.cgroup).name)
     finally:
         containment.kill_cgroup(Path(record.cgroup))
+
+
+def test_a_token_search_from_a_mark_finds_what_started_since_and_reads_no_older_pid(tmp_path: Path) -> None:
+    """The sandbox marks the process table before the agent starts (`mark_processes`); the search for the run's token
+    at the end finds what started since, and does not read a pid handed out before the mark while no wrap of the pids
+    can have happened since (the older process, holding the token, is left alone)."""
+    from labkube.agent import containment
+
+    token = containment.new_token()
+    env = {**os.environ, containment.TOKEN_VARIABLE: token}
+    older = subprocess.Popen(["sleep", "60"], env=env)
+    time.sleep(0.05)
+    mark = containment.mark_processes()
+    newer = subprocess.Popen(["sleep", "60"], env=env)
+    try:
+        if mark.last_pid is None:
+            pytest.skip("/proc here is not this process's pid namespace")
+        assert older.pid <= mark.last_pid < newer.pid
+        assert mark.first_new_pid() == mark.last_pid + 1
+        assert containment.run_pids(token=token, since=mark) == {newer.pid}
+        # A mark whose start time is before both: the older process is still not read (its pid is below the mark's).
+        assert containment.run_pids(token=token, since=replace(mark, ticks=0)) == {newer.pid}
+        assert containment.kill_pids(token=token, since=mark) == set()
+        assert newer.wait(timeout=5) == -signal.SIGKILL
+        assert older.poll() is None
+    finally:
+        for proc in (older, newer):
+            proc.kill()
+            proc.wait()
+
+
+def test_a_mark_bounds_no_pid_once_the_pids_may_have_wrapped() -> None:
+    """Near pid_max, the forks since a mark may have wrapped the pids around to low numbers: no bound, the search
+    reads every process (by start time, as without a mark)."""
+    from labkube.agent import containment
+
+    mark = containment.mark_processes()
+    if mark.last_pid is None:
+        pytest.skip("/proc here is not this process's pid namespace")
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    assert replace(mark, last_pid=pid_max - mark.tasks).first_new_pid() is None
+    assert replace(mark, forks=mark.forks - pid_max).first_new_pid() is None
+    assert containment.ProcessMark(mark.ticks).first_new_pid() is None
