@@ -407,11 +407,11 @@ def kill_cgroup(path: Path, wait_s: float = KILL_WAIT_S) -> set[int]:
         time.sleep(0.02)
         reap_children()
         left = {p for p in cgroup_pids(path) if alive(p)}
-    for sub in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+    # Deepest first, the run's own last (a cgroup with children cannot go); walked as `cgroup_pids` does, not globbed:
+    # a glob stats each of a cgroup's dozens of interface files (half a millisecond of every run's end).
+    for directory, _dirs, _files in os.walk(path, topdown=False):
         with contextlib.suppress(OSError):
-            sub.rmdir()
-    with contextlib.suppress(OSError):
-        path.rmdir()
+            os.rmdir(directory)
     return left
 
 

@@ -11,6 +11,7 @@ working directory is the run's workspace (independent of labkube's token), and b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -338,3 +339,31 @@ def test_a_mark_bounds_no_pid_once_the_pids_may_have_wrapped() -> None:
     assert replace(mark, last_pid=pid_max - mark.tasks).first_new_pid() is None
     assert replace(mark, forks=mark.forks - pid_max).first_new_pid() is None
     assert containment.ProcessMark(mark.ticks).first_new_pid() is None
+
+
+def test_killing_a_runs_cgroup_removes_the_cgroups_its_processes_made_below_it(tmp_path: Path) -> None:
+    """A run's process may make cgroups below the run's (a container runtime, systemd-run): `kill_cgroup` kills what
+    runs in any of them and removes them all, the deepest first."""
+    from labkube.agent import containment
+
+    try:
+        record = make_run_cgroup("nest-" + containment.new_token(), None, None)
+    except Exception as exc:
+        pytest.skip(f"no usable cgroup v2 here: {exc}")
+    if record.cgroup is None:
+        pytest.skip(f"no usable cgroup v2 here: {record.note}")
+    run = Path(record.cgroup)
+    inner = run / "inner" / "deeper"
+    inner.mkdir(parents=True)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        (inner / "cgroup.procs").write_text(str(sleeper.pid))
+        assert containment.kill_cgroup(run) == set()
+        assert not containment.alive(sleeper.pid)  # killed, and reaped by kill_cgroup (this process is its parent)
+        assert not run.exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        for directory in (inner, inner.parent, run):
+            with contextlib.suppress(OSError):
+                directory.rmdir()
