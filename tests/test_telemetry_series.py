@@ -238,3 +238,27 @@ def test_campaign_resumes_count_while_runs_go_on_and_once_each() -> None:
     telemetry.update([row("Finished", 1)], {})  # its result, with the same resume
     assert total("labkube_campaign_run_resumes_total") == 1
     assert total("labkube_campaign_run_restarts_total") == 1
+
+
+def test_a_run_whose_series_nothing_can_read_builds_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Neither shared with a campaign's `/metrics` (LABKUBE_METRICS_DIR) nor served (LABKUBE_METRICS_PORT): the
+    agent's telemetry takes every call and builds no series; a `RunTelemetry` has its series as before."""
+    from labkube.agent.budget import BudgetTracker
+    from labkube.agent.telemetry import UnreadTelemetry, start_telemetry
+    from labkube.budgets import Usage
+
+    monkeypatch.delenv("LABKUBE_METRICS_DIR", raising=False)
+    monkeypatch.delenv("LABKUBE_METRICS_PORT", raising=False)
+    unread = start_telemetry(spec(), tools=["bash"], best_score=0.5)
+    assert isinstance(unread, UnreadTelemetry) and not hasattr(unread, "m")
+    unread.model_call(Usage(input=3, output=2), 0.01, 0.5)
+    unread.tool_call("bash", ok=True)
+    unread.step(BudgetTracker(ALL_BUDGETS))
+    unread.grade(0.7, 1.0)
+    unread.integrity("SUSPICIOUS", ["tests_modified"])
+    unread.gaia2(True, ["search"])
+    unread.finished()
+    assert unread.best == 0.7
+
+    served = RunTelemetry(spec(), tools=["bash"])
+    assert not isinstance(served, UnreadTelemetry) and "labkube_run_finished" in samples(served)
