@@ -13,7 +13,6 @@ import sys
 import textwrap
 
 import pytest
-
 from cli_helpers import labkube
 from tinytask import make_tiny_task
 
