@@ -23,7 +23,15 @@ from pathlib import Path
 import pytest
 from tinytask import make_run_dir, make_tiny_task
 
-from labkube.agent.containment import MODE_VARIABLE, cgroup2_mount, make_run_cgroup, read_record, tagged_pids
+from labkube.agent.containment import (
+    MODE_VARIABLE,
+    Containment,
+    cgroup2_mount,
+    make_run_cgroup,
+    new_token,
+    read_record,
+    tagged_pids,
+)
 from labkube.budgets import Budgets
 from labkube.operator.supervisor import supervise_run
 
@@ -122,6 +130,17 @@ def assert_nothing_left(run_dir: Path, pids: dict[str, int]) -> None:
     assert not in_workspace(run_dir / "workspace")
     assert not tagged_pids(record.token)
     assert not run_cgroups(record.token), "the run's cgroup was removed"
+
+
+def run_cgroup_or_skip(prefix: str) -> Containment:
+    """A real run cgroup (cgroup v2, delegated to this user) for a test; the test is skipped where none can be made."""
+    try:
+        record = make_run_cgroup(f"{prefix}-{new_token()}", None, None)
+    except Exception as exc:
+        pytest.skip(f"no usable cgroup v2 here: {exc}")
+    if record.cgroup is None:
+        pytest.skip(f"no usable cgroup v2 here: {record.note}")
+    return record
 
 
 def test_processes_a_run_leaves_end_with_its_wall_budget(tmp_path: Path, mode: str) -> None:
@@ -281,12 +300,7 @@ def test_an_agent_joins_its_runs_cgroup_unless_the_sandbox_moved_it_there_first(
     assert (stand_in / "cgroup.procs").read_text() == str(os.getpid())
     containment.join_own_cgroup(tmp_path / "gone")  # a cgroup already removed: nothing to join, no error
 
-    try:
-        record = make_run_cgroup("join-" + containment.new_token(), None, None)
-    except Exception as exc:
-        pytest.skip(f"no usable cgroup v2 here: {exc}")
-    if record.cgroup is None:
-        pytest.skip(f"no usable cgroup v2 here: {record.note}")
+    record = run_cgroup_or_skip("join")
     joins = "import sys; from pathlib import Path; from labkube.agent.containment import join_own_cgroup as j; "
     joins += "j(Path(sys.argv[1])); j(Path(sys.argv[1])); print(open('/proc/self/cgroup').read())"
     try:
@@ -346,12 +360,7 @@ def test_killing_a_runs_cgroup_removes_the_cgroups_its_processes_made_below_it(t
     runs in any of them and removes them all, the deepest first."""
     from labkube.agent import containment
 
-    try:
-        record = make_run_cgroup("nest-" + containment.new_token(), None, None)
-    except Exception as exc:
-        pytest.skip(f"no usable cgroup v2 here: {exc}")
-    if record.cgroup is None:
-        pytest.skip(f"no usable cgroup v2 here: {record.note}")
+    record = run_cgroup_or_skip("nest")
     run = Path(record.cgroup)
     inner = run / "inner" / "deeper"
     inner.mkdir(parents=True)
