@@ -22,3 +22,7 @@ def compile_labkube() -> None:
     for folder in PACKAGE_FOLDERS:
         if not compileall.compile_dir(REPO / folder, quiet=1, workers=0, rx=TASK_FILES):
             raise SystemExit(f"compiling {REPO / folder} failed: a module of it does not compile")
+
+
+if __name__ == "__main__":  # scripts/test.sh, after its editable install
+    compile_labkube()
