@@ -12,7 +12,11 @@ side's time once started (ARE from its first log line, after its imports; labkub
 its last result) and whether every verdict agrees (per scenario, the number of passing runs). ARE's oracle mode
 does not judge; labkube's judges every oracle trace with ARE's GraphPerEventJudge, and the benchmark checks it did.
 
-    python benchmarks/gaia2_oracle.py [--seeds 4 [20 ...]] [--concurrency 2] [--write-docs]
+    python benchmarks/gaia2_oracle.py [--seeds 4 [20 ...]] [--concurrency 2] [--repeat 5] [--write-docs]
+
+With `--repeat K`, each size runs K rounds, each side once a round and who goes first alternating, so a load that
+comes and goes on a shared machine falls on both sides alike: the table shows each figure's median over the
+rounds, and the ratio is the median of the rounds' own ratios (each printed), not a ratio of medians.
 
 labkube's modules are compiled first, as `pip install .` leaves them (`as_installed.py`); ARE's virtualenv is
 compiled by its installer.
@@ -29,6 +33,7 @@ import re
 import resource
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,6 +53,7 @@ from labkube.tasks.gaia2 import load_scenario, resolve_scenarios, setup_world_en
 
 ARE_RESULT = re.compile(r"\[Scenario = (\S+), Run = (\d+)\] .*Result: ScenarioValidationResult\(success=(True|False)")
 ARE_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ", re.M)
+console = Console(width=140)
 
 
 @dataclass
@@ -154,34 +160,79 @@ def run_labkube(seeds: int, concurrency: int, work: Path, limit_s: float) -> Sid
     return side
 
 
+def one_round(
+    venv: Path, seeds: int, concurrency: int, limit_s: float, are_first: bool
+) -> tuple[Side, Side, list[str]]:
+    """ARE's runner and `labkube run` once each on the same scenarios, one after the other in the order given."""
+    with tempfile.TemporaryDirectory(prefix="gaia2-oracle-") as tmp:
+        work = Path(tmp)
+        ids = layout(work / "dataset")
+        sides: dict[str, Side] = {}
+        for which in ("are", "labkube") if are_first else ("labkube", "are"):
+            if which == "are":
+                sides[which] = run_are(venv, work / "dataset", seeds, concurrency, work, limit_s)
+            else:
+                sides[which] = run_labkube(seeds, concurrency, work, limit_s)
+            if sides[which].error:
+                console.print(f"[red]{sides[which].name}: {sides[which].error}[/]")
+                console.print((work / f"{which}.log").read_text()[-3000:])
+    return sides["are"], sides["labkube"], ids
+
+
+def median_side(rounds: list[Side]) -> Side:
+    """One row for a side's rounds: the median of each figure (the rounds' counts are equal where verdicts agree)."""
+    last = rounds[-1]
+    started = [r.started_s for r in rounds if r.started_s is not None]
+    return Side(
+        last.name,
+        runs=last.runs,
+        wall_s=statistics.median(r.wall_s for r in rounds),
+        cpu_s=statistics.median(r.cpu_s for r in rounds),
+        started_s=statistics.median(started) if len(started) == len(rounds) else None,
+        passed=last.passed,
+        judged=last.judged,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--seeds", type=int, nargs="+", default=[4], help="runs of every scenario (ARE's --num_runs); several sizes"
     )
     parser.add_argument("--concurrency", type=int, default=2, help="runs at once on each side")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="rounds of each size, each side once a round, who goes first alternating"
+    )
     parser.add_argument("--limit", type=float, default=600.0, help="seconds before either command is killed")
     parser.add_argument("--write-docs", action="store_true", help="put the table into docs/gaia2-world-protocol.md")
     parser.add_argument("--doc", type=Path, default=REPO / "docs" / "gaia2-world-protocol.md", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    console = Console(width=140)
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
     venv = setup_world_env()
     compile_labkube()
     header = ("runner", "runs", "wall s", "scenarios/min", "once started s", "CPU s", "passed", "judged")
     rows, ratios, failed = [], [], False
     for seeds in args.seeds:
-        with tempfile.TemporaryDirectory(prefix="gaia2-oracle-") as tmp:
-            work = Path(tmp)
-            ids = layout(work / "dataset")
-            are = run_are(venv, work / "dataset", seeds, args.concurrency, work, args.limit)
-            lk = run_labkube(seeds, args.concurrency, work, args.limit)
-            for side in (are, lk):
-                if side.error:
-                    console.print(f"[red]{side.name}: {side.error}[/]")
-                    console.print((work / ("are.log" if side is are else "labkube.log")).read_text()[-3000:])
-        expected = len(ids) * seeds
-        agree = are.runs == lk.runs == expected and all(are.passed[i] == lk.passed[i] for i in ids)
-        failed |= not agree or bool(are.error or lk.error)
+        are_rounds: list[Side] = []
+        lk_rounds: list[Side] = []
+        round_ratios: list[float] = []
+        agree = True
+        for n in range(args.repeat):
+            are, lk, ids = one_round(venv, seeds, args.concurrency, args.limit, are_first=n % 2 == 0)
+            expected = len(ids) * seeds
+            agreed = are.runs == lk.runs == expected and all(are.passed[i] == lk.passed[i] for i in ids)
+            agree &= agreed
+            failed |= not agreed or bool(are.error or lk.error)
+            are_rounds.append(are)
+            lk_rounds.append(lk)
+            round_ratios.append(lk.rate / are.rate if are.rate else float("nan"))
+            console.print(
+                f"{expected} runs, round {n + 1} of {args.repeat}: ARE {are.wall_s:.2f} s, labkube {lk.wall_s:.2f} s, "
+                f"ratio {round_ratios[-1]:.2f}; verdicts agree: {'yes' if agreed else 'no'} (passing runs per "
+                f"scenario: ARE {dict(are.passed)}, labkube {dict(lk.passed)})"
+            )
+        are, lk = median_side(are_rounds), median_side(lk_rounds)
         for side in (are, lk):
             rows.append(
                 (
@@ -195,14 +246,22 @@ def main() -> None:
                     "no (oracle mode skips the judge)" if side is are else f"{side.judged}/{side.runs}",
                 )
             )
-        ratio = lk.rate / are.rate if are.rate else float("nan")
-        ratios.append(
-            f"{expected} runs ({len(ids)} scenarios x {seeds} seeds): labkube / ARE scenarios per minute {ratio:.2f}, "
-            f"every verdict agrees: {'yes' if agree else 'no'}"
+        ratio = statistics.median(round_ratios)
+        spread = (
+            f" (median of {args.repeat} rounds, each side once a round; rounds "
+            + ", ".join(f"{r:.2f}" for r in round_ratios)
+            + ")"
+            if args.repeat > 1
+            else ""
         )
-        console.print(f"{ratios[-1]} (passing runs per scenario: ARE {dict(are.passed)}, labkube {dict(lk.passed)})")
+        ratios.append(
+            f"{expected} runs ({len(ids)} scenarios x {seeds} seeds): labkube / ARE scenarios per minute "
+            f"{ratio:.2f}{spread}, every verdict agrees: {'yes' if agree else 'no'}"
+        )
+        console.print(ratios[-1])
     sizes = "/".join(map(str, args.seeds))
-    title = f"Gaia2 oracle, {len(ids)} bundled scenarios x {sizes} seeds, concurrency {args.concurrency}"
+    rounds = f", median of {args.repeat} rounds" if args.repeat > 1 else ""
+    title = f"Gaia2 oracle, {len(ids)} bundled scenarios x {sizes} seeds, concurrency {args.concurrency}{rounds}"
     table = Table(title=title)
     for i, column in enumerate(header):
         table.add_column(column, justify="left" if i == 0 else "right")
@@ -212,6 +271,7 @@ def main() -> None:
     if args.write_docs:
         sizes = " ".join(map(str, args.seeds))
         command = f"python benchmarks/gaia2_oracle.py --seeds {sizes} --concurrency {args.concurrency}"
+        command += f" --repeat {args.repeat}" if args.repeat > 1 else ""
         body = markdown_table(header, rows, [False] + [True] * 7)
         body += "\n\n" + "\n".join(f"- {line}." for line in ratios)
         write_block(args.doc, "gaia2_oracle", body, command)
