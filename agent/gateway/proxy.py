@@ -11,6 +11,7 @@ import json
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,9 @@ from labkube.store import write_json_atomic
 
 Hook = Callable[[], Awaitable[None]]
 AfterHook = Callable[[float], Awaitable[None]]  # given the call's model seconds
+# How long a finished call's transcript line, series and state file may wait for the gateway to have no call in
+# flight before they are written anyway (calls that keep overlapping would otherwise hold them back for good).
+MAX_DEFER_S = 1.0
 
 
 class GatewayAddress:
@@ -80,6 +84,10 @@ class ModelGateway(GatewayAddress):
         self._session: aiohttp.ClientSession | None = None
         self._state_writer: asyncio.Task[None] | None = None
         self._state_changed = False
+        self._state_write_queued = False
+        self._in_flight = 0
+        self._deferred: deque[tuple[float, Callable[[], None]]] = deque()
+        self._deferred_handle: asyncio.Handle | None = None
         self.url = ""
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> ModelGateway:
@@ -93,14 +101,20 @@ class ModelGateway(GatewayAddress):
         await site.start()
         bound = self._runner.addresses[0][1]
         self.url = f"http://{host}:{bound}"
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=self.config.timeout_s)
+        # No sock_read: aiohttp re-arms that timer on every chunk it receives, a streamed answer's hundreds of
+        # times; the provider's silence is timed here instead (`_forward`, `_relay_stream`), a timer a call.
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=None)
         self._session = aiohttp.ClientSession(timeout=timeout, auto_decompress=True)
         return self
 
     async def close(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
-        await asyncio.sleep(0)  # the last calls' transcript lines (written on the loop's next turn) go out first
+        if self._deferred_handle is not None:
+            self._deferred_handle.cancel()
+            self._deferred_handle = None
+        while self._deferred:  # the last calls' transcript lines, series and state file
+            self._deferred.popleft()[1]()
         if self._state_writer is not None:
             await self._state_writer
         if self._session is not None:
@@ -127,13 +141,53 @@ class ModelGateway(GatewayAddress):
         return None
 
     def _save(self) -> None:
-        """Have `gateway.json` rewritten, off the call's path: a writer task writes the latest state in a thread, and
-        once more if it changed meanwhile (a burst of calls costs a write or two, not one each)."""
-        if self.state_path is None:
+        """Have `gateway.json` rewritten, off the calls' path (with the transcript's lines, `_defer`): a writer task
+        writes the latest state in a thread, and once more if it changed meanwhile (a burst of calls costs a write
+        or two, not one each)."""
+        if self.state_path is None or self._state_write_queued:
             return
+        self._state_write_queued = True
+        self._defer(self._start_state_writer)
+
+    def _start_state_writer(self) -> None:
+        assert self.state_path is not None
+        self._state_write_queued = False
         self._state_changed = True
         if self._state_writer is None or self._state_writer.done():
             self._state_writer = asyncio.get_running_loop().create_task(self._write_state(self.state_path))
+
+    # -- work that waits for the calls in flight
+    def _defer(self, job: Callable[[], None]) -> None:
+        """Run `job` (a finished call's bookkeeping) once no call is in flight, one job a turn of the event loop, so
+        that the calls of a burst do not wait for the ones before them to be written down; at most `MAX_DEFER_S`
+        later under calls that keep overlapping."""
+        self._deferred.append((time.monotonic(), job))
+        self._wake_deferred()
+
+    def _wake_deferred(self) -> None:
+        if self._deferred_handle is not None or not self._deferred:
+            return
+        loop = asyncio.get_running_loop()
+        if self._in_flight == 0:
+            self._deferred_handle = loop.call_soon(self._run_deferred)
+        else:
+            due = self._deferred[0][0] + MAX_DEFER_S - time.monotonic()
+            self._deferred_handle = loop.call_later(max(0.0, due), self._run_deferred)
+
+    def _run_deferred(self) -> None:
+        self._deferred_handle = None
+        try:
+            if self._deferred and (self._in_flight == 0 or self._deferred[0][0] + MAX_DEFER_S <= time.monotonic()):
+                self._deferred.popleft()[1]()
+        finally:
+            self._wake_deferred()
+
+    def _call_ended(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0 and self._deferred_handle is not None:  # a timer set while calls were in flight
+            self._deferred_handle.cancel()
+            self._deferred_handle = None
+        self._wake_deferred()
 
     async def _write_state(self, path: Path) -> None:
         while self._state_changed:
@@ -150,6 +204,13 @@ class ModelGateway(GatewayAddress):
 
     # -- the proxy
     async def _handle(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+        self._in_flight += 1
+        try:
+            return await self._handle_call(request)
+        finally:
+            self._call_ended()
+
+    async def _handle_call(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
         family: Family = request.match_info["family"]  # type: ignore[assignment]
         tail = request.match_info["tail"]
         if not self._authorized(request):
@@ -189,8 +250,10 @@ class ModelGateway(GatewayAddress):
         self.state.refused += 1
         self.state.stop_reason = self.state.stop_reason or reason
         self._save()
-        if self.transcript is not None:
-            self.transcript.append({"type": "budget_stop", "ts": now_iso(), "reason": reason.value, "detail": detail})
+        if self.transcript is not None:  # after the model_call lines still waiting to be written
+            transcript = self.transcript
+            line = {"type": "budget_stop", "ts": now_iso(), "reason": reason.value, "detail": detail}
+            self._defer(lambda: transcript.append(line))
         if self.on_refusal is not None:
             self.on_refusal(reason)
         status, body = refusal(family, reason, detail)
@@ -227,9 +290,10 @@ class ModelGateway(GatewayAddress):
             attempt += 1
             wait = None
             try:
-                upstream_response = await self._session.request(
-                    request.method, url, data=raw or None, headers=headers, params=request.query
-                )
+                async with asyncio.timeout(self.config.timeout_s):  # until the provider's answer begins
+                    upstream_response = await self._session.request(
+                        request.method, url, data=raw or None, headers=headers, params=request.query
+                    )
             except (aiohttp.ClientError, TimeoutError) as exc:
                 failure, upstream_response = f"{type(exc).__name__}: {exc}", None
             else:
@@ -254,7 +318,14 @@ class ModelGateway(GatewayAddress):
                 return await self._relay_stream(
                     request, upstream_response, digest, raw, started, backoff, attempt, tail
                 )
-            data = await upstream_response.read()
+            try:
+                async with asyncio.timeout(self.config.timeout_s):
+                    data = await upstream_response.read()
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                message = f"labkube gateway: the provider's answer broke off: {type(exc).__name__}: {exc}"
+                self.state.last_error = message
+                self._record(digest, raw, started, backoff, attempt, error=message, path=tail)
+                return aiohttp.web.json_response(error_body(family, 502, "api_error", message), status=502)
             error = None
             if digest is not None and upstream_response.status < 400:
                 with contextlib.suppress(ValueError):
@@ -295,14 +366,23 @@ class ModelGateway(GatewayAddress):
         await response.prepare(request)
         reader = SseReader(digest.stream_events if digest is not None else None)
         error = None
+        loop = asyncio.get_running_loop()
+        timeout_s = self.config.timeout_s
         try:
-            async for chunk in upstream_response.content.iter_any():
-                try:
-                    await response.write(chunk)  # to the agent first; it is counted after
-                finally:
-                    if digest is not None:
-                        for event in reader.feed(chunk):
-                            digest.event(event)
+            # The stream is cut once the provider has sent nothing for timeout_s: the deadline moves on with the
+            # chunks, re-armed at most once a second rather than on each of them.
+            async with asyncio.timeout_at(loop.time() + timeout_s) as silence:
+                armed = loop.time()
+                async for chunk in upstream_response.content.iter_any():
+                    try:
+                        await response.write(chunk)  # to the agent first; it is counted after
+                    finally:
+                        if digest is not None:
+                            for event in reader.feed(chunk):
+                                digest.event(event)
+                    if (now := loop.time()) - armed > 1.0:
+                        silence.reschedule(now + timeout_s)
+                        armed = now
         except (aiohttp.ClientError, TimeoutError) as exc:
             error = f"the provider's stream broke: {type(exc).__name__}: {exc}"
         except ConnectionResetError:
@@ -327,8 +407,8 @@ class ModelGateway(GatewayAddress):
     ) -> None:
         """Count one model call (even a failed one: its back-off and attempts are real) at once, before the answer's
         last bytes go out, so that the next call's budget check sees it. Its transcript line, series and state file
-        are written on the event loop's next turn, once aiohttp has sent the answer: they are no part of what the
-        agent waits for."""
+        are written once aiohttp has sent the answer and no other call is in flight (`_defer`): they are no part of
+        what any agent waits for."""
         if digest is None:
             return
         digest.backoff_s = backoff
@@ -368,7 +448,7 @@ class ModelGateway(GatewayAddress):
             "attempts": attempts,
             **({"error": error} if error else {}),
         }
-        asyncio.get_running_loop().call_soon(self._log_call, line, digest, raw, path, usage, usd, duration - backoff)
+        self._defer(lambda: self._log_call(line, digest, raw, path, usage, usd, duration - backoff))
 
     def _log_call(
         self,
