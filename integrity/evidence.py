@@ -28,6 +28,9 @@ from labkube.task_card import TaskCard
 from labkube.tasks.workspace import GIT, PRISTINE_TAG, pristine_is_empty
 
 PATCH_PATHS = re.compile(r"^\*\*\* (?:Add File|Update File|Delete File|Move to): (.+?)\s*$", re.MULTILINE)
+# Compiled as the module is imported (in the agent zygote, once for every run it forks), not on each run's audit.
+DIFF_HEADER = re.compile(r"(?m)^diff --git ")
+DIFF_PATHS = re.compile(r"a/(.+?) b/")
 WORKSPACE_FILES = "workspace-files.json"
 
 
@@ -205,8 +208,8 @@ def record_workspace_files(run_dir: Path) -> WorkspaceChanges:
 
 def split_diff(diff: str) -> dict[str, str]:
     out: dict[str, str] = {}
-    for chunk in re.split(r"(?m)^diff --git ", diff):
-        match = re.match(r"a/(.+?) b/", chunk)
+    for chunk in DIFF_HEADER.split(diff):
+        match = DIFF_PATHS.match(chunk)
         if match:
             out[match.group(1)] = chunk
     return out

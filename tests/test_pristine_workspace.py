@@ -3,7 +3,7 @@ it) is the one `git` makes, and the workspace diff it skips `git` for is the one
 
 from __future__ import annotations
 
-import shutil
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,12 +95,45 @@ def test_an_unreadable_pristine_tag_falls_back_to_git(tmp_path: Path, empty_pris
     assert not pristine_is_empty(tmp_path)
 
 
-def test_a_template_removed_from_under_the_process_leaves_git_to_make_the_commit(
+def test_each_workspace_gets_a_repository_of_its_own_from_the_template_held_in_memory(
     tmp_path: Path, empty_pristine: None
 ) -> None:
-    from labkube.tasks import workspace
+    """The template is the zygote's memory (no directory a cleaner of /tmp could take away); two runs' workspaces
+    written from it share nothing: one's commit and tag moved leave the other's pristine commit as it was, and the
+    objects keep git's read-only bits."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    for workspace in (first, second):
+        workspace.mkdir()
+        commit_pristine(workspace)
+    (first / "notes.txt").write_text("mine\n")
+    run_git(first, "add", "-A")
+    run_git(first, "commit", "-q", "-m", "the agent's work")
+    run_git(first, "tag", "-f", PRISTINE_TAG)
+    assert not pristine_is_empty(first)
+    assert pristine_is_empty(second)
+    assert git(second, "log", "--format=%s") == "pristine task"
+    assert git(second, "fsck", "--strict") == ""
+    assert (second / ".git" / "objects" / EMPTY_TREE[:2] / EMPTY_TREE[2:]).stat().st_mode & 0o777 == 0o444
 
-    assert workspace._empty_pristine is not None
-    shutil.rmtree(workspace._empty_pristine[1])
-    commit_pristine(tmp_path)
-    assert git(tmp_path, "rev-parse", f"{PRISTINE_TAG}^{{tree}}") == EMPTY_TREE
+
+def modes(workspace: Path) -> dict[str, int]:
+    return {p.relative_to(workspace).as_posix(): p.stat().st_mode & 0o7777 for p in (workspace / ".git").rglob("*")}
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_the_template_writes_each_file_and_folder_with_the_bits_git_gives_it(tmp_path: Path, umask: int) -> None:
+    previous = os.umask(umask)
+    try:
+        make_empty_pristine()
+        copied, made = tmp_path / "copied", tmp_path / "made"
+        copied.mkdir()
+        commit_pristine(copied)
+        remove_empty_pristine()
+        made.mkdir()
+        commit_pristine(made)
+    finally:
+        remove_empty_pristine()
+        os.umask(previous)
+    written = modes(copied)
+    assert written == {path: mode for path, mode in modes(made).items() if path in written}
+    assert f".git/objects/{EMPTY_TREE[:2]}/{EMPTY_TREE[2:]}" in written

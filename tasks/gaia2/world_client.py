@@ -14,14 +14,14 @@ A tool the agent misuses is not an exception: `call_tool` returns a `ToolResult`
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import Any, Literal, Self
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
-
-if TYPE_CHECKING:
-    import aiohttp
 
 
 class WorldError(Exception):
@@ -212,6 +212,64 @@ SLOW_TIMEOUT = 330.0
 CONNECT_TIMEOUT = 5.0
 
 
+class _HttpError(Exception):
+    """The connection broke, or what came back is not an HTTP response: the world process is gone."""
+
+
+class _Connection:
+    """One keep-alive HTTP/1.1 connection to a world, one request at a time."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    def reusable(self) -> bool:
+        """Not closed by the world while it lay idle (what arrived since, an EOF, is seen without waiting)."""
+        return not (self.reader.at_eof() or self.writer.is_closing())
+
+    def close(self) -> None:
+        self.writer.close()
+
+    async def exchange(self, request: bytes, read: float) -> tuple[int, bytes, bool]:
+        """Send `request`; (status, body, whether the connection may carry another request). Waits `read` seconds
+        at most for the answer's first bytes, then as long again for the rest."""
+        self.writer.write(request)
+        async with asyncio.timeout(read) as deadline:
+            try:
+                head = await self.reader.readuntil(b"\r\n\r\n")
+            except asyncio.LimitOverrunError as exc:
+                raise _HttpError("response headers too long") from exc
+            deadline.reschedule(asyncio.get_running_loop().time() + read)
+            status_line, *lines = head.decode("latin-1").split("\r\n")
+            version, _, rest = status_line.partition(" ")
+            if not version.startswith("HTTP/1.") or not rest[:3].isdigit():
+                raise _HttpError(f"not an HTTP response: {status_line[:80]!r}")
+            headers = {}
+            for line in lines:
+                name, sep, value = line.partition(":")
+                if sep:
+                    headers[name.strip().lower()] = value.strip()
+            keep_alive = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
+            if "chunked" in headers.get("transfer-encoding", "").lower():
+                body = await self._chunked()
+            elif "content-length" in headers:
+                body = await self.reader.readexactly(int(headers["content-length"]))
+            else:  # the body runs to the end of the connection
+                body, keep_alive = await self.reader.read(), False
+        return int(rest[:3]), body, keep_alive
+
+    async def _chunked(self) -> bytes:
+        parts = []
+        while True:
+            size = int((await self.reader.readuntil(b"\r\n")).split(b";", 1)[0], 16)
+            if size == 0:
+                while (await self.reader.readuntil(b"\r\n")) != b"\r\n":  # trailers, then the blank line
+                    pass
+                return b"".join(parts)
+            parts.append(await self.reader.readexactly(size))
+            await self.reader.readexactly(2)
+
+
 class WorldClient:
     """One world process, one scenario at a time. Use as `async with WorldClient(url) as world: ...`.
 
@@ -227,13 +285,22 @@ class WorldClient:
         is_alive: Callable[[], bool] | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        parts = urlsplit(self.base_url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"a world speaks plain HTTP: {base_url!r} is not an http:// address")
+        self._host, self._port = parts.hostname, parts.port or 80
+        self._host_header = parts.netloc.encode()
+        self._prefix = parts.path
         self._timeout = timeout
         self._slow_timeout = slow_timeout
         self._is_alive = is_alive
-        # Made on the first call, on the loop that makes it (an aiohttp session belongs to one event loop). aiohttp,
-        # not httpx: a short Gaia2 run's agent spent more CPU in httpx's two world calls (its cookie jar, its
-        # transport layers) than in anything else it does; aiohttp's C parser answers the same call in half.
-        self._http: aiohttp.ClientSession | None = None
+        # Plain HTTP/1.1 over asyncio's streams, each connection kept for the next call (the world's server keeps
+        # them alive); made on the first call, on the loop that makes it. Neither httpx nor aiohttp: a short Gaia2
+        # run's agent spent more CPU in their request machinery (sessions, connectors, cookie jars, timers) for
+        # its two world calls than in anything else it does. A world speaks plain HTTP on this machine or in this
+        # pod: no TLS, no proxy, no cookies, JSON both ways.
+        self._idle: list[_Connection] = []
+        self._busy: set[_Connection] = set()
 
     async def __aenter__(self) -> Self:
         return self
@@ -242,17 +309,30 @@ class WorldClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        if self._http is not None:
-            await self._http.close()
-            self._http = None
+        connections = [*self._idle, *self._busy]
+        self._idle.clear()
+        self._busy.clear()
+        for connection in connections:
+            connection.close()
+        for connection in connections:
+            with contextlib.suppress(OSError):
+                await connection.writer.wait_closed()
 
-    def _session(self) -> aiohttp.ClientSession:
-        import aiohttp  # here, not at the top: a supervisor imports this package for its world pool, never to call
+    def _drop(self, connection: _Connection | None) -> None:
+        """A connection whose call failed carries no other: what is left of its answer would be read as the next's."""
+        if connection is not None:
+            self._busy.discard(connection)
+            connection.close()
 
-        if self._http is None:
-            # A world speaks plain HTTP on this machine or in this pod: no proxy from the environment, no cookies.
-            self._http = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar(), trust_env=False)
-        return self._http
+    async def _connection(self) -> _Connection:
+        while self._idle:
+            connection = self._idle.pop()
+            if connection.reusable():
+                return connection
+            connection.close()
+        async with asyncio.timeout(CONNECT_TIMEOUT):
+            reader, writer = await asyncio.open_connection(self._host, self._port)
+        return _Connection(reader, writer)
 
     async def _call(
         self,
@@ -262,25 +342,36 @@ class WorldClient:
         slow: bool = False,
         read_timeout: float | None = None,
     ) -> Any:
-        import aiohttp
-
         read = read_timeout or (self._slow_timeout if slow else self._timeout)
-        # Timed out as httpx timed it: connecting, then each wait for the next bytes (not the whole answer).
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT, sock_read=read)
         endpoint = f"{method} {path}"
-        data = None if body is None else json.dumps(body).encode()
-        headers = {"content-type": "application/json"} if data is not None else None
+        head = f"{method} {self._prefix}{path} HTTP/1.1\r\nHost: ".encode() + self._host_header
+        if body is not None:
+            data = json.dumps(body).encode()
+            head += b"\r\nContent-Type: application/json\r\nContent-Length: %d" % len(data)
+        else:
+            data = b""
+            head += b"\r\nContent-Length: 0" if method == "POST" else b""
+        connection = None
         try:
-            async with self._session().request(
-                method, self.base_url + path, data=data, headers=headers, timeout=timeout
-            ) as response:
-                status, raw = response.status, await response.read()
-        except TimeoutError as exc:  # before ClientError: aiohttp's own timeouts are both
+            connection = await self._connection()
+            self._busy.add(connection)
+            status, raw, keep_alive = await connection.exchange(head + b"\r\n\r\n" + data, read)
+        except TimeoutError as exc:  # before OSError, of which it is one
+            self._drop(connection)
             if self._is_alive is not None and not self._is_alive():
                 raise WorldDied(f"the world process at {self.base_url} is gone ({endpoint} timed out)") from exc
             raise WorldTimeout(f"the world at {self.base_url} did not answer {endpoint} within {read:.0f} s") from exc
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, aiohttp.ClientResponseError) as exc:
+        except (OSError, asyncio.IncompleteReadError, _HttpError, ValueError) as exc:
+            self._drop(connection)
             raise WorldDied(f"the world process at {self.base_url} is gone ({endpoint}: {exc!r})") from exc
+        except BaseException:  # cancelled mid-call: the answer may still come, on this connection
+            self._drop(connection)
+            raise
+        self._busy.discard(connection)
+        if keep_alive:
+            self._idle.append(connection)
+        else:
+            connection.close()
         text = raw.decode(errors="replace")
         try:
             data = json.loads(raw)
