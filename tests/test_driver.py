@@ -114,6 +114,62 @@ def test_a_run_that_asks_for_no_gpu_sees_none(ray_local, tmp_path: Path) -> None
     assert (tmp_path / "out" / "runs" / result.run_id / "workspace" / "cuda.txt").read_text() == "[]"
 
 
+def _spans(out: Path, results: list) -> list[tuple[float, float]]:
+    """Each run's first and last transcript record times."""
+    spans = []
+    for r in results:
+        lines = (out / "runs" / r.run_id / "transcript.jsonl").read_text().splitlines()
+        stamps = [json.loads(x)["ts"] for x in lines]
+        spans.append((stamps[0], stamps[-1]))
+    return spans
+
+
+def _most_at_once(spans: list[tuple[float, float]]) -> int:
+    edges = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
+    at_once = most = 0
+    for _, step in edges:
+        at_once += step
+        most = max(most, at_once)
+    return most
+
+
+def test_runs_queued_in_the_supervisor_never_exceed_the_campaigns_concurrency(ray_local, tmp_path: Path) -> None:
+    """On a Ray this driver started, the next runs wait in the one supervisor's own queue (`admit`), not in the
+    driver: still no more than `concurrency` runs at once, and as many as that (else the test proves nothing)."""
+    task = make_tiny_task(tmp_path, [WRITE, {"tool": "bash", "args": {"command": "sleep 0.6"}}])
+    spec = CampaignSpec(name="queue", tasks=[str(task)], models=["oracle"], seeds=6, concurrency=2)
+    results = launch(spec, tmp_path / "out", ray_ctx=ray_local)
+    assert len(results) == 6 and all(r.status.value == "Finished" for r in results)
+    assert _most_at_once(_spans(tmp_path / "out", results)) == 2
+
+
+def test_a_supervisor_admits_runs_one_at_a_time_and_starts_none_once_closing(ray_local, tmp_path: Path) -> None:
+    """The supervisor actor's contract with the driver: with `admit=1`, the runs it was handed go one after the
+    other; once `close()` was called, a run it is handed does not start (None, and nothing written in its folder)."""
+    import ray
+
+    from labkube.operator.campaign_run import plan_campaign
+    from labkube.operator.driver import SupervisorActor
+    from labkube.result import RunResult
+
+    task = make_tiny_task(tmp_path, [WRITE, {"tool": "bash", "args": {"command": "sleep 0.4"}}])
+    spec = CampaignSpec(name="admit", tasks=[str(task)], models=["oracle"], seeds=4, concurrency=1)
+    cdir, runs, _ = plan_campaign(spec, tmp_path / "out")
+    cdir.write_campaign(spec, runs)
+    folders = [cdir.root / "runs" / r.run_id for r in runs]
+    actor = SupervisorActor.remote()
+    try:
+        handed = [actor.supervise.remote(str(folder), None, None, 1) for folder in folders[:3]]
+        results = [RunResult.model_validate(data) for data in ray.get(handed, timeout=120)]
+        assert all(r.status.value == "Finished" for r in results)
+        assert _most_at_once(_spans(tmp_path / "out", results)) == 1
+        ray.get(actor.close.remote(), timeout=60)
+        assert ray.get(actor.supervise.remote(str(folders[3]), None, None, 1), timeout=60) is None
+        assert not (folders[3] / "status.json").exists() and not (folders[3] / "transcript.jsonl").exists()
+    finally:
+        ray.kill(actor)
+
+
 def test_the_local_head_runs_without_the_monitors_the_dashboard_and_the_agents(ray_local) -> None:
     """A head started on this machine never scales and its workers' logs go to nobody (`log_to_driver=False`): the
     two monitors would be 160 MiB of the operator pod's memory for nothing. Nothing of labkube uses the dashboard's
