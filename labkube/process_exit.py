@@ -6,7 +6,7 @@ After a campaign, Python's finalization (every module's objects, Ray's core work
 command that ran a campaign asks for the short end (`skip_teardown`) once its results are on disk and Ray has
 stopped; `exit_process`, called by the console script's entry, then runs the atexit handlers, flushes the standard
 streams and exits with the command's code. Anything else ends as Python ends: a command that did not ask, a
-non-daemon thread still running, an exit code that is not a number. Tests invoke the click group (`cli.main`),
+thread still running (daemon or not), an exit code that is not a number. Tests invoke the click group (`cli.main`),
 never the entry, so their process is never ended.
 """
 
