@@ -12,6 +12,7 @@ from labkube.integrity.evidence import Evidence, WorkspaceChanges, gather
 from labkube.integrity.rules import CHECKS
 from labkube.integrity_report import InspectorResult, IntegrityReport, Severity, Verdict, Violation
 from labkube.result import RunResult
+from labkube.run_spec import RunSpec
 from labkube.store import RunDir, read_model, utcnow, write_model
 from labkube.task_card import TaskCard
 from labkube.tasks import card_for_run
@@ -51,15 +52,19 @@ def audit_run(
     *,
     card: TaskCard | None = None,
     changed: WorkspaceChanges | None = None,
+    spec: RunSpec | None = None,
+    result: RunResult | None = None,
 ) -> IntegrityReport:
     """Audit the run in `run_dir`, write `integrity.json` and put the verdict into `result.json`. The run's agent,
-    auditing as it ends, passes the task's `card` it holds and the workspace's changes it has just recorded
-    (`changed`, when nothing ran in the workspace since); otherwise both are read here."""
+    auditing as it ends, passes what it holds: its `spec`, the task's `card`, the `result` it has just written and
+    the workspace's changes it has just recorded (`changed`, when nothing ran in the workspace since); otherwise
+    each is read here."""
     rd = RunDir(run_dir)
-    spec = rd.spec()
+    if spec is None:
+        spec = rd.spec()
     if card is None:
         card = card_for_run(spec.task, spec.task_path, spec.task_id, spec.family, spec.task_overlay)
-    ev = gather(card, rd.root, changed)
+    ev = gather(card, rd.root, changed, result)
     violations, checks = run_checks(ev)
     inspector = None
     if judge_model:
@@ -78,7 +83,8 @@ def audit_run(
         audited_at=utcnow(),
     )
     write_model(rd.root / "integrity.json", report)
-    result = read_model(rd.result_json, RunResult)
+    if result is None:
+        result = read_model(rd.result_json, RunResult)
     if result is not None:
         result.integrity_verdict = verdict.value
         write_model(rd.result_json, result)

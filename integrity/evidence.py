@@ -154,10 +154,12 @@ def _git(workspace: Path, index: Path, *args: str) -> str:
 
 @dataclass
 class WorkspaceChanges:
-    """The workspace against the pristine commit: each changed file, and the diff as text."""
+    """The workspace against the pristine commit: each changed file, and the diff as text; with `recorded`, the
+    run-end record written of these changes (`record_workspace_files`)."""
 
     changes: list[FileChange]
     diff: str
+    recorded: WorkspaceFiles | None = None
 
 
 def workspace_changes(workspace: Path) -> WorkspaceChanges:
@@ -202,7 +204,8 @@ def record_workspace_files(run_dir: Path) -> WorkspaceChanges:
         modified = file_mtime(workspace / change.path) if change.blob else None
         if change.blob and modified is not None:
             files[change.path] = RecordedFile(blob=change.blob, modified_at=modified)
-    write_model(run_dir / WORKSPACE_FILES, WorkspaceFiles(recorded_at=utcnow(), files=files))
+    found.recorded = WorkspaceFiles(recorded_at=utcnow(), files=files)
+    write_model(run_dir / WORKSPACE_FILES, found.recorded)
     return found
 
 
@@ -259,16 +262,19 @@ def process_windows(calls: list[ToolCall], jobs: list[dict[str, Any]], run_end: 
     return windows
 
 
-def gather(card: TaskCard, run_dir: Path, changed: WorkspaceChanges | None = None) -> Evidence:
+def gather(
+    card: TaskCard, run_dir: Path, changed: WorkspaceChanges | None = None, result: RunResult | None = None
+) -> Evidence:
     """The evidence of the run in `run_dir`; `changed`: the workspace's changes when the caller has them already
-    (the run-end record's, with nothing run in the workspace since), else they are computed here."""
+    (the run-end record's, with nothing run in the workspace since), else they are computed here; `result`: the
+    run's `result.json` as its writer holds it, else it is read here."""
     workspace = run_dir / "workspace"
     if changed is None:
         changed = workspace_changes(workspace)
     calls = read_tool_calls(run_dir / "transcript.jsonl")
-    result = None
-    with contextlib.suppress(FileNotFoundError, ValueError):
-        result = RunResult.model_validate_json((run_dir / "result.json").read_text())
+    if result is None:
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            result = RunResult.model_validate_json((run_dir / "result.json").read_text())
     try:
         checkpoint = json.loads((run_dir / "checkpoint.json").read_text())
     except (FileNotFoundError, ValueError):
@@ -290,5 +296,7 @@ def gather(card: TaskCard, run_dir: Path, changed: WorkspaceChanges | None = Non
         result=result,
         grader_summary=summary,
         diff_by_file=split_diff(changed.diff),
-        recorded=read_model(run_dir / WORKSPACE_FILES, WorkspaceFiles),
+        recorded=changed.recorded
+        if changed.recorded is not None
+        else read_model(run_dir / WORKSPACE_FILES, WorkspaceFiles),
     )

@@ -153,3 +153,9 @@ async def test_a_world_that_is_gone_or_not_http_died(served: Served) -> None:
 def test_a_world_address_is_plain_http() -> None:
     with pytest.raises(ValueError, match="plain HTTP"):
         WorldClient("https://127.0.0.1:8443")
+
+
+async def test_a_world_named_by_host_name_is_reached_at_an_address_that_answers(served: Served) -> None:
+    """`localhost` may resolve to ::1 first, where this server does not listen: the next address is tried."""
+    async with WorldClient(served.url.replace("127.0.0.1", "localhost")) as client:
+        assert await client._call("POST", "/echo", {"by": "name"}) == {"body": {"by": "name"}}
