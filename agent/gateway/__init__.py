@@ -18,9 +18,12 @@ is reported so the run's wall budget does not pay for it. `before_call`/`after_c
 world's clock around each call.
 
 The gateway's running totals are kept in `GatewayState`, written to `gateway.json` in the run directory after
-every call, so a pod's agent container can read what its gateway sidecar counted. The file is written off the
-call's path (in a thread, within milliseconds; `close()` waits for the last write): an atomic rename costs
-milliseconds on a busy disk, more than the rest of the gateway's work on a call (benchmarks/gateway_overhead.py).
+every call, so a pod's agent container can read what its gateway sidecar counted. A call is counted in memory
+before its answer's last bytes go out (budgets hold call by call, and `/healthz` answers with it); its transcript
+line, series and the state file are written once no call is in flight (at most a second later while calls keep
+overlapping; `close()` writes what is left), the file in a thread: an atomic rename costs milliseconds on a busy
+disk, and the request's summary a parse of its JSON, work the calls in flight would otherwise queue behind
+(benchmarks/gateway_overhead.py).
 
 Its parts: `state` (the run's settings and totals, the refusals), `digest` (what a call's answer says: usage, model,
 message, from JSON or server-sent events), `proxy` (`ModelGateway`, the HTTP server) and `sidecar` (`labkube
