@@ -100,3 +100,23 @@ def test_a_cli_agents_calls_span_from_when_they_started(tmp_path: Path) -> None:
     transcript.write_text(json.dumps({**line, "args": {"command": "python3 train.py"}, "ok": True}) + "\n")
     (call,) = read_tool_calls(transcript)
     assert (call.started, call.ended) == (started, ended)
+
+
+async def test_the_agents_audit_from_what_it_holds_is_the_audit_from_the_files(tmp_path: Path) -> None:
+    """The agent audits with its spec, its result and its run-end record in hand (GAIA grades nothing in the
+    workspace, so the record's changes are the audit's); `labkube audit` reads each from the run's files. Both say
+    the same of a run whose workspace changed."""
+    from test_gaia_family import ROWS, dataset, run_question
+
+    d = dataset(tmp_path, ROWS, {"nums.txt": "1000\n250\n"})
+    result, run_dir = await run_question(tmp_path, d, "q1", "FINAL ANSWER: 1250")
+    record = WorkspaceFiles.model_validate_json((run_dir / WORKSPACE_FILES).read_text())
+    assert set(record.files) == {"x"}
+    by_agent = json.loads((run_dir / "integrity.json").read_text())
+    assert result.integrity_verdict == by_agent["verdict"]
+    assert json.loads((run_dir / "result.json").read_text())["integrity_verdict"] == by_agent["verdict"]
+    reaudit(run_dir)
+    by_files = json.loads((run_dir / "integrity.json").read_text())
+    for report in (by_agent, by_files):
+        report.pop("audited_at")
+    assert by_agent == by_files
