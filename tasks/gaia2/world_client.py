@@ -15,7 +15,6 @@ A tool the agent misuses is not an exception: `call_tool` returns a `ToolResult`
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import socket
 from collections.abc import Callable
@@ -229,12 +228,13 @@ class _Connection:
     @classmethod
     async def open(cls, host: str, port: int) -> _Connection:
         loop = asyncio.get_running_loop()
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
         try:
-            addresses = [(socket.AF_INET6 if ":" in host else socket.AF_INET, (host, port))]
-            ipaddress.ip_address(host)
-        except ValueError:  # a name: the resolver's addresses, in its order
+            socket.inet_pton(family, host)  # not `ipaddress`: its Python code is pages a forked run would copy
+            addresses = [(family, (host, port))]
+        except OSError:  # a name: the resolver's addresses, in its order
             found = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-            addresses = [(family, address) for family, _, _, _, address in found]
+            addresses = [(found_family, address) for found_family, _, _, _, address in found]
         failure: OSError = OSError(f"no address for {host}")
         for family, address in addresses:
             sock = socket.socket(family, socket.SOCK_STREAM)
