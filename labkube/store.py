@@ -77,11 +77,15 @@ def write_json_atomic(path: Path, data: object) -> None:
     payload = json_bytes(data) + b"\n"
     fd, tmp = _open_temporary(path)
     try:
-        # Whatever the umask: on a shared claim the operator reads what run pods write (same fsGroup, maybe another
-        # uid), so store files are readable as any file the process writes would be.
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(payload)
+        try:
+            # Whatever the umask: on a shared claim the operator reads what run pods write (same fsGroup, maybe
+            # another uid), so store files are readable as any file the process writes would be.
+            os.fchmod(fd, 0o644)
+            written = memoryview(payload)
+            while written:  # os.write, not a file object: no buffer, no fstat/isatty/seek for one write
+                written = written[os.write(fd, written) :]
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
