@@ -159,3 +159,18 @@ async def test_a_world_named_by_host_name_is_reached_at_an_address_that_answers(
     """`localhost` may resolve to ::1 first, where this server does not listen: the next address is tried."""
     async with WorldClient(served.url.replace("127.0.0.1", "localhost")) as client:
         assert await client._call("POST", "/echo", {"by": "name"}) == {"body": {"by": "name"}}
+
+
+async def test_closing_the_client_fails_a_call_still_waiting_at_once(served: Served) -> None:
+    """Another task's call in flight when the client closes (a session ending) fails as a world that ended would
+    fail it, not after its read timeout."""
+    client = WorldClient(served.url)
+    waiting = asyncio.create_task(client._call("GET", "/slow"))
+    await asyncio.sleep(0.3)
+    started = time.monotonic()
+    await client.aclose()
+    with pytest.raises(WorldDied, match="GET /slow"):
+        await waiting
+    assert time.monotonic() - started < 1.0
+    async with WorldClient(served.url) as again:  # the loop still hears from new connections
+        assert await again._call("POST", "/echo", {"n": 3}) == {"body": {"n": 3}}

@@ -15,6 +15,7 @@ A tool the agent misuses is not an exception: `call_tool` returns a `ToolResult`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 from collections.abc import Callable
@@ -264,6 +265,12 @@ class _Connection:
     def close(self) -> None:
         self.sock.close()
 
+    def cut(self) -> None:
+        """End a connection a call is waiting on: the call sees its end at once and closes it (closing it here would
+        leave the call waiting on a descriptor the event loop no longer hears from)."""
+        with contextlib.suppress(OSError):  # it ended already
+            self.sock.shutdown(socket.SHUT_RDWR)
+
     async def _fill(self) -> None:
         data = await asyncio.get_running_loop().sock_recv(self.sock, 65536)
         if not data:
@@ -290,10 +297,10 @@ class _Connection:
 
     async def exchange(self, request: bytes, read: float) -> tuple[int, bytes, bool]:
         """Send `request`; (status, body, whether the connection may carry another request). Waits `read` seconds
-        at most for the answer's first bytes, then as long again for the rest."""
+        at most for the request to go and the answer's first bytes to come, then as long again for the rest."""
         loop = asyncio.get_running_loop()
-        await loop.sock_sendall(self.sock, request)
         async with asyncio.timeout(read) as deadline:
+            await loop.sock_sendall(self.sock, request)
             head = await self._read_until(b"\r\n\r\n")
             deadline.reschedule(loop.time() + read)
             status_line, *lines = head.decode("latin-1").split("\r\n")
@@ -357,10 +364,10 @@ class WorldClient:
         self._slow_timeout = slow_timeout
         self._is_alive = is_alive
         # Plain HTTP/1.1, each connection kept for the next call (the world's server keeps them alive); made on the
-        # first call, on the loop that makes it. Neither httpx nor aiohttp: a short Gaia2
-        # run's agent spent more CPU in their request machinery (sessions, connectors, cookie jars, timers) for
-        # its two world calls than in anything else it does. A world speaks plain HTTP on this machine or in this
-        # pod: no TLS, no proxy, no cookies, JSON both ways.
+        # first call, on the loop that makes it. Neither httpx nor aiohttp: a short Gaia2 run's agent spent more CPU
+        # in their request machinery (sessions, connectors, cookie jars, timers) for its two world calls than in
+        # anything else it does. A world speaks plain HTTP on this machine or in this pod: no TLS, no proxy, no
+        # cookies, JSON both ways.
         self._idle: list[_Connection] = []
         self._busy: set[_Connection] = set()
 
@@ -371,11 +378,12 @@ class WorldClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        connections = [*self._idle, *self._busy]
+        for connection in self._idle:
+            connection.close()
+        for connection in self._busy:  # a call still waiting (another task's) fails as the world's end would fail it
+            connection.cut()
         self._idle.clear()
         self._busy.clear()
-        for connection in connections:
-            connection.close()
 
     def _drop(self, connection: _Connection | None) -> None:
         """A connection whose call failed carries no other: what is left of its answer would be read as the next's."""
