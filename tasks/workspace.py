@@ -128,9 +128,7 @@ class EmptyPristine:
                 path = here / name
                 mode = stat.S_IMODE(path.stat().st_mode)
                 files.append((path.relative_to(workspace).as_posix(), mode, path.read_bytes()))
-        umask = os.umask(0o022)
-        os.umask(umask)
-        return cls(os.getpid(), tuple(directories), tuple(files), umask)
+        return cls(os.getpid(), tuple(directories), tuple(files), _umask())
 
     def write_into(self, dest: Path) -> None:
         root = str(dest)
@@ -147,6 +145,18 @@ class EmptyPristine:
                 os.write(fd, content)  # a few hundred bytes: one write
             finally:
                 os.close(fd)
+
+
+def _umask() -> int:
+    """This process's umask, read where Linux shows it: setting it to learn it would change it, for a moment, for
+    every thread of the process."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            return next(int(line.split()[1], 8) for line in status if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):
+        umask = os.umask(0o022)
+        os.umask(umask)
+        return umask
 
 
 _empty_pristine: EmptyPristine | None = None  # set in the agent zygote; the runs it forks inherit it
