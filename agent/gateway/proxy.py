@@ -114,7 +114,10 @@ class ModelGateway(GatewayAddress):
             self._deferred_handle.cancel()
             self._deferred_handle = None
         while self._deferred:  # the last calls' transcript lines, series and state file
-            self._deferred.popleft()[1]()
+            try:
+                self._deferred.popleft()[1]()
+            except Exception:  # one failed line must not keep the others, the state file or the session open
+                logging.getLogger(__name__).exception("labkube gateway: a call's bookkeeping failed")
         if self._state_writer is not None:
             await self._state_writer
         if self._session is not None:
