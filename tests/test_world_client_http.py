@@ -13,12 +13,13 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from local_http import LocalHTTPServer
 
 from labkube.tasks.gaia2 import WorldClient
-from labkube.tasks.gaia2.world_client import WorldDied, WorldRequestError, WorldTimeout
+from labkube.tasks.gaia2.world_client import WorldDied, WorldRequestError, WorldTimeout, world_address
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -150,11 +151,6 @@ async def test_a_world_that_is_gone_or_not_http_died(served: Served) -> None:
             await client._call("GET", "/echo")
 
 
-def test_a_world_address_is_plain_http() -> None:
-    with pytest.raises(ValueError, match="plain HTTP"):
-        WorldClient("https://127.0.0.1:8443")
-
-
 async def test_a_world_named_by_host_name_is_reached_at_an_address_that_answers(served: Served) -> None:
     """`localhost` may resolve to ::1 first, where this server does not listen: the next address is tried."""
     async with WorldClient(served.url.replace("127.0.0.1", "localhost")) as client:
@@ -174,3 +170,27 @@ async def test_closing_the_client_fails_a_call_still_waiting_at_once(served: Ser
     assert time.monotonic() - started < 1.0
     async with WorldClient(served.url) as again:  # the loop still hears from new connections
         assert await again._call("POST", "/echo", {"n": 3}) == {"body": {"n": 3}}
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:8080",
+        "http://localhost",
+        "HTTP://World-Sidecar:9000/prefix/v1",
+        "http://[::1]:7000",
+        "http://[fe80::1%25eth0]:7000/x",
+        "http://10.0.0.7:31000/a?b=c",
+    ],
+)
+def test_a_world_address_is_read_as_urllib_reads_it(url: str) -> None:
+    parts = urlsplit(url)
+    assert world_address(url) == (parts.hostname, parts.port or 80, parts.netloc, parts.path)
+
+
+@pytest.mark.parametrize(
+    "url", ["https://127.0.0.1:8443", "127.0.0.1:8080", "http://:8080", "http://user@host:1", "http://host:port"]
+)
+def test_a_world_address_is_plain_http(url: str) -> None:
+    with pytest.raises(ValueError, match="plain HTTP"):
+        WorldClient(url)
