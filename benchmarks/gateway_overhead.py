@@ -16,11 +16,13 @@ differences (gateway minus direct, pair by pair), never a difference of two samp
 are the noise floor (what a gateway that added nothing would show), so a p95 added can be read against it, and a
 negative tail is noise, not a gain. `--baseline REF` adds another way, the gateway as it was at commit REF (its
 agent/gateway.py, or agent/gateway/ since the split, in a process of its own), to the same alternation: a before and
-after measured under the same load. A streamed call's latency is to its last event; its first token is its first
-text delta as the SDK yields it.
+after measured under the same load. `--pause-ms` pauses after each side's call or round, as an agent's own work
+separates its calls: without it, what a gateway does after its answers (the transcript, the state file) runs into
+the next side's round and is charged to that side. A streamed call's latency is to its last event; its first token
+is its first text delta as the SDK yields it.
 
     python benchmarks/gateway_overhead.py [--calls 400] [--rounds 100] [--concurrency 1,4,16] [--baseline REF]
-                                          [--uvloop] [--profile-gateway FILE] [--write-docs]
+                                          [--pause-ms MS] [--uvloop] [--profile-gateway FILE] [--write-docs]
 
 `--write-docs` replaces the table in docs/third-party-agents.md (`<!-- benchmark:gateway_overhead -->`).
 """
@@ -319,9 +321,11 @@ async def measure(
     pairs: int,
     warmup: int,
     seed: int,
+    pause_s: float = 0.0,
 ) -> None:
     """`pairs` counted pairs (after `warmup` uncounted ones) of a call each way (concurrency 1) or a round of
-    simultaneous calls each way, in an order drawn at random each time."""
+    simultaneous calls each way, in an order drawn at random each time, `pause_s` after each round: a gateway's work
+    after its answers (the transcript, the state file) then falls in its own time, not in the next side's round."""
     rng = random.Random(seed)
     case.samples = {side: [] for side in sides}
     cpu_before = {side: cpu_seconds(pids[side]) for side in pids}
@@ -338,6 +342,8 @@ async def measure(
                 raise SystemExit(f"{where}: {exc!r} ({exc.__cause__!r})") from exc
             if i >= warmup:
                 case.samples[side].extend(samples)
+            if pause_s:
+                await asyncio.sleep(pause_s)
     for side, before in cpu_before.items():
         after = cpu_seconds(pids[side])
         calls = (warmup + pairs) * case.concurrency
@@ -522,7 +528,9 @@ async def run_cases(args: argparse.Namespace, upstream_url: str, gateways: dict[
             request = agent_request(api, args.request_kb)
             for stream in (False, True):
                 case = Case(api, stream, concurrency)
-                await measure(case, made, sides, pids, request, pairs, warmup, seed=len(cases))
+                await measure(
+                    case, made, sides, pids, request, pairs, warmup, seed=len(cases), pause_s=args.pause_ms / 1e3
+                )
                 cases.append(case)
                 print(f"  measured {API_NAMES[api]}, stream={stream}, concurrency {concurrency}", file=sys.stderr)
         for client in made.values():
@@ -571,6 +579,12 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,4,16")
     parser.add_argument("--apis", default=",".join(APIS))
     parser.add_argument("--warmup", type=int, default=50, help="uncounted calls each way first, per case")
+    parser.add_argument(
+        "--pause-ms",
+        type=float,
+        default=0.0,
+        help="a pause after each side's call or round, as an agent's own work separates its calls",
+    )
     parser.add_argument("--request-kb", type=int, default=64, help="size of each request's JSON")
     parser.add_argument("--event-interval-ms", type=float, default=2.0, help="the provider's pause between events")
     parser.add_argument("--baseline", metavar="REF", help="also measure the gateway as it was at this commit")
@@ -606,8 +620,8 @@ def main() -> None:
     args.apis = args.apis.split(",")
     if unknown := set(args.apis) - set(APIS):
         parser.error(f"--apis: unknown {', '.join(sorted(unknown))} (choose from {', '.join(APIS)})")
-    if min(args.calls, args.rounds, *args.concurrency) < 1 or args.warmup < 0:
-        parser.error("--calls, --rounds and --concurrency must be at least 1, --warmup at least 0")
+    if min(args.calls, args.rounds, *args.concurrency) < 1 or min(args.warmup, args.pause_ms) < 0:
+        parser.error("--calls, --rounds and --concurrency must be at least 1, --warmup and --pause-ms at least 0")
     loop = ["--uvloop"] if args.uvloop else []
     profiling = ["--profile-gateway", str(args.profile_gateway.resolve())] if args.profile_gateway else []
     load_before = os.getloadavg()
@@ -640,6 +654,7 @@ def main() -> None:
         f"python benchmarks/gateway_overhead.py --calls {args.calls} --rounds {args.rounds}"
         f" --concurrency {','.join(map(str, args.concurrency))} --warmup {args.warmup} --request-kb {args.request_kb}"
         f" --event-interval-ms {args.event_interval_ms:g}"
+        + (f" --pause-ms {args.pause_ms:g}" if args.pause_ms else "")
         + (f" --baseline {baseline}" if baseline else "")
         + (" --uvloop" if args.uvloop else "")
     )
@@ -653,7 +668,8 @@ def main() -> None:
         " show: a negative tail is noise); direct pN = the direct calls' own. Gateway CPU per call = the gateway"
         " process's user and system time over the case's calls, warm-up included."
         f" {args.request_kb} KB requests, streamed events {args.event_interval_ms:g} ms apart;"
-        f" warm-up not counted: {warmups}; {time.monotonic() - started:.0f} s in all."
+        + (f" {args.pause_ms:g} ms pause after each side's call or round;" if args.pause_ms else "")
+        + f" warm-up not counted: {warmups}; {time.monotonic() - started:.0f} s in all."
     )
     console = Console(width=max(Console().width, 170))
     console.print(table("The model gateway's added latency (ms)", HEADER, rows))

@@ -244,6 +244,7 @@ def test_the_overhead_benchmark_measures_every_case_and_writes_its_table(tmp_pat
     doc.write_text("# Gateway\n\n<!-- benchmark:gateway_overhead -->\nold\n<!-- /benchmark -->\n")
     argv = [sys.executable, str(REPO / "benchmarks" / "gateway_overhead.py"), "--calls", "2", "--rounds", "1"]
     argv += ["--warmup", "0", "--concurrency", "1,2", "--request-kb", "1", "--event-interval-ms", "0"]
+    argv += ["--pause-ms", "1"]
     proc = subprocess.run([*argv, "--write-docs", "--doc", str(doc)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     text = doc.read_text()
@@ -259,6 +260,7 @@ def test_the_overhead_benchmark_measures_every_case_and_writes_its_table(tmp_pat
         assert all(re.fullmatch(r"-?\d+\.\d\d", cell) if r[1] == "yes" else cell == "" for cell in r[10:14]), r
     assert "old" not in text
     assert "Written by `python benchmarks/gateway_overhead.py --calls 2 --rounds 1 --concurrency 1,2 --warmup 0" in text
+    assert "--pause-ms 1`" in text and "1 ms pause after each side's call or round" in text
 
 
 async def test_a_sidecars_view_asks_the_gateway_for_its_counts_before_reading_its_file(tmp_path: Path) -> None:
