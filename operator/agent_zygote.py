@@ -45,7 +45,6 @@ PRELOAD = (
     "labkube.tasks.environment",
     "labkube.tasks.gaia",
     "labkube.tasks.gaia2.cards",
-    "aiohttp",  # the world client's, imported on its first call
     "httpx",
     # What httpx imports on its first request (a model SDK's): its async stack, trio included where installed.
     "httpcore",

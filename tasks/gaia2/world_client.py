@@ -21,6 +21,7 @@ import socket
 from collections.abc import Callable
 from typing import Any, Literal, Self
 
+import h11
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -210,6 +211,7 @@ class AreAgentRun(ValidationResult):
 DEFAULT_TIMEOUT = 30.0
 SLOW_TIMEOUT = 330.0
 CONNECT_TIMEOUT = 5.0
+MAX_HEAD_BYTES = 64 * 1024  # an answer's status line and headers
 
 
 def world_address(url: str) -> tuple[str, int, str, str]:
@@ -234,11 +236,12 @@ class _HttpError(Exception):
 class _Connection:
     """One keep-alive HTTP/1.1 connection to a world, one request at a time, on a non-blocking socket through the
     event loop's own socket calls (no transport, protocol and stream objects: a third of a short run's world calls'
-    CPU went on building them)."""
+    CPU went on building them). The HTTP itself (framing, chunked and close-delimited bodies, keep-alive) is h11's,
+    the protocol library under httpx, which the agent zygote has imported already."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.buffer = bytearray()  # received, not yet read
+        self.http = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
 
     @classmethod
     async def open(cls, host: str, port: int) -> _Connection:
@@ -285,72 +288,39 @@ class _Connection:
         with contextlib.suppress(OSError):  # it ended already
             self.sock.shutdown(socket.SHUT_RDWR)
 
-    async def _fill(self) -> None:
-        data = await asyncio.get_running_loop().sock_recv(self.sock, 65536)
-        if not data:
-            raise _HttpError("the connection closed before the answer was complete")
-        self.buffer += data
-
-    async def _read_until(self, marker: bytes) -> bytes:
-        start = 0
-        while (end := self.buffer.find(marker, start)) < 0:
-            start = max(0, len(self.buffer) - len(marker) + 1)
-            if len(self.buffer) > 65536:
-                raise _HttpError("response headers too long")
-            await self._fill()
-        line = bytes(self.buffer[: end + len(marker)])
-        del self.buffer[: end + len(marker)]
-        return line
-
-    async def _read_exactly(self, size: int) -> bytes:
-        while len(self.buffer) < size:
-            await self._fill()
-        data = bytes(self.buffer[:size])
-        del self.buffer[:size]
-        return data
-
-    async def exchange(self, request: bytes, read: float) -> tuple[int, bytes, bool]:
-        """Send `request`; (status, body, whether the connection may carry another request). Waits `read` seconds
-        at most for the request to go and the answer's first bytes to come, then as long again for the rest."""
+    async def exchange(self, request: h11.Request, data: bytes, read: float) -> tuple[int, bytes, bool]:
+        """Send `request` with `data`; (status, body, whether the connection may carry another request). Waits `read`
+        seconds at most for the request to go and the answer's first bytes to come, then as long again for the rest."""
         loop = asyncio.get_running_loop()
-        async with asyncio.timeout(read) as deadline:
-            await loop.sock_sendall(self.sock, request)
-            head = await self._read_until(b"\r\n\r\n")
-            deadline.reschedule(loop.time() + read)
-            status_line, *lines = head.decode("latin-1").split("\r\n")
-            version, _, rest = status_line.partition(" ")
-            if not version.startswith("HTTP/1.") or not rest[:3].isdigit():
-                raise _HttpError(f"not an HTTP response: {status_line[:80]!r}")
-            headers = {}
-            for line in lines:
-                name, sep, value = line.partition(":")
-                if sep:
-                    headers[name.strip().lower()] = value.strip()
-            keep_alive = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
-            if "chunked" in headers.get("transfer-encoding", "").lower():
-                body = await self._chunked()
-            elif "content-length" in headers:
-                body = await self._read_exactly(int(headers["content-length"]))
-            else:  # the body runs to the end of the connection
-                body, keep_alive = await self._rest(), False
-        return int(rest[:3]), body, keep_alive
-
-    async def _chunked(self) -> bytes:
-        parts = []
-        while size := int((await self._read_until(b"\r\n")).split(b";", 1)[0], 16):
-            parts.append(await self._read_exactly(size))
-            await self._read_exactly(2)
-        while (await self._read_until(b"\r\n")) != b"\r\n":  # trailers, then the blank line
-            pass
-        return b"".join(parts)
-
-    async def _rest(self) -> bytes:
-        loop = asyncio.get_running_loop()
-        while data := await loop.sock_recv(self.sock, 65536):
-            self.buffer += data
-        body = bytes(self.buffer)
-        self.buffer.clear()
-        return body
+        http = self.http
+        try:
+            outgoing = http.send(request) or b""
+            if data:
+                outgoing += http.send(h11.Data(data=data)) or b""
+            outgoing += http.send(h11.EndOfMessage()) or b""
+            async with asyncio.timeout(read) as deadline:
+                await loop.sock_sendall(self.sock, outgoing)
+                status, parts = 0, []
+                while True:
+                    event = http.next_event()
+                    if event is h11.NEED_DATA:
+                        http.receive_data(await loop.sock_recv(self.sock, 65536))
+                    elif isinstance(event, h11.Response):
+                        status = event.status_code
+                        deadline.reschedule(loop.time() + read)
+                    elif isinstance(event, h11.Data):
+                        parts.append(event.data)
+                    elif isinstance(event, h11.EndOfMessage):
+                        break
+                    elif isinstance(event, h11.ConnectionClosed):
+                        raise _HttpError("the connection closed before the answer was complete")
+                    # h11.InformationalResponse (a 1xx before the answer): nothing to keep
+        except h11.ProtocolError as exc:
+            raise _HttpError(f"not an HTTP response the client can read: {exc}") from None
+        keep_alive = http.our_state is h11.DONE and http.their_state is h11.DONE
+        if keep_alive:
+            http.start_next_cycle()
+        return status, b"".join(parts), keep_alive
 
 
 class WorldClient:
@@ -374,10 +344,10 @@ class WorldClient:
         self._slow_timeout = slow_timeout
         self._is_alive = is_alive
         # Plain HTTP/1.1, each connection kept for the next call (the world's server keeps them alive); made on the
-        # first call, on the loop that makes it. Neither httpx nor aiohttp: a short Gaia2 run's agent spent more CPU
-        # in their request machinery (sessions, connectors, cookie jars, timers) for its two world calls than in
-        # anything else it does. A world speaks plain HTTP on this machine or in this pod: no TLS, no proxy, no
-        # cookies, JSON both ways.
+        # first call, on the loop that makes it. Neither httpx's nor aiohttp's clients (h11 under httpx does the HTTP):
+        # a short Gaia2 run's agent spent more CPU in their request machinery (sessions, connectors, cookie jars,
+        # timers) for its two world calls than in anything else it does. A world speaks plain HTTP on this machine or
+        # in this pod: no TLS, no proxy, no cookies, JSON both ways.
         self._idle: list[_Connection] = []
         self._busy: set[_Connection] = set()
 
@@ -420,18 +390,19 @@ class WorldClient:
     ) -> Any:
         read = read_timeout or (self._slow_timeout if slow else self._timeout)
         endpoint = f"{method} {path}"
-        head = f"{method} {self._prefix}{path} HTTP/1.1\r\nHost: ".encode() + self._host_header
+        headers = [(b"Host", self._host_header)]
         if body is not None:
             data = json.dumps(body).encode()
-            head += b"\r\nContent-Type: application/json\r\nContent-Length: %d" % len(data)
+            headers += [(b"Content-Type", b"application/json"), (b"Content-Length", b"%d" % len(data))]
         else:
             data = b""
-            head += b"\r\nContent-Length: 0" if method == "POST" else b""
+            headers += [(b"Content-Length", b"0")] if method == "POST" else []
+        request = h11.Request(method=method, target=f"{self._prefix}{path}", headers=headers)
         connection = None
         try:
             connection = await self._connection()
             self._busy.add(connection)
-            status, raw, keep_alive = await connection.exchange(head + b"\r\n\r\n" + data, read)
+            status, raw, keep_alive = await connection.exchange(request, data, read)
         except TimeoutError as exc:  # before OSError, of which it is one
             self._drop(connection)
             if self._is_alive is not None and not self._is_alive():
