@@ -61,6 +61,25 @@ async def test_a_calls_line_waits_for_the_calls_in_flight_and_its_usage_does_not
     assert state.calls == 2 and state.spend.usage == EXPECTED + EXPECTED
 
 
+async def test_flush_writes_a_finished_calls_line_while_another_is_in_flight(tmp_path: Path) -> None:
+    """What a checkpoint relies on (`cli_agents.CliRun.sync` flushes before it takes the transcript's position): once
+    `flush()` returns, every call the spend counts has its line, even with another call in flight."""
+    transcript = tmp_path / "transcript.jsonl"
+    with FakeLLM() as server:
+        server.script(Reply.delay(0.8, Reply.text("slow")), Reply.text("quick", usage=PLANTED))
+        async with gateway_for(server, tmp_path, "anthropic") as gw:
+            slow = asyncio.create_task(asyncio.to_thread(ask, gw))
+            await until(lambda: len(server.requests) == 1)
+            await asyncio.to_thread(ask, gw)
+            assert read_jsonl(transcript) == []  # held back: a call is in flight
+            gw.flush()
+            assert not slow.done()
+            assert [line["message"]["content"] for line in read_jsonl(transcript)] == ["quick"]
+            assert gw.state.spend.usage == EXPECTED
+            await slow
+        assert len(read_jsonl(transcript)) == 2
+
+
 async def test_calls_that_keep_overlapping_hold_a_line_back_for_max_defer_s_at_most(tmp_path: Path) -> None:
     transcript = tmp_path / "transcript.jsonl"
     slow_s = MAX_DEFER_S + 1.0

@@ -110,18 +110,24 @@ class ModelGateway(GatewayAddress):
     async def close(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
-        if self._deferred_handle is not None:
-            self._deferred_handle.cancel()
-            self._deferred_handle = None
-        while self._deferred:  # the last calls' transcript lines, series and state file
-            try:
-                self._deferred.popleft()[1]()
-            except Exception:  # one failed line must not keep the others, the state file or the session open
-                logging.getLogger(__name__).exception("labkube gateway: a call's bookkeeping failed")
+        self.flush()  # the last calls' transcript lines, series and state file
         if self._state_writer is not None:
             await self._state_writer
         if self._session is not None:
             await self._session.close()
+
+    def flush(self) -> None:
+        """Write down now every finished call's bookkeeping still waiting (`_defer`): its transcript line and series
+        (and start the state file's write). A checkpoint takes the transcript's position after this, so that a run
+        resumed from it keeps every call its spend counts."""
+        if self._deferred_handle is not None:
+            self._deferred_handle.cancel()
+            self._deferred_handle = None
+        while self._deferred:
+            try:
+                self._deferred.popleft()[1]()
+            except Exception:  # one failed line must not keep the others, the state file or the session open
+                logging.getLogger(__name__).exception("labkube gateway: a call's bookkeeping failed")
 
     async def __aenter__(self) -> ModelGateway:
         return await self.start()

@@ -470,6 +470,8 @@ class CliRun:
         container's series: its counts since the last look)."""
         gw, tracker, ckpt = self.gw, self.tracker, self.ckpt
         tracker.tick()
+        if isinstance(gw, ModelGateway):
+            gw.flush()  # the calls its spend counts are in the transcript before the checkpoint takes its position
         if isinstance(gw, GatewayView):
             before = gw.state.spend.model_copy(deep=True)
             gw.refresh(live=final)
