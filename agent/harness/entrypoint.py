@@ -37,7 +37,6 @@ from labkube.agent.rg.workspace import Workspace
 from labkube.agent.rg.world_errors import WorldFailure
 from labkube.agent.rg.world_session import WorldSession, open_world, world_tools
 from labkube.agent.scaffolds.are_default import run_are_default
-from labkube.agent.scaffolds.cli_agents import CLI_TOOL_NAMES, RunHooks, run_cli_agent
 from labkube.agent.telemetry import RunTelemetry, start_telemetry
 from labkube.agent.transcript import JsonlLog, now_iso, read_jsonl
 from labkube.budgets import StopReason
@@ -291,6 +290,10 @@ async def run_agent(run_dir: Path, resume: bool = False) -> RunResult:
                 await world.close()
             return stop_before_the_loop(*outcome)
     if spec.agent in CLI_AGENTS:
+        # Here only: the vendor CLIs' scaffold brings the model gateway and its aiohttp server (0.15-0.2 s of
+        # imports), which a scripted run, forked from the zygote that imported this module, never uses.
+        from labkube.agent.scaffolds.cli_agents import CLI_TOOL_NAMES, RunHooks, run_cli_agent
+
         telemetry.declare_tools(CLI_TOOL_NAMES)
         hooks = RunHooks(take_grade, write_status, save_checkpoint)
         try:
