@@ -59,13 +59,16 @@ MAX_ACTORS = 64
 # first driver's registration only once the worker it prestarts has imported Ray and registered (0.4-0.7 s), unless
 # `prestart_worker_first_driver` is off: the driver then starts its supervisors meanwhile, and the prestarted worker
 # still hosts the first of them. Task events (what Ray's dashboard and state API show; labkube reads neither) are
-# off: the driver's `ray.shutdown` waited 0.25 s for its last flush of them, and every actor call recorded some.
+# off: the driver's `ray.shutdown` waited 0.25 s for its last flush of them, and every actor call recorded some. The
+# supervisors' worker keeps the driver's priority: Ray renices its workers to 15, under the agents and their commands,
+# which on a busy machine would starve the runs' control plane (deadlines, checkpoints, the next run's start).
 HEAD_SYSTEM_CONFIG = MappingProxyType(
     {
         "raylet_client_connect_timeout_milliseconds": 20,
         "raylet_client_num_connect_attempts": 500,
         "prestart_worker_first_driver": False,
         "task_events_report_interval_ms": 0,
+        "worker_niceness": 0,
     }
 )
 

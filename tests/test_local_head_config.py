@@ -7,7 +7,9 @@ line (what Ray passes it), in a process of its own (its own Ray); the prestarted
 actor (no second worker is started for it). And no process of the node records Ray's task events (what Ray's
 dashboard and state API read, and labkube does not): with them, the driver's `ray.shutdown` waited 0.25 s for its
 last flush of them, 8% of a 20-run Gaia2 oracle campaign on this machine; each process's core worker says in its log
-that it keeps none."""
+that it keeps none. The worker that hosts the supervisors is not reniced to 15 (Ray's default for its workers): a
+run's supervisor is the campaign's control plane (deadlines, checkpoints, the next run's start), which agents and
+their commands at the usual priority would otherwise starve on a busy machine."""
 
 from __future__ import annotations
 
@@ -55,7 +57,10 @@ PROBE = textwrap.dedent(
                 with open(os.path.join(logs, name)) as fh:
                     if "Task Event Buffer is disabled" in fh.read():
                         no_task_events.append(name.split("-")[2])
-        print(json.dumps({"actor": actor, "workers": workers, "started": started, "no_task_events": no_task_events}))
+        with open(f"/proc/{actor}/stat") as fh:
+            nice = int(fh.read().rsplit(")", 1)[1].split()[16])
+        print(json.dumps({"actor": actor, "workers": workers, "started": started, "no_task_events": no_task_events,
+                          "nice": nice, "own_nice": os.nice(0)}))
     finally:
         shutdown(ctx)
     """
@@ -83,3 +88,5 @@ def test_the_local_head_asks_for_its_sockets_every_20_ms_answers_its_driver_at_o
     assert where["workers"] == [where["actor"]] and where["started"] == 1, where  # the prestarted one hosts it
     # Ray's own reading of the config: neither the driver's core worker nor the actor's records task events
     assert where["no_task_events"] == ["driver", "worker"], where
+    # the supervisors' worker runs at the driver's priority, not Ray's nice 15 for workers (under the agents)
+    assert config["worker_niceness"] == 0 and where["nice"] == where["own_nice"], where
