@@ -80,6 +80,22 @@ async def test_flush_writes_a_finished_calls_line_while_another_is_in_flight(tmp
         assert len(read_jsonl(transcript)) == 2
 
 
+async def test_with_no_deferral_a_line_is_written_while_another_call_is_in_flight(tmp_path: Path) -> None:
+    """The sidecar's gateway (`max_defer_s=0`, `agent/gateway/sidecar.py`), which the agent in another container
+    cannot flush before it checkpoints: a finished call's line goes out on the next turn of the event loop."""
+    transcript = tmp_path / "transcript.jsonl"
+    with FakeLLM() as server:
+        server.script(Reply.delay(0.8, Reply.text("slow")), Reply.text("quick"))
+        async with gateway_for(server, tmp_path, "anthropic") as gw:
+            gw.max_defer_s = 0.0
+            slow = asyncio.create_task(asyncio.to_thread(ask, gw))
+            await until(lambda: len(server.requests) == 1)
+            await asyncio.to_thread(ask, gw)
+            await until(lambda: len(read_jsonl(transcript)) == 1, timeout_s=0.5)
+            assert not slow.done()
+            await slow
+
+
 async def test_calls_that_keep_overlapping_hold_a_line_back_for_max_defer_s_at_most(tmp_path: Path) -> None:
     transcript = tmp_path / "transcript.jsonl"
     slow_s = MAX_DEFER_S + 1.0

@@ -60,7 +60,8 @@ class GatewayAddress:
 
 class ModelGateway(GatewayAddress):
     """One run's gateway. `await start()` binds 127.0.0.1 (or `host`) on a free port (or `port`); `url` is then the
-    base for agents (`openai_base_url`, `anthropic_base_url`)."""
+    base for agents (`openai_base_url`, `anthropic_base_url`). A finished call's bookkeeping waits for the calls in
+    flight `max_defer_s` at most (`_defer`); 0: the next turn of the event loop."""
 
     def __init__(
         self,
@@ -72,8 +73,10 @@ class ModelGateway(GatewayAddress):
         before_call: Hook | None = None,
         after_call: AfterHook | None = None,
         on_refusal: Callable[[StopReason], None] | None = None,
+        max_defer_s: float = MAX_DEFER_S,
     ) -> None:
         self.config = config
+        self.max_defer_s = max_defer_s
         self.transcript = transcript
         self.telemetry = telemetry
         self.state = state or GatewayState()
@@ -168,7 +171,7 @@ class ModelGateway(GatewayAddress):
     # -- work that waits for the calls in flight
     def _defer(self, job: Callable[[], None]) -> None:
         """Run `job` (a finished call's bookkeeping) once no call is in flight, one job a turn of the event loop, so
-        that the calls of a burst do not wait for the ones before them to be written down; at most `MAX_DEFER_S`
+        that the calls of a burst do not wait for the ones before them to be written down; at most `max_defer_s`
         later under calls that keep overlapping."""
         self._deferred.append((time.monotonic(), job))
         self._wake_deferred()
@@ -180,13 +183,13 @@ class ModelGateway(GatewayAddress):
         if self._in_flight == 0:
             self._deferred_handle = loop.call_soon(self._run_deferred)
         else:
-            due = self._deferred[0][0] + MAX_DEFER_S - time.monotonic()
+            due = self._deferred[0][0] + self.max_defer_s - time.monotonic()
             self._deferred_handle = loop.call_later(max(0.0, due), self._run_deferred)
 
     def _run_deferred(self) -> None:
         self._deferred_handle = None
         try:
-            if self._deferred and (self._in_flight == 0 or self._deferred[0][0] + MAX_DEFER_S <= time.monotonic()):
+            if self._deferred and (self._in_flight == 0 or self._deferred[0][0] + self.max_defer_s <= time.monotonic()):
                 self._deferred.popleft()[1]()
         finally:
             self._wake_deferred()

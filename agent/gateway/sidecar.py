@@ -93,6 +93,9 @@ async def serve_run_gateway(run_dir: Path, host: str, port: int, token_file: Pat
         state_path=rd.root / "gateway.json",
         before_call=before,
         after_call=after,
+        # In a pod the agent cannot flush this process's bookkeeping before it checkpoints (`ModelGateway.flush`):
+        # a call's transcript line is written on the next turn of the event loop, not once the calls in flight end.
+        max_defer_s=0.0,
     )
     await gateway.start(host, port)
     token_file.parent.mkdir(parents=True, exist_ok=True)
