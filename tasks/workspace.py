@@ -142,7 +142,8 @@ class EmptyPristine:
             try:
                 if mode & self.umask:
                     os.fchmod(fd, mode)
-                os.write(fd, content)  # a few hundred bytes: one write
+                if os.write(fd, content) != len(content):  # a few hundred bytes: one write, or git makes the repository
+                    raise OSError(f"a short write of {rel}")
             finally:
                 os.close(fd)
 
