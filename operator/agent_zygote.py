@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import gc
 import json
 import os
@@ -35,6 +36,7 @@ from pydantic import BaseModel
 from labkube.operator.agent_keys import split_secrets
 
 ZYGOTE_MODULE = "labkube.operator.agent_zygote"
+WARMING_ENV = "LABKUBE_ZYGOTE_WARMING"  # started ahead of the first run, in a session of its own (labkube/cpu_share.py)
 # What a scripted run imports (the agent, its Gaia2 and GAIA tasks, the audit, the metrics), once for every child.
 PRELOAD = (
     "prometheus_client",
@@ -172,6 +174,12 @@ def serve() -> None:
     """The zygote's loop: fork a child per request, report each child's exit. Single-threaded, so forking is safe."""
     import importlib
 
+    from labkube.cpu_share import RETRY_S, WARMING_NICE, set_autogroup_nice
+
+    # Warming until the first request (or until the driver says the supervisors are up): the full share then,
+    # asked for again every RETRY_S while the kernel refuses (EAGAIN), without a thread (this process forks).
+    warming = os.environ.pop(WARMING_ENV, None) == "1" and set_autogroup_nice(WARMING_NICE) == 0
+    share = "warming" if warming else "full"  # then "asking" while the kernel refuses the full share
     for module in PRELOAD:
         with contextlib.suppress(ImportError):  # an optional one (trio) that is not installed
             importlib.import_module(module)
@@ -186,7 +194,9 @@ def serve() -> None:
     children: dict[int, int] = {}  # pidfd -> pid
     buffer = b""
     while True:
-        ready, _, _ = select.select([0, *children], [], [])
+        ready, _, _ = select.select([0, *children], [], [], RETRY_S if share == "asking" else None)
+        if share == "asking" and set_autogroup_nice(0) != errno.EAGAIN:
+            share = "full"
         for fd in ready:
             if fd != 0:
                 pid = children.pop(fd)
@@ -202,6 +212,8 @@ def serve() -> None:
             while b"\n" in buffer:
                 line, buffer = buffer.split(b"\n", 1)
                 request = ChildRequest.model_validate_json(line)
+                if share == "warming":
+                    share = "asking" if set_autogroup_nice(0) == errno.EAGAIN else "full"
                 try:
                     pid = os.fork()
                 except OSError as exc:

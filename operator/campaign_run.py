@@ -27,6 +27,7 @@ from labkube.tasks import resolve_campaign_tasks
 
 if TYPE_CHECKING:
     from labkube.operator.driver import RayContext
+    from labkube.tasks.gaia2.world_process import WorldHandoff
 
 API_KEYS = {"openai": "OPENAI_API_KEY", "openai-chat": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 
@@ -176,6 +177,12 @@ def launch(
             zygote.close()
             raise
         results: list[RunResult] | None = None
+
+        def supervisors_up() -> list[WorldHandoff]:
+            """The worlds to adopt, asked for once the supervisors are up: what was started warming stops warming."""
+            zygote.end_warming()
+            return early.handoffs()
+
         try:
             asyncio.run(
                 drive(
@@ -188,7 +195,7 @@ def launch(
                     env=run_env(metrics.env if metrics else None),
                     on_waiting=metrics.telemetry.waiting_for_gpus if metrics else None,
                     gpu_hours_cap=spec.gpu_hours_cap,
-                    early_worlds=early.handoffs,
+                    early_worlds=supervisors_up,
                     early_zygote=zygote.handoff(),
                 )
             )

@@ -175,12 +175,15 @@ class EarlyWorlds:
             log_prefix="world-early",
             key_variables=campaign_key_variables(campaign_root),
         )
-        self._thread = threading.Thread(target=self.pool.prestart, args=(count,), daemon=True, name="early-worlds")
+        # Warming (labkube/cpu_share.py): Ray's head and the supervisors, which the first run waits for, go first.
+        self._thread = threading.Thread(target=self.pool.prestart, args=(count, True), daemon=True, name="early-worlds")
         self._thread.start()
 
     def handoffs(self) -> list[WorldHandoff]:
         """Once they listen: what the supervisors adopt (none when the worlds could not start: they start their own
-        and meet the same error)."""
+        and meet the same error). Asked for when the supervisors are up: the worlds stop warming."""
+        if self.pool is not None:
+            self.pool.end_warming()
         if self._thread is not None:
             self._thread.join()
         return [world.handoff() for world in self.pool.idle()] if self.pool is not None else []

@@ -29,8 +29,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from labkube.cpu_share import set_autogroup_nice
 from labkube.operator.agent_keys import split_secrets
-from labkube.operator.agent_zygote import ZYGOTE_MODULE, AgentZygote
+from labkube.operator.agent_zygote import WARMING_ENV, ZYGOTE_MODULE, AgentZygote
 
 ADDRESS_PREFIX = "labkube-zygote-"
 STOP_WAIT_S = 5.0
@@ -62,8 +63,9 @@ class EarlyZygote:
                 stdin=theirs.fileno(),
                 stdout=theirs.fileno(),
                 stderr=subprocess.DEVNULL,  # not the terminal the campaign's table is on (its children log per run)
-                env=env,
+                env={**env, WARMING_ENV: "1"},  # while Ray's head and the supervisors start (labkube/cpu_share.py)
                 cwd=Path(os.sep),
+                start_new_session=True,  # its share of the CPU its own, not taken from the head's
             )
         self._ours = ours
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -74,6 +76,12 @@ class EarlyZygote:
 
     def handoff(self) -> ZygoteHandoff | None:
         return ZygoteHandoff(pid=self.proc.pid, address=self.address) if self.proc is not None else None
+
+    def end_warming(self) -> None:
+        """The full share of the CPU back to the zygote: the supervisor that will ask it for runs is up. One ask: one
+        the kernel refuses (EAGAIN) the zygote takes back at its first request."""
+        if self.proc is not None:
+            set_autogroup_nice(0, self.proc.pid)
 
     def _hand_over(self) -> None:
         """Give the zygote's socket to the first process of this user that asks, then let go of it."""

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from test_warm_workers import gaia_question
 
+from labkube.cpu_share import autogroup_nice
 from labkube.operator.supervisor import supervise_run
 from labkube.operator.warm import WarmWorker
 from labkube.operator.zygote_handoff import EarlyZygote, ZygoteHandoff, receive
@@ -44,6 +45,8 @@ async def test_a_supervisor_forks_its_runs_from_the_zygote_the_driver_started(tm
         agent_pid = int((run_dir / "workspace" / "agent.pid").read_text())
         assert agent_pid not in (os.getpid(), early.proc.pid), "the agent was a process of its own"
         assert warm.zygote.pid == early.proc.pid
+        if autogroup_nice() is not None:  # it started warming (labkube/cpu_share.py); its first request ended that
+            assert autogroup_nice(early.proc.pid) == 0
     finally:
         await warm.close()
     assert ended(early.proc.pid), "the zygote outlived its supervisor's hold on it"

@@ -17,15 +17,17 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from pydantic import BaseModel
 
+from labkube.cpu_share import set_autogroup_nice
 from labkube.tasks.gaia2.world_client import WorldClient
 from labkube.tasks.gaia2.world_env import world_python
 
 SERVER_SCRIPT = Path(__file__).with_name("world_server.py")
+WARMING_ENV = "LABKUBE_WORLD_WARMING"  # read by world_cpu_share.py, in the world's own virtualenv
 STARTUP_TIMEOUT = 60.0
 
 
@@ -178,20 +180,26 @@ def start_worlds(
     log_paths: list[Path] | None = None,
     log_level: str = "WARNING",
     key_variables: Iterable[str] = (),
+    warming: bool = False,
+    on_spawn: Callable[[int], None] | None = None,
 ) -> list[WorldProcess]:
     """Start `count` worlds from one import of ARE (a process, and `count - 1` copies it forks once ARE is
     imported: importing ARE is most of a world's start, seconds of CPU each), each on a port, in a process group and
     with a log of its own; wait (at most `startup_timeout` s) for them to listen. The first is this process's child
     (`WorldProcess`); the copies are the first's (`AdoptedWorld`: stopping the first does not stop them). Returns
     the ones that listen; raises WorldStartError when none does. The worlds start without this process's API keys:
-    its `*_API_KEY` variables and the `key_variables` a campaign names for its models (`api_key_env`)."""
+    its `*_API_KEY` variables and the `key_variables` a campaign names for its models (`api_key_env`). `warming`:
+    started ahead of anything that waits for them, the first takes a smaller share of the CPU until its first request
+    or `set_autogroup_nice(0, pid)` (labkube/cpu_share.py); `on_spawn` gets its pid as soon as it exists."""
     python = python or world_python()
     logs = list(log_paths) if log_paths else [_temporary_log() for _ in range(count)]
     cmd = world_command(python, host, port, log_level, logs[1:count])
     # A world needs no key (an LLM spec carries its own, in the request); an agent's shell of the same user could
     # read one from the world's /proc/<pid>/environ.
     keys = frozenset(key_variables)
-    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k not in keys}
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k not in keys and k != WARMING_ENV}
+    if warming:
+        env[WARMING_ENV] = "1"
     with logs[0].open("ab") as log:
         proc = subprocess.Popen(
             cmd,
@@ -202,6 +210,8 @@ def start_worlds(
             start_new_session=True,  # its own process group, so stop() can kill everything it started
             cwd=tempfile.gettempdir(),
         )
+    if on_spawn is not None:
+        on_spawn(proc.pid)
     first = WorldProcess(proc, host, 0, logs[0])
     listening = _read_listening(proc, count, startup_timeout)
     copies: list[WorldProcess] = []
@@ -267,14 +277,16 @@ class WorldPool:
         self._lock = threading.Lock()
         self._closed = False
         self._started = 0
+        self._warming: set[int] = set()  # pids of worlds started warming, until end_warming()
 
     @property
     def started(self) -> int:
         """How many world processes this pool has started (a reused world is not counted again)."""
         return self._started
 
-    def _start(self, count: int = 1) -> list[WorldProcess]:
-        """`count` worlds from one import of ARE (`start_worlds`), numbered on from the pool's last."""
+    def _start(self, count: int = 1, warming: bool = False) -> list[WorldProcess]:
+        """`count` worlds from one import of ARE (`start_worlds`), numbered on from the pool's last; `warming` when
+        no run waits for them yet."""
         with self._lock:
             first = self._started + 1
             self._started += count
@@ -282,18 +294,28 @@ class WorldPool:
         if self._log_dir is not None:
             self._log_dir.mkdir(parents=True, exist_ok=True)
             kwargs["log_paths"] = [self._log_dir / f"{self._log_prefix}-{n}.log" for n in range(first, first + count)]
-        return start_worlds(self._python, count, **kwargs)  # type: ignore[arg-type]
+        spawned = self._warming.add if warming else None
+        return start_worlds(self._python, count, warming=warming, on_spawn=spawned, **kwargs)  # type: ignore[arg-type]
 
-    def prestart(self, count: int) -> None:
+    def prestart(self, count: int, warming: bool = False) -> None:
         """Start worlds until `count` are idle (at most `max_idle`), from one import of ARE; worlds that fail to
-        start are left to the first `acquire()`, which raises their error."""
+        start are left to the first `acquire()`, which raises their error. `warming`: nothing waits for them until
+        `end_warming()` (labkube/cpu_share.py)."""
         with self._lock:
             missing = min(count, self._max_idle) - len(self._idle) - len(self._busy)
         if missing <= 0:
             return
         with contextlib.suppress(WorldStartError):
-            for world in self._start(missing):
+            for world in self._start(missing, warming=warming):
                 self.release(world)
+
+    def end_warming(self) -> None:
+        """The full share of the CPU back to the worlds started warming: what waits for them is up. One ask each: one
+        the kernel refuses (EAGAIN, labkube/cpu_share.py) takes it back at its first request."""
+        with self._lock:
+            pids, self._warming = self._warming, set()
+        for pid in pids:
+            set_autogroup_nice(0, pid)
 
     def adopt(self, handoffs: list[WorldHandoff]) -> int:
         """Take idle worlds another process started, up to `max_idle` (an idle world that died makes room); one

@@ -39,7 +39,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import deferred_imports  # noqa: F401  (first, before any of ARE: ARE's document converter is imported on first use)
+import deferred_imports  # noqa: F401  (before any of ARE: ARE's document converter is imported on first use)
+import world_cpu_share  # before ARE: a world warming up ahead of its first run yields the CPU while it imports ARE
 from world_health import WorldBroken
 from world_judge import install_judge_caches, warm_judge
 from world_protocol import ProtocolError, one_line
@@ -54,6 +55,7 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # headers and body go out as two writes: no 40 ms delayed-ACK stalls
     session: WorldSession  # set by serve()
+    warming = world_cpu_share.WARMING  # until the first request (world_cpu_share.py)
 
     def log_message(self, fmt: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), fmt % args)
@@ -79,6 +81,9 @@ class Handler(BaseHTTPRequestHandler):
         return body
 
     def _dispatch(self, method: str) -> None:
+        if Handler.warming:  # the first request: the world is wanted now
+            Handler.warming = False
+            world_cpu_share.end_warming()
         s = self.session
         routes: dict[tuple[str, str], Callable[[dict[str, Any]], dict[str, Any]]] = {
             ("GET", "/health"): lambda _: {"status": "ok", "are_version": ARE_VERSION, "pid": os.getpid()},
@@ -169,6 +174,7 @@ def fork_copies(logs: list[str]) -> tuple[int, list[int]]:
         pid = os.fork()
         if pid == 0:
             os.setsid()
+            Handler.warming = False  # a session of its own: an autogroup of its own, at the full share
             fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             os.dup2(fd, sys.stderr.fileno())
             os.dup2(fd, sys.stdout.fileno())
