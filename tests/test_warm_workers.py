@@ -11,6 +11,8 @@ import contextlib
 import json
 import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,7 +25,7 @@ from labkube.store import CampaignDir, write_model
 from labkube.task_card import TaskFamily
 from labkube.tasks import resolve_tasks
 from labkube.tasks.gaia2 import WorldPool, WorldProcess, load_scenario, setup_world_env, world_python
-from labkube.tasks.gaia2.world_process import AdoptedWorld
+from labkube.tasks.gaia2.world_process import AdoptedWorld, start_world
 
 pytestmark = pytest.mark.gaia2
 
@@ -190,6 +192,28 @@ async def test_worlds_forked_from_one_import_of_are_are_independent_worlds(are_p
         assert all(p.stat().st_size > 0 for p in tmp_path.glob("world-*.log")), "each world logs to its own file"
 
 
+def test_worlds_keep_their_temporary_files_in_a_directory_removed_once_they_are_stopped(are_python: Path) -> None:
+    """ARE makes a sandbox directory in the temporary directory when it is imported and never removes it: a world's
+    TMPDIR is its pool's (the copies forked from one import share ARE's), removed when the pool closes, or, for a
+    world started alone, its own, removed when it stops."""
+    with WorldPool(are_python, max_idle=2) as pool:
+        pool.prestart(2)
+        worlds = pool.idle()
+        temps = set()
+        for world in worlds:
+            environ = Path(f"/proc/{world.pid}/environ").read_bytes().split(b"\0")
+            temps.update(Path(e.split(b"=", 1)[1].decode()) for e in environ if e.startswith(b"TMPDIR="))
+        (temp,) = temps
+        assert [p.name for p in temp.iterdir() if p.name.startswith("are_simulation_sandbox_")], "ARE's is in it"
+        worlds[0].stop()
+        assert temp.is_dir(), "a world's copies still use it"
+    assert not temp.exists()
+    alone = start_world(are_python)
+    assert alone.temp_dir is not None and any(alone.temp_dir.iterdir())
+    alone.stop()
+    assert not alone.temp_dir.exists()
+
+
 def test_a_world_holds_no_api_key_of_the_process_that_starts_it(
     are_python: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -271,8 +295,17 @@ def test_labkube_run_starts_its_worlds_while_ray_starts_and_stops_them(tmp_path:
 
     out = tmp_path / "camp"
     refs = ["gaia2/time_door_code", "gaia2/execution_budget_email"]
-    proc = labkube("run", *refs, "--model", "oracle", "--concurrency", "2", "--out", str(out), cwd=tmp_path)
+    temp = Path(tempfile.mkdtemp(prefix="lk-"))  # the command's TMPDIR; Ray keeps its own (RAY_TMPDIR)
+    try:
+        env = {"TMPDIR": str(temp), "RAY_TMPDIR": tempfile.gettempdir()}
+        run = ["run", *refs, "--model", "oracle", "--concurrency", "2", "--out", str(out)]
+        proc = labkube(*run, cwd=tmp_path, env=env)
+        left = sorted(p.name for p in temp.iterdir())
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # ARE makes a sandbox directory when it is imported (and one per scenario with files), and never removes them.
+    assert not [n for n in left if n.startswith(("are_simulation", "labkube-world"))], left
     logs = sorted(p.name for p in (out / "worlds").iterdir())
     assert logs == ["world-early-1.log", "world-early-2.log"], logs
     results = [json.loads(p.read_text()) for p in (out / "runs").glob("*/result.json")]

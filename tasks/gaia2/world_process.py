@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -65,11 +66,14 @@ def _proc_stat(pid: int) -> tuple[str, int] | None:
 class WorldProcess:
     """A running world server. `stop()` is idempotent and never waits on the process itself."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], host: str, port: int, log_path: Path) -> None:
+    def __init__(
+        self, proc: subprocess.Popen[bytes], host: str, port: int, log_path: Path, temp_dir: Path | None = None
+    ) -> None:
         self.proc = proc
         self.host = host
         self.port = port
         self.log_path = log_path
+        self.temp_dir = temp_dir  # its TMPDIR, removed by stop(): the world's alone, none of its copies'
 
     @property
     def pid(self) -> int:
@@ -96,6 +100,8 @@ class WorldProcess:
             self.proc.wait(timeout=5)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+        if self.temp_dir is not None:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def handoff(self) -> WorldHandoff:
         """What another process needs to adopt this world (its parent, this process, still reaps it)."""
@@ -182,6 +188,7 @@ def start_worlds(
     key_variables: Iterable[str] = (),
     warming: bool = False,
     on_spawn: Callable[[int], None] | None = None,
+    temp_dir: Path | None = None,
 ) -> list[WorldProcess]:
     """Start `count` worlds from one import of ARE (a process, and `count - 1` copies it forks once ARE is
     imported: importing ARE is most of a world's start, seconds of CPU each), each on a port, in a process group and
@@ -190,7 +197,11 @@ def start_worlds(
     the ones that listen; raises WorldStartError when none does. The worlds start without this process's API keys:
     its `*_API_KEY` variables and the `key_variables` a campaign names for its models (`api_key_env`). `warming`:
     started ahead of anything that waits for them, the first takes a smaller share of the CPU until its first request
-    or `set_autogroup_nice(0, pid)` (labkube/cpu_share.py); `on_spawn` gets its pid as soon as it exists."""
+    or `set_autogroup_nice(0, pid)` (labkube/cpu_share.py); `on_spawn` gets its pid as soon as it exists.
+
+    The worlds' temporary files (ARE makes a sandbox directory when it is imported, and more per scenario, and never
+    removes them) go in `temp_dir`, which the caller removes once they are all stopped (`WorldPool.close`); without
+    one, a single world gets a directory of its own, which its `stop()` removes."""
     python = python or world_python()
     logs = list(log_paths) if log_paths else [_temporary_log() for _ in range(count)]
     cmd = world_command(python, host, port, log_level, logs[1:count])
@@ -200,6 +211,12 @@ def start_worlds(
     env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k not in keys and k != WARMING_ENV}
     if warming:
         env[WARMING_ENV] = "1"
+    owned = None
+    if temp_dir is None:
+        if count > 1:
+            raise ValueError("worlds forked from one import of ARE share a temporary directory: pass temp_dir")
+        temp_dir = owned = Path(tempfile.mkdtemp(prefix="labkube-world-"))
+    env["TMPDIR"] = str(temp_dir)
     with logs[0].open("ab") as log:
         proc = subprocess.Popen(
             cmd,
@@ -212,7 +229,7 @@ def start_worlds(
         )
     if on_spawn is not None:
         on_spawn(proc.pid)
-    first = WorldProcess(proc, host, 0, logs[0])
+    first = WorldProcess(proc, host, 0, logs[0], temp_dir=owned)
     listening = _read_listening(proc, count, startup_timeout)
     copies: list[WorldProcess] = []
     for copy, (port, pid) in sorted(listening.items()):
@@ -278,6 +295,7 @@ class WorldPool:
         self._closed = False
         self._started = 0
         self._warming: set[int] = set()  # pids of worlds started warming, until end_warming()
+        self._temp_dir: Path | None = None  # the TMPDIR of the worlds it starts, removed by close()
 
     @property
     def started(self) -> int:
@@ -290,12 +308,15 @@ class WorldPool:
         with self._lock:
             first = self._started + 1
             self._started += count
+            if self._temp_dir is None:
+                self._temp_dir = Path(tempfile.mkdtemp(prefix="labkube-worlds-"))
         kwargs = dict(self._start_kwargs)
         if self._log_dir is not None:
             self._log_dir.mkdir(parents=True, exist_ok=True)
             kwargs["log_paths"] = [self._log_dir / f"{self._log_prefix}-{n}.log" for n in range(first, first + count)]
         spawned = self._warming.add if warming else None
-        return start_worlds(self._python, count, warming=warming, on_spawn=spawned, **kwargs)  # type: ignore[arg-type]
+        kwargs.update(warming=warming, on_spawn=spawned, temp_dir=self._temp_dir)
+        return start_worlds(self._python, count, **kwargs)  # type: ignore[arg-type]
 
     def prestart(self, count: int, warming: bool = False) -> None:
         """Start worlds until `count` are idle (at most `max_idle`), from one import of ARE; worlds that fail to
@@ -393,8 +414,11 @@ class WorldPool:
             self._closed = True
             worlds = [*self._idle, *self._busy]
             self._idle, self._busy = [], set()
+            temp_dir, self._temp_dir = self._temp_dir, None
         for world in worlds:
             world.stop()
+        if temp_dir is not None:  # every world started with it is stopped
+            shutil.rmtree(temp_dir, ignore_errors=True)
 
     def __enter__(self) -> WorldPool:
         return self
