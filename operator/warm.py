@@ -24,6 +24,7 @@ from labkube.operator.zygote_handoff import SupervisorZygote
 from labkube.run_spec import RunSpec
 from labkube.store import CampaignDir, StoreError
 from labkube.task_card import TaskFamily
+from labkube.tasks.gaia2.world_client import CONTROL_TOKEN_VARIABLE
 from labkube.tasks.gaia2.world_process import WorldHandoff, WorldPool, WorldProcess
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,12 @@ class WorldLease:
 
     @property
     def env(self) -> dict[str, str]:
-        return {"LABKUBE_WORLD_URL": self.world.base_url, "LABKUBE_WORLD_LOG": str(self.world.log_path)}
+        """What the run's agent process gets: the world's address and log, and its control token, which the local
+        sandbox hands over on stdin with the API keys (`agent_keys.split_secrets`)."""
+        env = {"LABKUBE_WORLD_URL": self.world.base_url, "LABKUBE_WORLD_LOG": str(self.world.log_path)}
+        if self.world.control_token:
+            env[CONTROL_TOKEN_VARIABLE] = self.world.control_token
+        return env
 
 
 def campaign_key_variables(campaign_root: Path) -> set[str]:

@@ -28,6 +28,7 @@ from labkube.store import write_model
 from labkube.task_card import TaskFamily
 from labkube.tasks import resolve_tasks
 from labkube.tasks.gaia2 import (
+    CONTROL_TOKEN_VARIABLE,
     WorldBroken,
     WorldClient,
     WorldProcess,
@@ -117,6 +118,7 @@ async def test_first_model_request_holds_the_tutorials_first_user_message(
     tmp_path: Path, world: WorldProcess, monkeypatch: pytest.MonkeyPatch, scenario_id: str
 ) -> None:
     monkeypatch.setenv("LABKUBE_WORLD_URL", world.base_url)  # the warm world, as a pod's sidecar would be
+    monkeypatch.setenv(CONTROL_TOKEN_VARIABLE, world.control_token or "")  # the supervisor hands it over on stdin
     with FakeLLM(default=Reply.tool_call("end_task", {"summary": "seen"})) as llm:
         await run_agent(run_dir_for(tmp_path, f"gaia2/{scenario_id}", f"openai-compatible:{llm.base_url}/v1#m"))
         assert llm.requests, "the agent made no model request"
@@ -129,6 +131,7 @@ async def test_a_task_sent_at_60_simulated_seconds_is_in_the_first_request(
     tmp_path: Path, world: WorldProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("LABKUBE_WORLD_URL", world.base_url)
+    monkeypatch.setenv(CONTROL_TOKEN_VARIABLE, world.control_token or "")
     scenario = late_task_scenario(tmp_path)
     with FakeLLM(default=Reply.tool_call("end_task", {"summary": "seen"})) as llm:
         result = await run_agent(run_dir_for(tmp_path, str(scenario), f"openai-compatible:{llm.base_url}/v1#m"))

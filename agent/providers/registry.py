@@ -42,9 +42,14 @@ def set_secrets(secrets: dict[str, str]) -> None:
     _SECRETS.update(secrets)
 
 
+def secret(name: str) -> str | None:
+    """A secret handed over on stdin, else the environment's variable (a run started by hand, a test)."""
+    return _SECRETS.get(name) or os.environ.get(name)
+
+
 def api_key_from_env(ref: ModelRef, api_key_env: dict[str, str]) -> str | None:
     var = api_key_env.get(str(ref)) or DEFAULT_KEY_ENV.get(ref.provider)
-    key = (_SECRETS.get(var) or os.environ.get(var)) if var else None
+    key = secret(var) if var else None
     if key is None and ref.provider in ("openai", "openai-chat", "anthropic"):
         raise ProviderError(f"{var} is not set; export it for model {ref}", retryable=False, reason=StopReason.auth)
     return key

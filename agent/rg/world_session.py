@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from labkube.agent.messages import Message
+from labkube.agent.providers.registry import secret
 from labkube.agent.rg.tool import Tool, ToolError, tool
 from labkube.agent.rg.tools import ToolContext
 from labkube.agent.rg.world_errors import WorldFailure
 from labkube.tasks.gaia2 import (
+    CONTROL_TOKEN_VARIABLE,
     Notification,
     ToolSpec,
     ValidationResult,
@@ -134,7 +136,8 @@ async def open_world(log_dir: Any, think_time_s: float | None) -> WorldSession:
     url = os.environ.get("LABKUBE_WORLD_URL")
     if url:
         log = os.environ.get("LABKUBE_WORLD_LOG")
-        return WorldSession(WorldClient(url), None, think_time_s, log_path=Path(log) if log else None)
+        client = WorldClient(url, control_token=secret(CONTROL_TOKEN_VARIABLE))  # None: a world open to all (a pod's)
+        return WorldSession(client, None, think_time_s, log_path=Path(log) if log else None)
     try:
         process = start_world(world_python(), log_path=log_dir / "world.log")
     except Exception as exc:  # the ARE environment is missing or the world cannot start

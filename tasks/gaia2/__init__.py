@@ -17,6 +17,7 @@ from labkube.tasks.gaia2.scenarios import (
     resolve_scenarios,
 )
 from labkube.tasks.gaia2.world_client import (
+    CONTROL_TOKEN_VARIABLE,
     AgentLogEntry,
     AreAgentReport,
     AreAgentRun,
@@ -53,6 +54,7 @@ __all__ = [
     "ARE_VERSION",
     "BUNDLED_DIR",
     "CAPABILITIES",
+    "CONTROL_TOKEN_VARIABLE",
     "AgentLogEntry",
     "AreAgentReport",
     "AreAgentRun",

@@ -209,6 +209,10 @@ class AreAgentRun(ValidationResult):
 # Every call has a timeout. The world answers slow operations itself within its own deadlines
 # (load 180 s, validation 300 s): the client waits a little longer than that, never forever.
 DEFAULT_TIMEOUT = 30.0
+CONTROL_HEADER = "X-Labkube-World-Control"  # world_server.py checks it (its copy of the name: it imports no labkube)
+# Where a run's agent process finds the token of the world lent to it: among its secrets (on stdin, as its API keys),
+# never in its environment, which its commands (a vendor CLI's shell) read.
+CONTROL_TOKEN_VARIABLE = "LABKUBE_WORLD_CONTROL_TOKEN"
 SLOW_TIMEOUT = 330.0
 CONNECT_TIMEOUT = 5.0
 MAX_HEAD_BYTES = 64 * 1024  # an answer's status line and headers
@@ -326,7 +330,9 @@ class _Connection:
 class WorldClient:
     """One world process, one scenario at a time. Use as `async with WorldClient(url) as world: ...`.
 
-    `is_alive` (from `WorldProcess.alive`) lets a timeout on a dead process surface as `WorldDied`.
+    `is_alive` (from `WorldProcess.alive`) lets a timeout on a dead process surface as `WorldDied`. `control_token`:
+    a world started by labkube on this machine answers its controller's endpoints (the scenario, the clock, the
+    judge) only to a client that holds the token it announced (docs/gaia2-world-protocol.md, "Who may call what").
     """
 
     def __init__(
@@ -336,8 +342,11 @@ class WorldClient:
         timeout: float = DEFAULT_TIMEOUT,
         slow_timeout: float = SLOW_TIMEOUT,
         is_alive: Callable[[], bool] | None = None,
+        control_token: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        # The run's controller's (the agent process's) key to the world's scenario, clock and judge (CONTROL_HEADER)
+        self._control = [(CONTROL_HEADER.encode(), control_token.encode())] if control_token else []
         self._host, self._port, netloc, self._prefix = world_address(self.base_url)
         self._host_header = netloc.encode()
         self._timeout = timeout
@@ -390,7 +399,7 @@ class WorldClient:
     ) -> Any:
         read = read_timeout or (self._slow_timeout if slow else self._timeout)
         endpoint = f"{method} {path}"
-        headers = [(b"Host", self._host_header)]
+        headers = [(b"Host", self._host_header), *self._control]
         if body is not None:
             data = json.dumps(body).encode()
             headers += [(b"Content-Type", b"application/json"), (b"Content-Length", b"%d" % len(data))]

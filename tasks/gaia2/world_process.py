@@ -29,6 +29,7 @@ from labkube.tasks.gaia2.world_env import world_python
 
 SERVER_SCRIPT = Path(__file__).with_name("world_server.py")
 WARMING_ENV = "LABKUBE_WORLD_WARMING"  # read by world_cpu_share.py, in the world's own virtualenv
+CONTROL_ENV = "LABKUBE_WORLD_CONTROL"  # read by world_server.py
 STARTUP_TIMEOUT = 60.0
 
 
@@ -45,12 +46,16 @@ class WorldHandoff(BaseModel):
     host: str
     port: int
     log_path: str
+    control_token: str | None = None  # the key to its controller's endpoints (world_server.py CONTROL_ROUTES)
 
     @classmethod
-    def of(cls, pid: int, host: str, port: int, log_path: Path) -> WorldHandoff:
+    def of(cls, pid: int, host: str, port: int, log_path: Path, control_token: str | None = None) -> WorldHandoff:
         """The handoff of a live process (its start time read now; -1, which no process has, when it is gone)."""
         stat = _proc_stat(pid)
-        return cls(pid=pid, started_ticks=stat[1] if stat else -1, host=host, port=port, log_path=str(log_path))
+        ticks = stat[1] if stat else -1
+        return cls(
+            pid=pid, started_ticks=ticks, host=host, port=port, log_path=str(log_path), control_token=control_token
+        )
 
 
 def _proc_stat(pid: int) -> tuple[str, int] | None:
@@ -74,6 +79,7 @@ class WorldProcess:
         self.port = port
         self.log_path = log_path
         self.temp_dir = temp_dir  # its TMPDIR, removed by stop(): the world's alone, none of its copies'
+        self.control_token: str | None = None  # announced on its LISTENING line
 
     @property
     def pid(self) -> int:
@@ -87,7 +93,8 @@ class WorldProcess:
         return self.proc.poll() is None
 
     def client(self, **kwargs: object) -> WorldClient:
-        """An async client bound to this process (a dead process surfaces as `WorldDied`)."""
+        """An async client bound to this process (a dead process surfaces as `WorldDied`), holding its control token."""
+        kwargs.setdefault("control_token", self.control_token)
         return WorldClient(self.base_url, is_alive=self.alive, **kwargs)  # type: ignore[arg-type]
 
     def stop(self) -> None:
@@ -105,7 +112,7 @@ class WorldProcess:
 
     def handoff(self) -> WorldHandoff:
         """What another process needs to adopt this world (its parent, this process, still reaps it)."""
-        return WorldHandoff.of(self.pid, self.host, self.port, self.log_path)
+        return WorldHandoff.of(self.pid, self.host, self.port, self.log_path, self.control_token)
 
     def log_tail(self, lines: int = 20) -> str:
         try:
@@ -124,6 +131,7 @@ class AdoptedWorld(WorldProcess):
     def __init__(self, handoff: WorldHandoff) -> None:
         self.handed = handoff
         self.host, self.port, self.log_path = handoff.host, handoff.port, Path(handoff.log_path)
+        self.control_token = handoff.control_token
 
     @property
     def pid(self) -> int:
@@ -139,8 +147,11 @@ class AdoptedWorld(WorldProcess):
                 os.killpg(self.handed.pid, signal.SIGKILL)
 
 
-def _read_listening(proc: subprocess.Popen[bytes], copies: int, timeout: float) -> dict[int, tuple[int, int]]:
-    """The worlds' LISTENING lines: {copy: (port, pid)}, until all `copies` answered or `timeout` s passed."""
+def _read_listening(
+    proc: subprocess.Popen[bytes], copies: int, timeout: float
+) -> dict[int, tuple[int, int, str | None]]:
+    """The worlds' LISTENING lines: {copy: (port, pid, control token)}, until all `copies` answered or `timeout` s
+    passed."""
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout
     buffer, listening = b"", {}
@@ -153,9 +164,10 @@ def _read_listening(proc: subprocess.Popen[bytes], copies: int, timeout: float) 
             buffer += chunk
             for line in buffer.decode(errors="replace").splitlines():
                 fields = line.split()
+                token = fields.pop()[len("control=") :] if fields and fields[-1].startswith("control=") else None
                 if len(fields) >= 2 and fields[0] == "LISTENING":
                     copy = int(fields[3]) if len(fields) == 4 else 0
-                    listening[copy] = (int(fields[1]), int(fields[2]) if len(fields) == 4 else proc.pid)
+                    listening[copy] = (int(fields[1]), int(fields[2]) if len(fields) == 4 else proc.pid, token)
         elif proc.poll() is not None and 0 not in listening:
             break
     return listening
@@ -209,6 +221,7 @@ def start_worlds(
     # read one from the world's /proc/<pid>/environ.
     keys = frozenset(key_variables)
     env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k not in keys and k != WARMING_ENV}
+    env[CONTROL_ENV] = "1"  # the scenario, the clock and the judge answer only the holder of its token
     if warming:
         env[WARMING_ENV] = "1"
     owned = None
@@ -232,11 +245,11 @@ def start_worlds(
     first = WorldProcess(proc, host, 0, logs[0], temp_dir=owned)
     listening = _read_listening(proc, count, startup_timeout)
     copies: list[WorldProcess] = []
-    for copy, (port, pid) in sorted(listening.items()):
+    for copy, (port, pid, token) in sorted(listening.items()):
         if copy == 0:
-            first.port = port
+            first.port, first.control_token = port, token
             continue
-        copies.append(AdoptedWorld(WorldHandoff.of(pid, host, port, logs[copy])))
+        copies.append(AdoptedWorld(WorldHandoff.of(pid, host, port, logs[copy], token)))
     if 0 not in listening:
         for world in (*copies, first):
             world.stop()

@@ -6,7 +6,8 @@ by path:
     <are-venv>/bin/python world_server.py --port 0
 
 The first line on stdout is `LISTENING <port>` (with `--copy-log`, each forked copy i adds `LISTENING <port>
-<pid> <i>`); everything else (ARE's logging included) goes to stderr. One process serves any number of scenarios
+<pid> <i>`; with LABKUBE_WORLD_CONTROL=1, each line ends with ` control=<token>`, the key to the run controller's
+endpoints); everything else (ARE's logging included) goes to stderr. One process serves any number of scenarios
 one after another (`POST /scenario` replaces the current one). The protocol is documented in
 docs/gaia2-world-protocol.md.
 
@@ -25,9 +26,11 @@ verdict_message.py (the verdict as a pod's termination message).
 from __future__ import annotations
 
 import argparse
+import hmac
 import json
 import logging
 import os
+import secrets
 import select
 import signal
 import sys
@@ -48,6 +51,22 @@ from world_scenario import install_environment_shortcuts
 from world_session import WorldSession
 
 ARE_VERSION = "1.2.0"
+CONTROL_ENV = "LABKUBE_WORLD_CONTROL"  # "1": make a control token and announce it (labkube's own worlds)
+CONTROL_HEADER = "X-Labkube-World-Control"
+# The run's controller's endpoints: the scenario it loads, the clock the gateway stops during model calls, the
+# judge, the oracle and ARE's agent. The agent's (its tools, notifications, time, messages to the user) stay open:
+# a vendor CLI reaches them through the MCP bridge, which holds no token, and so could the CLI's shell.
+CONTROL_ROUTES = frozenset(
+    {
+        ("POST", "/scenario"),
+        ("GET", "/state"),
+        ("POST", "/clock/pause"),
+        ("POST", "/clock/resume"),
+        ("POST", "/finish"),
+        ("POST", "/oracle"),
+        ("POST", "/are_agent"),
+    }
+)
 log = logging.getLogger("labkube.world")
 
 
@@ -56,6 +75,7 @@ class Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True  # headers and body go out as two writes: no 40 ms delayed-ACK stalls
     session: WorldSession  # set by serve()
     warming = world_cpu_share.WARMING  # until the first request (world_cpu_share.py)
+    control_token: str | None = None  # set by serve() when the starter asked for one (CONTROL_ENV)
 
     def log_message(self, fmt: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), fmt % args)
@@ -68,12 +88,11 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _body(self) -> dict[str, Any]:
-        length = int(self.headers.get("Content-Length") or 0)
-        if not length:
+    def _body(self, raw: bytes) -> dict[str, Any]:
+        if not raw:
             return {}
         try:
-            body = json.loads(self.rfile.read(length))
+            body = json.loads(raw)
         except ValueError as exc:
             raise ProtocolError(400, f"the request body is not JSON: {exc}") from None
         if not isinstance(body, dict):
@@ -103,12 +122,27 @@ class Handler(BaseHTTPRequestHandler):
             ("POST", "/are_agent"): s.run_are_agent,
         }
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
+        # The body is read whatever the answer: left unread, a refused request's body would be read from this
+        # kept-alive connection as the next request.
+        try:
+            length = int(self.headers.get("Content-Length") or 0) if method == "POST" else 0
+        except ValueError:
+            self.close_connection = True
+            self._send(400, {"error": f"Content-Length is not a number: {self.headers.get('Content-Length')!r}"})
+            return
+        raw = self.rfile.read(length) if length > 0 else b""
         try:
             route = routes.get((method, path))
             if route is None:
                 known = ", ".join(f"{m} {p}" for m, p in routes)
                 raise ProtocolError(404, f"no endpoint {method} {path} (endpoints: {known})")
-            self._send(200, route(self._body() if method == "POST" else {}))
+            if (method, path) in CONTROL_ROUTES and not self._controller():
+                raise ProtocolError(
+                    403,
+                    f"{method} {path} is the run's controller's, and this request does not carry its control token "
+                    "(a run's agent calls the world's tools; the scenario, the clock and the judge are labkube's)",
+                )
+            self._send(200, route(self._body(raw)))
         except ProtocolError as exc:
             self._send(exc.status, {"error": str(exc)})
         except WorldBroken as exc:
@@ -117,6 +151,12 @@ class Handler(BaseHTTPRequestHandler):
         except Exception as exc:
             log.error("unexpected error on %s %s\n%s", method, path, traceback.format_exc())
             self._send(500, {"error": f"unexpected error in the world process: {one_line(exc)}"})
+
+    def _controller(self) -> bool:
+        token = Handler.control_token
+        if token is None:  # a world started without one (a pod's sidecar, by hand): every endpoint is open
+            return True
+        return hmac.compare_digest(self.headers.get(CONTROL_HEADER, "").encode(), token.encode())
 
     def do_GET(self) -> None:
         self._dispatch("GET")
@@ -159,9 +199,13 @@ def serve(host: str, port: int, announce: Callable[[str], None], starter: int, c
     install_environment_shortcuts()
     threading.Thread(target=warm_judge, daemon=True, name="world-warm-judge").start()
     Handler.session = WorldSession()
+    # Each world its own token (a forked copy makes its own), announced only to the process that started it, on the
+    # pipe that is its stdout: never in its environment or command line, which another process of the user reads.
+    Handler.control_token = secrets.token_urlsafe(24) if os.environ.get(CONTROL_ENV) == "1" else None
     server = ThreadingHTTPServer((host, port), Handler)
     server.daemon_threads = True
-    announce(f"LISTENING {server.server_address[1]}" + (f" {os.getpid()} {copy}" if copy else ""))
+    control = f" control={Handler.control_token}" if Handler.control_token else ""
+    announce(f"LISTENING {server.server_address[1]}" + (f" {os.getpid()} {copy}" if copy else "") + control)
     server.serve_forever()
 
 
