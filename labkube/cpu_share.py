@@ -2,13 +2,14 @@
 ("autogroups", sched(7)).
 
 `labkube run` starts the campaign's first worlds and its agent zygote while Ray's head starts (warm.EarlyWorlds,
-zygote_handoff.EarlyZygote), so that their imports (seconds of CPU for ARE) overlap the head's. Each is a session of
-its own (a world, so that stopping it kills its process group and only it; the zygote, so that its share is its
-own). With autogroups on, the default of most distributions' kernels (this machine's included), the kernel gives
-each session an equal share: two worlds and the zygote together got three times the share of the user's session,
-where `labkube run`, Ray's head and the supervisors are, and the first run waits for those. So they start "warming",
-their autogroup at nice WARMING_NICE, and get the full share back (nice 0) when the supervisors are up, or at their
-first request, whichever comes first. Nothing that a run waits for is started warming.
+zygote_handoff.EarlyZygote), so that their imports (seconds of CPU for ARE) overlap the head's. A world is a session
+of its own, so that stopping it kills its process group and only it. With autogroups on, the default of most
+distributions' kernels (this machine's included), the kernel gives each session an equal share: the world importing
+ARE had as much of the machine as the whole of the user's session, where `labkube run`, Ray's head and the
+supervisor's worker shared theirs with the zygote's imports; and the first run waits for the head and the
+supervisor, not for the world. So the early worlds and the zygote (a session of its own too) start "warming", their
+autogroup at nice WARMING_NICE, and get the full share back (nice 0) when the supervisors are up, or at their first
+request, whichever comes first. Nothing that a run waits for is started warming.
 
 An unprivileged process may set an autogroup's nice value back to 0 (only a negative one needs CAP_SYS_NICE), of
 its own processes; the kernel takes one autogroup change every 100 ms from all such processes together, and

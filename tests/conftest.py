@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from browser import Browser, find_chromium
@@ -30,6 +31,15 @@ def ray_local():
     yield ctx
     shutdown(ctx)
     assert not ray.is_initialized()
+
+
+@pytest.fixture(scope="session")
+def are_python() -> Path:
+    """The python of ARE's virtualenv, which the world processes run with (installed on first use)."""
+    from labkube.tasks.gaia2 import setup_world_env, world_python
+
+    setup_world_env()
+    return world_python()
 
 
 @pytest.fixture(scope="module")

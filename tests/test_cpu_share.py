@@ -21,7 +21,7 @@ import pytest
 from labkube.cpu_share import WARMING_NICE, autogroup_nice, set_autogroup_nice
 from labkube.operator.warm import EarlyWorlds
 from labkube.operator.zygote_handoff import EarlyZygote
-from labkube.tasks.gaia2 import WorldPool, setup_world_env, world_python
+from labkube.tasks.gaia2 import WorldPool
 from labkube.tasks.gaia2.world_process import WARMING_ENV, AdoptedWorld, start_world
 
 PR_SET_DUMPABLE = 4
@@ -35,12 +35,6 @@ def autogroups_on() -> bool:
 
 
 pytestmark = pytest.mark.skipif(not autogroups_on(), reason="this kernel has no autogroups, or has them off")
-
-
-@pytest.fixture(scope="module")
-def are_python() -> Path:
-    setup_world_env()
-    return world_python()
 
 
 def nice_becomes(pid: int, nice: int, within_s: float = 5.0) -> int | None:

@@ -28,7 +28,6 @@ from labkube.tasks.gaia2 import (
     capability_tags,
     load_scenario,
     resolve_scenarios,
-    setup_world_env,
     start_world,
     world_python,
 )
@@ -45,12 +44,6 @@ ARE_BUILTIN = [
     "scenario_mcp_demo",  # are-run hangs at exit after this one; our world must not
 ]
 BUNDLED = sorted(SCRIPTS)
-
-
-@pytest.fixture(scope="session")
-def are_python() -> Path:
-    setup_world_env()
-    return world_python()
 
 
 @pytest.fixture(scope="session")

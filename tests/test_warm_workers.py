@@ -24,16 +24,10 @@ from labkube.run_spec import RunSpec, make_run_id
 from labkube.store import CampaignDir, write_model
 from labkube.task_card import TaskFamily
 from labkube.tasks import resolve_tasks
-from labkube.tasks.gaia2 import WorldPool, WorldProcess, load_scenario, setup_world_env, world_python
+from labkube.tasks.gaia2 import WorldPool, WorldProcess, load_scenario
 from labkube.tasks.gaia2.world_process import AdoptedWorld, start_world
 
 pytestmark = pytest.mark.gaia2
-
-
-@pytest.fixture(scope="module")
-def are_python() -> Path:
-    setup_world_env()
-    return world_python()
 
 
 def source(name: str) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_warm_workers import gaia2_run
+from test_warm_workers import gaia2_run, source
 
 from labkube.operator.agent_keys import split_secrets
 from labkube.operator.supervisor import supervise_run
@@ -26,24 +26,11 @@ from labkube.tasks.gaia2 import (
     WorldClient,
     WorldPool,
     WorldRequestError,
-    load_scenario,
-    setup_world_env,
     start_world,
-    world_python,
 )
 from labkube.tasks.gaia2.world_process import SERVER_SCRIPT, AdoptedWorld
 
 pytestmark = pytest.mark.gaia2
-
-
-@pytest.fixture(scope="module")
-def are_python() -> Path:
-    setup_world_env()
-    return world_python()
-
-
-def source(name: str) -> str:
-    return load_scenario(f"gaia2/{name}").source
 
 
 async def refused(call: object) -> str:

@@ -17,8 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from labkube.tasks.gaia2 import setup_world_env, world_python
-
 pytestmark = pytest.mark.gaia2
 
 GAIA2 = Path(__file__).resolve().parents[1] / "tasks" / "gaia2"
@@ -160,12 +158,6 @@ for bad in ((3,), ("ab", "2")):
         raise AssertionError(f"type_check let {bad} through")
 print("OK")
 """
-
-
-@pytest.fixture(scope="module")
-def are_python() -> Path:
-    setup_world_env()
-    return world_python()
 
 
 def run_in_are(are_python: Path, script: str, *args: str) -> str:
