@@ -153,7 +153,9 @@ def test_runs_get_the_environment_before_step_one_and_setup_is_not_charged(
         setups.append(setup)
         assert result.setup_seconds == pytest.approx(setup["seconds"], abs=1e-3)
         assert result.spend.wall_seconds < 60  # the agent's clock: setup is not in it
-    assert [s["reused"] for s in setups] == [False, True]
+    # One run built the environment and the other reused it. Which of the two started first is not promised: the
+    # supervisor admits the runs queued on it as its event loop takes their calls (operator/driver.py).
+    assert sorted(s["reused"] for s in setups) == [False, True]
     assert setups[0]["path"] == setups[1]["path"]
 
 
