@@ -9,6 +9,7 @@ share: they fork once ARE is imported. Standard library only: the world runs wit
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import threading
 import time
@@ -57,5 +58,11 @@ def end_warming() -> None:
             time.sleep(RETRY_S)
             if set_autogroup_nice(0) != errno.EAGAIN:
                 return
+        # Not a wrong verdict, but a slower world for the whole campaign: its log says so.
+        logging.getLogger("labkube.world").warning(
+            "the kernel refused this world its full CPU share for %.0f s: it stays at autogroup nice %d",
+            RETRY_FOR_S,
+            WARMING_NICE,
+        )
 
     threading.Thread(target=again, daemon=True, name="world-full-share").start()
