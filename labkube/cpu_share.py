@@ -45,7 +45,9 @@ def set_autogroup_nice(nice: int, pid: int | None = None) -> int:
 
 
 def autogroup_nice(pid: int | None = None) -> int | None:
-    """The nice value of the autogroup of `pid` (this process by default); None without autogroups."""
+    """The nice value of the autogroup of `pid` (this process by default); None without autogroups, and for a process
+    in the kernel's root autogroup (one whose session never made its own, such as a container's first process's),
+    which /proc shows as empty."""
     try:
         with open(f"/proc/{pid if pid is not None else 'self'}/autogroup") as f:
             return int(f.read().rsplit("nice", 1)[1])

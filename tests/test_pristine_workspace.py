@@ -121,7 +121,13 @@ def modes(workspace: Path) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o027])
-def test_the_template_writes_each_file_and_folder_with_the_bits_git_gives_it(tmp_path: Path, umask: int) -> None:
+def test_the_template_writes_each_file_and_folder_with_the_bits_git_gives_it(
+    tmp_path: Path, umask: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One date for both commits: git names a commit by its content, dates included, so two made a second apart are
+    # two different objects (CI once saw that) and the paths compared below would differ for a reason of no interest.
+    for variable in ("GIT_AUTHOR_DATE", "GIT_COMMITTER_DATE"):
+        monkeypatch.setenv(variable, "2026-01-01T00:00:00Z")
     previous = os.umask(umask)
     try:
         make_empty_pristine()
@@ -135,5 +141,7 @@ def test_the_template_writes_each_file_and_folder_with_the_bits_git_gives_it(tmp
         remove_empty_pristine()
         os.umask(previous)
     written = modes(copied)
+    tags = [(workspace / ".git" / "refs" / "tags" / PRISTINE_TAG).read_text() for workspace in (copied, made)]
+    assert tags[0] == tags[1], "one pristine commit, written from the template and made by git"
     assert written == {path: mode for path, mode in modes(made).items() if path in written}
     assert f".git/objects/{EMPTY_TREE[:2]}/{EMPTY_TREE[2:]}" in written
