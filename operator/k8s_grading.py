@@ -38,9 +38,14 @@ from labkube.agent.harness.entrypoint import GRADED_BY_OPERATOR_VARIABLE
 from labkube.budgets import StopReason
 from labkube.operator.crds import dns_label
 from labkube.operator.k8s_models import RunStatus
-from labkube.operator.pod_manifest import GATEWAY_MOUNT, GATEWAY_TMP
+from labkube.operator.pod_manifest import GATEWAY_MOUNT, GATEWAY_TMP, WORLD_CONTROL, WORLD_CONTROL_MOUNT
 from labkube.result import RunResult, result_from_report, termination_report
-from labkube.tasks.gaia2.verdict_message import WORLD_VERDICT_SOURCE, WORLD_VERDICT_VARIABLE, verdict_from_report
+from labkube.tasks.gaia2.verdict_message import (
+    CONTROL_FILE_VARIABLE,
+    WORLD_VERDICT_SOURCE,
+    WORLD_VERDICT_VARIABLE,
+    verdict_from_report,
+)
 
 __all__ = [
     "GRADE_CONTAINER",
@@ -65,6 +70,7 @@ _AGENT_ONLY_ENV = frozenset(
         "LABKUBE_GATEWAY_URL",
         "LABKUBE_GATEWAY_TOKEN_FILE",
         "LABKUBE_STDIN_VARS",
+        CONTROL_FILE_VARIABLE,
         GRADED_BY_OPERATOR_VARIABLE,
     }
 )
@@ -100,12 +106,12 @@ def grading_manifest(
         env.append({"name": WORLD_VERDICT_SOURCE, "value": "operator"})
         if world_verdict:
             env.append({"name": WORLD_VERDICT_VARIABLE, "value": world_verdict})
-    mounts = [m for m in agent.get("volumeMounts", []) if m["mountPath"] != GATEWAY_MOUNT]
+    mounts = [m for m in agent.get("volumeMounts", []) if m["mountPath"] not in (GATEWAY_MOUNT, WORLD_CONTROL_MOUNT)]
     grade = {**agent, "name": GRADE_CONTAINER, "command": command, "env": env, "volumeMounts": mounts}
     grade.pop("ports", None)
     spec["containers"] = [grade]
     spec["initContainers"] = [c for c in spec.get("initContainers", []) if c["name"] not in _AGENT_SIDECARS]
-    spec["volumes"] = [v for v in spec.get("volumes", []) if v["name"] not in ("gateway", GATEWAY_TMP)]
+    spec["volumes"] = [v for v in spec.get("volumes", []) if v["name"] not in ("gateway", GATEWAY_TMP, WORLD_CONTROL)]
     spec["activeDeadlineSeconds"] = max(60, deadline_s)
     meta = pod["metadata"]
     attempt = int(meta["labels"].get("labkube.dev/attempt", 0))

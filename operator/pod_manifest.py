@@ -38,7 +38,8 @@ from labkube.operator.crds import LABEL_CAMPAIGN, LABEL_RUN, SchemaError, dns_la
 from labkube.operator.k8s_models import PodOptions, RunResourceSpec, Toleration
 from labkube.run_spec import CLI_AGENTS
 from labkube.task_card import TaskFamily
-from labkube.tasks.gaia2.verdict_message import ONE_SCENARIO_VARIABLE, VERDICT_FILE_VARIABLE
+from labkube.tasks.gaia2.verdict_message import CONTROL_FILE_VARIABLE, ONE_SCENARIO_VARIABLE, VERDICT_FILE_VARIABLE
+from labkube.tasks.gaia2.world_process import CONTROL_ENV
 
 __all__ = [
     "LABEL_ATTEMPT",
@@ -199,7 +200,11 @@ def build_pod_manifest(
                 "set runs.world.image in the chart values"
             )
         init_containers.append(_world_container(run, options, run_dir, namespace))
-        env.append({"name": "LABKUBE_WORLD_URL", "value": f"http://127.0.0.1:{options.world.port}"})
+        env += [
+            {"name": "LABKUBE_WORLD_URL", "value": f"http://127.0.0.1:{options.world.port}"},
+            # the world's control token: the harness takes it (and removes it) before the agent's commands run
+            {"name": CONTROL_FILE_VARIABLE, "value": WORLD_CONTROL_FILE},
+        ]
     env += [{"name": k, "value": v} for k, v in sorted(options.env.items())]
     keys = [
         {
@@ -210,8 +215,9 @@ def build_pod_manifest(
     ]
     gateway = run.agent in CLI_AGENTS
     if gateway:  # a vendor CLI: the keys are the gateway sidecar's; the agent container gets none
-        world_url = [e for e in env if e["name"] == "LABKUBE_WORLD_URL"]  # its clock stops during model calls
-        init_containers.append(_gateway_container(run, options, run_dir, namespace, [*world_url, *keys]))
+        # its world's clock stops during model calls: the world's address and control token
+        world = [e for e in env if e["name"] in ("LABKUBE_WORLD_URL", CONTROL_FILE_VARIABLE)]
+        init_containers.append(_gateway_container(run, options, run_dir, namespace, [*world, *keys], bool(world)))
         env += [
             {"name": "LABKUBE_GATEWAY_URL", "value": f"http://127.0.0.1:{GATEWAY_PORT}"},
             {"name": "LABKUBE_GATEWAY_TOKEN_FILE", "value": f"{GATEWAY_MOUNT}/token"},
@@ -254,6 +260,11 @@ def build_pod_manifest(
             {"name": "dshm", "mountPath": "/dev/shm"},
             *([{"name": "task-envs", "mountPath": TASK_ENVS_MOUNT, "readOnly": True}] if task_env else []),
             *([{"name": "gateway", "mountPath": GATEWAY_MOUNT, "readOnly": True}] if gateway else []),
+            *(
+                [{"name": WORLD_CONTROL, "mountPath": WORLD_CONTROL_MOUNT, "readOnly": True}]
+                if run.family == TaskFamily.gaia2
+                else []
+            ),
         ],
     }
 
@@ -281,6 +292,11 @@ def build_pod_manifest(
             *([{"name": "gateway", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}] if gateway else []),
             *([{"name": GATEWAY_TMP, "emptyDir": {"sizeLimit": "1Gi"}}] if gateway else []),
             *([{"name": WORLD_TMP, "emptyDir": {"sizeLimit": "1Gi"}}] if run.family == TaskFamily.gaia2 else []),
+            *(
+                [{"name": WORLD_CONTROL, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}]
+                if run.family == TaskFamily.gaia2
+                else []
+            ),
         ],
     }
     wall = run.budgets.wall_seconds
@@ -460,7 +476,12 @@ GATEWAY_TMP = "gateway-tmp"  # the gateway's own /tmp and HOME: no other contain
 
 
 def _gateway_container(
-    run: RunResourceSpec, options: PodOptions, run_dir: str, namespace: str | None, keys: list[dict[str, Any]]
+    run: RunResourceSpec,
+    options: PodOptions,
+    run_dir: str,
+    namespace: str | None,
+    keys: list[dict[str, Any]],
+    world: bool = False,
 ) -> dict[str, Any]:
     """The run's model gateway as a native sidecar (docs/third-party-agents.md): it alone holds the API keys (no
     other container of the pod can read its environment), listens on the pod's loopback, writes the run token to a
@@ -502,18 +523,28 @@ def _gateway_container(
             _runs_mount(run, options, namespace),
             {"name": GATEWAY_TMP, "mountPath": "/tmp"},
             {"name": "gateway", "mountPath": GATEWAY_MOUNT},
+            *([{"name": WORLD_CONTROL, "mountPath": WORLD_CONTROL_MOUNT, "readOnly": True}] if world else []),
         ],
     }
 
 
 WORLD_TMP = "world-tmp"  # the world's own /tmp and HOME: nothing the agent writes there is code the world imports
+# The world's control token (its scenario, clock and judge), written by the world before it listens, read by the
+# gateway sidecar and then by the agent's harness, and removed by the world at the first request that carries it (the
+# harness's loading of the scenario, before the agent's commands run). Only the world writes this volume.
+WORLD_CONTROL = "world-control"
+WORLD_CONTROL_MOUNT = "/world-control"
+WORLD_CONTROL_FILE = f"{WORLD_CONTROL_MOUNT}/token"
 WORLD_TERMINATION_LOG = "/dev/termination-log"
 
 
 def _world_container(run: RunResourceSpec, options: PodOptions, run_dir: str, namespace: str | None) -> dict[str, Any]:
     """The Gaia2 world (ARE) as a native sidecar. The agent's shell reaches its port, so it serves only the scenario
-    the harness loaded first; it shares no writable volume with the agent (the run's directory is read-only to it),
-    and its verdict leaves through its own termination message, which only it can write."""
+    the harness loaded first, and its controller's endpoints (the scenario, the clock, the judge) only to the holder of
+    its control token, which it writes to the `world-control` memory volume before it listens, for the gateway and
+    the harness, and removes at the first request that carries it (before the agent's commands run). It shares no
+    volume the agent writes (the run's directory is read-only to it), and its verdict leaves through its own
+    termination message, which only it can write."""
     world = options.world
     assert world is not None
     container: dict[str, Any] = {
@@ -529,6 +560,8 @@ def _world_container(run: RunResourceSpec, options: PodOptions, run_dir: str, na
             # Its verdict, as its termination message: the record the grading pod is given (k8s_grading.py).
             {"name": VERDICT_FILE_VARIABLE, "value": WORLD_TERMINATION_LOG},
             {"name": ONE_SCENARIO_VARIABLE, "value": "1"},
+            {"name": CONTROL_ENV, "value": "1"},  # the scenario, the clock and the judge: the harness's only
+            {"name": CONTROL_FILE_VARIABLE, "value": WORLD_CONTROL_FILE},
         ],
         "terminationMessagePath": WORLD_TERMINATION_LOG,
         "terminationMessagePolicy": "File",  # never its log: what the agent sent it may be in there
@@ -544,6 +577,7 @@ def _world_container(run: RunResourceSpec, options: PodOptions, run_dir: str, na
         "volumeMounts": [
             _runs_mount(run, options, namespace, read_only=True),
             {"name": WORLD_TMP, "mountPath": "/tmp"},
+            {"name": WORLD_CONTROL, "mountPath": WORLD_CONTROL_MOUNT},
         ],
     }
     if world.command:

@@ -10,7 +10,7 @@ import urllib.request
 from pathlib import Path
 
 from labkube.agent.gateway.proxy import AfterHook, GatewayAddress, Hook, ModelGateway
-from labkube.agent.gateway.state import GatewayConfig, GatewayState, run_config, upstream_for
+from labkube.agent.gateway.state import GatewayConfig, GatewayError, GatewayState, run_config, upstream_for
 from labkube.agent.transcript import JsonlLog
 from labkube.budgets import Spend
 from labkube.model_ref import parse_model
@@ -47,14 +47,17 @@ class GatewayView(GatewayAddress):
         return None
 
 
-def world_clock_hooks(world_url: str | None, think_time_s: float | None) -> tuple[Hook | None, AfterHook | None]:
+def world_clock_hooks(
+    world_url: str | None, think_time_s: float | None, control_token: str | None = None
+) -> tuple[Hook | None, AfterHook | None]:
     """In a Gaia2 pod the gateway sidecar stops the world sidecar's clock around each model call, as rg-agent does:
-    the clock is charged the call's measured time (or the run's fixed think time)."""
+    the clock is charged the call's measured time (or the run's fixed think time). The clock is the controller's:
+    `control_token` is the world's (`world_control_token`)."""
     if not world_url:
         return None, None
     from labkube.tasks.gaia2 import WorldClient
 
-    client = WorldClient(world_url)
+    client = WorldClient(world_url, control_token=control_token)
 
     async def pause() -> None:
         await client.pause_clock()
@@ -66,6 +69,32 @@ def world_clock_hooks(world_url: str | None, think_time_s: float | None) -> tupl
             await client.resume_clock("fixed", seconds=think_time_s)
 
     return pause, resume
+
+
+def world_control_token() -> str | None:
+    """The control token the pod's world sidecar wrote before it listened (`LABKUBE_WORLD_CONTROL_FILE`, on a memory
+    volume), read before this gateway listens: the agent container starts only after, and the world removes the
+    file once the harness has used it. So a copy stays in this container's HOME (the pod's `gateway-tmp`, a volume
+    only it mounts) for this sidecar restarted by its kubelet. None where the pod has no world."""
+    from labkube.tasks.gaia2.verdict_message import CONTROL_FILE_VARIABLE
+
+    path = os.environ.get(CONTROL_FILE_VARIABLE)
+    if not path:
+        return None
+    kept = Path.home() / ".labkube-world-control"
+    for source in (Path(path), kept):
+        with contextlib.suppress(FileNotFoundError):
+            token = source.read_text().strip()
+            if token and source != kept:
+                fd = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "w") as copy:
+                    copy.write(token)
+            if token:
+                return token
+    raise GatewayError(
+        f"the world sidecar left no control token at {path} (it writes one before it listens): "
+        "see the pod's world container log"
+    )
 
 
 async def serve_run_gateway(run_dir: Path, host: str, port: int, token_file: Path) -> None:
@@ -85,7 +114,7 @@ async def serve_run_gateway(run_dir: Path, host: str, port: int, token_file: Pat
     ckpt = read_model(rd.checkpoint_json, Checkpoint)
     config = run_config(spec, family, upstream)
     state = GatewayState(spend=ckpt.spend.model_copy(deep=True) if ckpt else Spend())
-    before, after = world_clock_hooks(os.environ.get("LABKUBE_WORLD_URL"), spec.think_time_s)
+    before, after = world_clock_hooks(os.environ.get("LABKUBE_WORLD_URL"), spec.think_time_s, world_control_token())
     gateway = ModelGateway(
         config,
         transcript=JsonlLog(rd.transcript),

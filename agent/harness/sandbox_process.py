@@ -22,6 +22,8 @@ from labkube.budgets import StopReason
 from labkube.result import RunResult, termination_report
 from labkube.store import StoreError, read_model
 from labkube.tasks import TaskError
+from labkube.tasks.gaia2.verdict_message import CONTROL_FILE_VARIABLE
+from labkube.tasks.gaia2.world_client import CONTROL_TOKEN_VARIABLE
 
 BAD_INPUT_EXIT = 2  # as every labkube command's one-line refusal (labkube/cli_checks.py UsageFailure)
 
@@ -72,6 +74,10 @@ def end_prepared_runs() -> None:
 
 def _run(run_dir: Path, resume: bool, finalize_reason: str | None) -> int:
     secret_env = [n for n in os.environ.pop("LABKUBE_STDIN_VARS", "").split(",") if n]
+    control_file = os.environ.pop(CONTROL_FILE_VARIABLE, "")
+    if control_file and os.environ.get("LABKUBE_KEYS_ON_STDIN") != "1":
+        os.environ[CONTROL_TOKEN_VARIABLE] = take_world_control_token(Path(control_file))
+        secret_env.append(CONTROL_TOKEN_VARIABLE)
     if secret_env and os.environ.get("LABKUBE_KEYS_ON_STDIN") != "1":
         keys_to_stdin_and_reexec(secret_env)
     if os.environ.pop("LABKUBE_KEYS_ON_STDIN", None) == "1":
@@ -115,6 +121,23 @@ def keys_to_stdin_and_reexec(names: list[str]) -> None:
     os.environ["LABKUBE_KEYS_ON_STDIN"] = "1"
     sys.stdout.flush()
     os.execv(sys.executable, [sys.executable, "-P", "-m", "labkube", *sys.argv[1:]])
+
+
+def take_world_control_token(path: Path) -> str:
+    """A Gaia2 pod's world sidecar wrote its control token to `path` (on a memory volume of the pod, read-only here)
+    before it listened, and removes it at the first request that carries it: the harness's loading of the scenario,
+    before any of the agent's commands runs. From here on the token is only in this process (then on stdin, as the
+    keys), never in a file or an environment the agent's shell can read."""
+    try:
+        token = path.read_text().strip()
+    except FileNotFoundError:
+        raise AgentError(
+            f"the world sidecar left no control token at {path} (it writes one before it listens, once per pod): "
+            "see the pod's world container log; a world restarted in its pod publishes none"
+        ) from None
+    if not token:
+        raise AgentError(f"the world sidecar's control token at {path} is empty: see the pod's world container log")
+    return token
 
 
 def report_termination(run_dir: Path) -> None:

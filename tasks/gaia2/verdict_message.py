@@ -16,6 +16,10 @@ from typing import Any
 
 VERDICT_FILE_VARIABLE = "LABKUBE_WORLD_VERDICT_FILE"  # where the world writes its verdict (a pod: /dev/termination-log)
 ONE_SCENARIO_VARIABLE = "LABKUBE_WORLD_ONE_SCENARIO"  # "1": the world refuses a second POST /scenario
+# A pod's world sidecar writes its control token to this file (on a memory volume the agent container and the gateway
+# sidecar mount read-only), once per pod, and removes it at the first request that carries the token: the agent's
+# harness loading the scenario (agent/harness/sandbox_process.py), before any command of the agent runs.
+CONTROL_FILE_VARIABLE = "LABKUBE_WORLD_CONTROL_FILE"
 # The grading pod's environment: "operator" says a verdict comes only from the second variable, the world sidecar's
 # termination message as the operator read it from the API (none: the world judged nothing).
 WORLD_VERDICT_SOURCE = "LABKUBE_WORLD_VERDICT_FROM"

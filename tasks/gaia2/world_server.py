@@ -7,9 +7,9 @@ by path:
 
 The first line on stdout is `LISTENING <port>` (with `--copy-log`, each forked copy i adds `LISTENING <port>
 <pid> <i>`; with LABKUBE_WORLD_CONTROL=1, each line ends with ` control=<token>`, the key to the run controller's
-endpoints); everything else (ARE's logging included) goes to stderr. One process serves any number of scenarios
-one after another (`POST /scenario` replaces the current one). The protocol is documented in
-docs/gaia2-world-protocol.md.
+endpoints, which a pod's sidecar writes to the file LABKUBE_WORLD_CONTROL_FILE names instead); everything else (ARE's
+logging included) goes to stderr. One process serves any number of scenarios one after another (`POST /scenario`
+replaces the current one). The protocol is documented in docs/gaia2-world-protocol.md.
 
 ARE decides everything that matters: the apps and their tools, the event loop and its simulated clock,
 the notification system, the turn triggers and the judge (GraphPerEventJudge for Gaia2 JSON scenarios,
@@ -44,6 +44,7 @@ from typing import Any
 
 import deferred_imports  # noqa: F401  (before any of ARE: ARE's document converter is imported on first use)
 import world_cpu_share  # before ARE: a world warming up ahead of its first run yields the CPU while it imports ARE
+from verdict_message import CONTROL_FILE_VARIABLE
 from world_health import WorldBroken
 from world_judge import install_judge_caches, warm_judge
 from world_protocol import ProtocolError, one_line
@@ -76,6 +77,7 @@ class Handler(BaseHTTPRequestHandler):
     session: WorldSession  # set by serve()
     warming = world_cpu_share.WARMING  # until the first request (world_cpu_share.py)
     control_token: str | None = None  # set by serve() when the starter asked for one (CONTROL_ENV)
+    control_file: Path | None = None  # where a pod's sidecar published it, until a request carries it
 
     def log_message(self, fmt: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), fmt % args)
@@ -154,9 +156,14 @@ class Handler(BaseHTTPRequestHandler):
 
     def _controller(self) -> bool:
         token = Handler.control_token
-        if token is None:  # a world started without one (a pod's sidecar, by hand): every endpoint is open
+        if token is None:  # a world started without one (by hand): every endpoint is open
             return True
-        return hmac.compare_digest(self.headers.get(CONTROL_HEADER, "").encode(), token.encode())
+        if not hmac.compare_digest(self.headers.get(CONTROL_HEADER, "").encode(), token.encode()):
+            return False
+        published, Handler.control_file = Handler.control_file, None
+        if published is not None:  # its readers have it (publish_control_token): the agent's commands never will
+            published.unlink(missing_ok=True)
+        return True
 
     def do_GET(self) -> None:
         self._dispatch("GET")
@@ -202,11 +209,45 @@ def serve(host: str, port: int, announce: Callable[[str], None], starter: int, c
     # Each world its own token (a forked copy makes its own), announced only to the process that started it, on the
     # pipe that is its stdout: never in its environment or command line, which another process of the user reads.
     Handler.control_token = secrets.token_urlsafe(24) if os.environ.get(CONTROL_ENV) == "1" else None
-    server = ThreadingHTTPServer((host, port), Handler)
+    control_file = os.environ.get(CONTROL_FILE_VARIABLE)
+    if Handler.control_token and control_file and copy == 0:
+        Handler.control_file = publish_control_token(Handler.control_token, Path(control_file))
+    server = ThreadingHTTPServer((host, port), Handler)  # listening from here: the pod's startup probe passes
     server.daemon_threads = True
-    control = f" control={Handler.control_token}" if Handler.control_token else ""
+    # A pod's sidecar publishes it to the file only: its stdout is the container's log, which the cluster keeps.
+    control = f" control={Handler.control_token}" if Handler.control_token and not control_file else ""
     announce(f"LISTENING {server.server_address[1]}" + (f" {os.getpid()} {copy}" if copy else "") + control)
     server.serve_forever()
+
+
+def publish_control_token(token: str, path: Path) -> Path | None:
+    """A pod's world sidecar: its kubelet starts it, so no starter reads its `LISTENING` line. The token goes to
+    `path`, on a memory volume the gateway sidecar and the agent container mount read-only, before the world
+    listens: once the pod's startup probe passes, the gateway reads it, then the agent's harness, whose loading of
+    the scenario (the first request carrying the token) has the world remove it, before any of the agent's commands
+    runs. Returns `path`, or None where nothing was published.
+
+    Once per pod: a world the kubelet restarts (its scenario, clock and judge lost with the process) finds its own
+    mark in its HOME (the pod's `world-tmp`, a volume no other container mounts, which outlives the process) and
+    publishes nothing,
+    since the agent's commands would read a second token there; its controller's endpoints stay closed to every
+    caller, and the run's harness meets a 403 and fails the run, never a world its shell steers."""
+    mark = Path.home() / ".labkube-world-control-published"
+    try:
+        os.close(os.open(mark, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        log.error(
+            "this world sidecar was restarted in its pod: its control token is not published again (%s), so the "
+            "scenario, the clock and the judge stay closed to every caller and the run fails",
+            path,
+        )
+        return None
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # only this pod's user reads it
+    try:
+        os.write(fd, token.encode())
+    finally:
+        os.close(fd)
+    return path
 
 
 def fork_copies(logs: list[str]) -> tuple[int, list[int]]:
