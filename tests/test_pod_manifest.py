@@ -32,7 +32,7 @@ from labkube.operator.pod_manifest import (
 )
 from labkube.run_spec import RunSpec
 from labkube.task_card import Resources, TaskFamily
-from labkube.tasks.gaia2.verdict_message import ONE_SCENARIO_VARIABLE, VERDICT_FILE_VARIABLE
+from labkube.tasks.gaia2.verdict_message import CONTROL_FILE_VARIABLE, ONE_SCENARIO_VARIABLE, VERDICT_FILE_VARIABLE
 
 RUN_ID = "continual-learning-lite--openai-gpt-5--s0"
 RUN_NAME = "cl-sweep-continual-learning-lite--openai-gpt-5--s0"
@@ -713,6 +713,48 @@ def test_the_world_shares_no_writable_volume_with_the_agent_and_reports_its_verd
     assert env["PYTHONNOUSERSITE"] == "1" and env[ONE_SCENARIO_VARIABLE] == "1"
     assert env[VERDICT_FILE_VARIABLE] == world["terminationMessagePath"] == "/dev/termination-log"
     assert world["terminationMessagePolicy"] == "File"
+
+
+@pytest.mark.parametrize("cli", [False, True])
+def test_the_worlds_control_token_goes_from_the_world_to_the_gateway_and_the_harness_only(cli: bool) -> None:
+    """A pod's world sidecar makes a control token and writes it to a memory volume that only it writes; the gateway
+    (which stops the world's clock during model calls) and the agent container (whose harness loads the scenario)
+    mount it read-only and are told where it is. The grading pod, which talks to no world, gets neither."""
+    from labkube.budgets import StopReason
+    from labkube.operator.k8s_grading import grading_manifest
+    from labkube.run_spec import CLI_AGENTS
+
+    run = make_run(family=TaskFamily.gaia2)
+    if cli:
+        run = run.model_copy(update={"agent": sorted(CLI_AGENTS)[0]})
+    pod = build_pod_manifest(run, make_options(world=WorldOptions(image="w:1")), owner=OWNER)
+    check_pod(pod)
+    by_name = containers(pod)
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "world-control"]
+    assert volume["emptyDir"]["medium"] == "Memory"
+    world_env = {name: e.get("value") for name, e in env_of(by_name["world"]).items()}
+    assert world_env["LABKUBE_WORLD_CONTROL"] == "1"
+    token_file = world_env[CONTROL_FILE_VARIABLE]
+    readers = {"agent", "gateway"} if cli else {"agent"}
+    for name, container in by_name.items():
+        mounts = [m for m in container["volumeMounts"] if m["name"] == "world-control"]
+        if name == "world":
+            assert _writable_mounts(pod, container)[mounts[0]["mountPath"]] == "world-control"
+        elif name in readers:
+            (mount,) = mounts
+            assert mount.get("readOnly") is True and token_file.startswith(mount["mountPath"] + "/")
+            assert env_of(container)[CONTROL_FILE_VARIABLE]["value"] == token_file
+        else:
+            assert mounts == [] and CONTROL_FILE_VARIABLE not in env_of(container), name
+    grading = grading_manifest(pod, StopReason.done, 600)
+    kubernetes_validate.validate(grading, "1.33", strict=True)
+    assert "world-control" not in {v["name"] for v in grading["spec"]["volumes"]}
+    (grade,) = grading["spec"]["containers"]
+    assert CONTROL_FILE_VARIABLE not in env_of(grade)
+    assert "world-control" not in {m["name"] for m in grade["volumeMounts"]}
+    for reserved in ("LABKUBE_WORLD_CONTROL", CONTROL_FILE_VARIABLE):
+        with pytest.raises(ValidationError, match=reserved):
+            make_options(env={reserved: "x"})
 
 
 def test_a_planted_user_site_never_runs_in_the_gateway(tmp_path: Path) -> None:

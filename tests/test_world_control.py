@@ -5,22 +5,31 @@ could reach the same port. The scenario, the clock, the judge, the oracle and AR
 controller (the agent process), which holds the control token the world announced to the process that started it.
 
 Real parts: world processes in ARE's virtualenv, the real HTTP client, the supervisor (`supervise_run`) lending a
-warm world to a forked agent, which gets the token on stdin."""
+warm world to a forked agent, which gets the token on stdin; for a pod, `world_server.py` run with the world
+container's environment, `labkube agent` with the agent container's and the gateway sidecar's clock hooks (the
+kubelet's side, its startup order and volumes, is tests/k8s/test_gaia2_pods.py's)."""
 
 from __future__ import annotations
 
 import os
+import re
 import socket
+import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import httpx
 import pytest
 from test_warm_workers import gaia2_run, source
 
+from labkube.agent.gateway import GatewayError, world_clock_hooks
+from labkube.agent.gateway.sidecar import world_control_token
 from labkube.operator.agent_keys import split_secrets
 from labkube.operator.supervisor import supervise_run
 from labkube.operator.warm import WarmWorker
+from labkube.result import RunResult
+from labkube.store import read_model
 from labkube.tasks.gaia2 import (
     CONTROL_TOKEN_VARIABLE,
     WorldClient,
@@ -28,6 +37,7 @@ from labkube.tasks.gaia2 import (
     WorldRequestError,
     start_world,
 )
+from labkube.tasks.gaia2.verdict_message import CONTROL_FILE_VARIABLE, ONE_SCENARIO_VARIABLE
 from labkube.tasks.gaia2.world_process import SERVER_SCRIPT, AdoptedWorld
 
 pytestmark = pytest.mark.gaia2
@@ -98,8 +108,7 @@ async def test_each_forked_world_has_a_token_of_its_own(are_python: Path, tmp_pa
 
 
 async def test_a_world_started_without_labkubes_control_is_open_to_every_caller(are_python: Path) -> None:
-    """A pod's world sidecar is started by its kubelet, not by labkube: it makes no token, and every endpoint answers
-    (the pod's agent container shares its loopback: docs/kubernetes.md says what that leaves open)."""
+    """A world started by hand, without LABKUBE_WORLD_CONTROL: it makes no token, and every endpoint answers."""
     env = {k: v for k, v in os.environ.items() if k != "LABKUBE_WORLD_CONTROL"}
     proc = subprocess.Popen(
         [str(are_python), str(SERVER_SCRIPT), "--port", "0"], stdout=subprocess.PIPE, env=env, start_new_session=True
@@ -138,3 +147,150 @@ async def test_a_run_lent_a_warm_world_controls_it_and_writes_its_token_nowhere(
         await warm.close()
     leaks = [p for p in (tmp_path / "runs").rglob("*") if p.is_file() and token.encode() in p.read_bytes()]
     assert leaks == [], leaks
+
+
+# -- a pod's world sidecar: its kubelet starts it, so its token goes to a file (operator/pod_manifest.py) -------------
+
+
+class Sidecar:
+    """`world_server.py` as a pod's world container runs it (operator/pod_manifest.py `_world_container`): the
+    kubelet starts it, so no starter reads its stdout; HOME is its own volume (`world-tmp`), which outlives the
+    process when the kubelet restarts it, and the token file is on the `world-control` volume."""
+
+    def __init__(self, are_python: Path, home: Path, control_file: Path) -> None:
+        home.mkdir(exist_ok=True)
+        control_file.parent.mkdir(exist_ok=True)
+        env = {
+            **{k: v for k, v in os.environ.items() if k != CONTROL_FILE_VARIABLE},
+            "HOME": str(home),
+            "LABKUBE_WORLD_CONTROL": "1",
+            CONTROL_FILE_VARIABLE: str(control_file),
+            ONE_SCENARIO_VARIABLE: "1",
+        }
+        self.log = home.parent / f"{home.name}.log"
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [str(are_python), str(SERVER_SCRIPT), "--port", "0"],
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=env,
+                start_new_session=True,
+            )
+        assert self.proc.stdout is not None
+        self.line = self.proc.stdout.readline().decode()
+        self.url = f"http://127.0.0.1:{self.line.split()[1]}"
+
+    def stop(self) -> None:
+        os.killpg(self.proc.pid, 9)
+        self.proc.wait()
+
+
+async def test_a_pods_world_sidecar_publishes_its_token_to_a_file_once_and_removes_it_when_used(
+    are_python: Path, tmp_path: Path
+) -> None:
+    """The token is in the file before the world listens (the pod's startup probe, then the gateway and the harness,
+    read it), never on stdout (the container's log); the first request that carries it removes it, so the agent's
+    commands, which start after the harness has loaded the scenario, find none. A world the kubelet restarts
+    publishes nothing again and stays closed: the agent's commands could read a second token."""
+    home, control_file = tmp_path / "world-tmp", tmp_path / "world-control" / "token"
+    world = Sidecar(are_python, home, control_file)
+    try:
+        assert re.fullmatch(r"LISTENING \d+\n", world.line), "no token in the container's log"
+        token = control_file.read_text()
+        assert len(token) >= 32 and stat.S_IMODE(control_file.stat().st_mode) == 0o600
+        async with WorldClient(world.url) as agent, WorldClient(world.url, control_token=token) as harness:
+            await refused(agent.load_scenario(source("time_door_code")))
+            await refused(agent.pause_clock())
+            assert control_file.exists(), "a request without the token leaves it for the harness"
+            await harness.load_scenario(source("time_door_code"))
+            assert not control_file.exists(), "used once: gone before the agent's commands run"
+            await harness.pause_clock()
+            assert (await agent.time()).paused is True
+            await refused(agent.resume_clock("fixed", seconds=0))
+    finally:
+        world.stop()
+
+    restarted = Sidecar(are_python, home, control_file)
+    try:
+        assert not control_file.exists(), "a restarted world publishes no second token"
+        assert "restarted in its pod" in restarted.log.read_text()
+        async with WorldClient(restarted.url) as agent, WorldClient(restarted.url, control_token=token) as old:
+            await refused(agent.load_scenario(source("time_door_code")))
+            await refused(old.load_scenario(source("time_door_code")))
+            await refused(agent.pause_clock())
+    finally:
+        restarted.stop()
+
+
+def agent_in_a_pod(run_dir: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`labkube agent` as a pod's agent container runs it (its environment from the pod manifest)."""
+    return subprocess.run(
+        [sys.executable, "-P", "-m", "labkube", "agent", "--run-dir", str(run_dir)],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+
+async def test_a_pods_harness_takes_the_world_token_from_the_file_and_its_commands_find_it_nowhere(
+    are_python: Path, tmp_path: Path
+) -> None:
+    """The agent container's harness reads the token (an oracle run passes only with it: it loads the scenario and
+    has the oracle judged), its world removes the file at that first use, and the token is in no file the run
+    leaves; without the file, the harness refuses in one line and the world was never loaded."""
+    control_file = tmp_path / "world-control" / "token"
+    world = Sidecar(are_python, tmp_path / "world-tmp", control_file)
+    try:
+        token = control_file.read_text()
+        run_dir = gaia2_run(tmp_path, "gaia2/time_door_code")
+        ran = agent_in_a_pod(run_dir, {"LABKUBE_WORLD_URL": world.url, CONTROL_FILE_VARIABLE: str(control_file)})
+        assert ran.returncode == 0, ran.stderr[-2000:]
+        result = read_model(run_dir / "result.json", RunResult)
+        assert result is not None and result.score == 1.0, result
+        assert not control_file.exists()
+        leaks = [p for p in run_dir.rglob("*") if p.is_file() and token.encode() in p.read_bytes()]
+        assert leaks == [], leaks
+    finally:
+        world.stop()
+
+    missing = gaia2_run(tmp_path, "gaia2/time_door_code", seed=1)
+    ran = agent_in_a_pod(missing, {"LABKUBE_WORLD_URL": world.url, CONTROL_FILE_VARIABLE: str(control_file)})
+    assert ran.returncode == 2, ran.stderr[-2000:]
+    (line,) = [x for x in ran.stderr.splitlines() if x.strip()]
+    assert line.startswith("error: the world sidecar left no control token at ") and str(control_file) in line
+
+
+async def test_a_pods_gateway_stops_the_worlds_clock_with_the_token_and_keeps_it_for_its_restart(
+    are_python: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway sidecar reads the token before it listens (before the agent container starts), keeps a copy in
+    its own HOME (the world removes the file once the harness has used it), and pauses and resumes the clock around
+    each model call with it; without either it refuses to start, in one line."""
+    control_file = tmp_path / "world-control" / "token"
+    world = Sidecar(are_python, tmp_path / "world-tmp", control_file)
+    gateway_home = tmp_path / "gateway-tmp"
+    gateway_home.mkdir()
+    monkeypatch.setenv("HOME", str(gateway_home))
+    monkeypatch.setenv(CONTROL_FILE_VARIABLE, str(control_file))
+    try:
+        token = world_control_token()
+        assert token == control_file.read_text()
+        async with WorldClient(world.url, control_token=token) as harness, WorldClient(world.url) as agent:
+            await harness.load_scenario(source("time_door_code"))  # the file is gone from here on
+            assert not control_file.exists() and world_control_token() == token, "the restarted gateway's copy"
+            pause, resume = world_clock_hooks(world.url, None, world_control_token())
+            assert pause is not None and resume is not None
+            await pause()
+            assert (await agent.time()).paused is True
+            await resume(2.5)
+            assert (await agent.time()).paused is False
+            unknowing, _ = world_clock_hooks(world.url, None, None)
+            assert unknowing is not None
+            await refused(unknowing())
+    finally:
+        world.stop()
+    (gateway_home / ".labkube-world-control").unlink()
+    with pytest.raises(GatewayError, match="left no control token"):
+        world_control_token()

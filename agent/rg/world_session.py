@@ -136,7 +136,7 @@ async def open_world(log_dir: Any, think_time_s: float | None) -> WorldSession:
     url = os.environ.get("LABKUBE_WORLD_URL")
     if url:
         log = os.environ.get("LABKUBE_WORLD_LOG")
-        client = WorldClient(url, control_token=secret(CONTROL_TOKEN_VARIABLE))  # None: a world open to all (a pod's)
+        client = WorldClient(url, control_token=secret(CONTROL_TOKEN_VARIABLE))  # None: a world open to all
         return WorldSession(client, None, think_time_s, log_path=Path(log) if log else None)
     try:
         process = start_world(world_python(), log_path=log_dir / "world.log")
