@@ -7,6 +7,7 @@ and gets a scripted call; once the tool's result is in the conversation it gets 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -453,3 +454,71 @@ def test_claude_codes_settings_deny_blocked_domains_and_hook_every_network_tool(
     assert (tmp_path / "blocked_urls.txt").read_text().split() == blocked
     assert env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:9/anthropic" and env["ANTHROPIC_API_KEY"] == "tok"
     assert "--mcp-config" not in flags  # no world, no MCP server
+
+
+async def test_a_pods_checkpoint_keeps_the_sidecars_lines_past_the_agents_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a pod the gateway sidecar appends its model calls to the transcript through a file of its own, so the agent
+    container's own offset ends at its own last line. `CliRun.sync` checkpoints at the later of that and where the
+    sidecar's writes end once it has written every call it counts (`GatewayView.checkpoint`): a resumed run, which
+    truncates the transcript at the checkpoint's offset, keeps the line of every call its spend counts."""
+    from labkube.agent.checkpoint import Checkpoint
+    from labkube.agent.gateway import GatewayState, GatewayView, ModelGateway, run_config, upstream_for
+    from labkube.agent.scaffolds.cli_agents import CliRun, CliState, RunHooks
+    from labkube.agent.telemetry import RunTelemetry
+    from labkube.agent.transcript import JsonlLog
+    from labkube.model_ref import parse_model
+    from labkube.store import RunDir
+    from labkube.tasks import card_for_run
+
+    task = make_tiny_task(tmp_path, [])
+    rd = RunDir(make_run_dir(tmp_path, task, model=MODELS["claude-code"], agent="claude-code"))
+    spec = rd.spec()
+    with FakeLLM() as server:
+        server.script(Reply.text("hello", usage=USAGE))
+        for name, value in provider_env("claude-code", server).items():
+            monkeypatch.setenv(name, value)
+        family, upstream = upstream_for(parse_model(spec.model), REAL_KEY)
+        sidecar = ModelGateway(
+            run_config(spec, family, upstream),
+            transcript=JsonlLog(rd.transcript),  # the sidecar's own file object, as in its own container
+            state=GatewayState(),
+            state_path=rd.root / "gateway.json",
+        )
+        async with sidecar:
+            view = GatewayView(sidecar.url, sidecar.config.token, rd.root / "gateway.json")
+            saved: list[int] = []
+            agent = CLI_AGENTS["claude-code"]
+            run = CliRun(
+                rd=rd,
+                spec=spec,
+                card=card_for_run(spec.task, spec.task_path, spec.task_id),
+                ckpt=Checkpoint(),
+                transcript=JsonlLog(rd.transcript),  # the agent container's
+                telemetry=RunTelemetry(spec),
+                hooks=RunHooks(
+                    take_grade=lambda *_: pytest.fail("no grade is due"),
+                    write_status=lambda *_args, **_kw: None,
+                    save_checkpoint=lambda _rd, ckpt: saved.append(ckpt.transcript_offset),
+                ),
+                agent=agent,
+                exe=Path("/nonexistent"),
+                home=tmp_path / "home",
+                env={},
+                state=CliState(agent=agent.name, package=agent.package, version=agent.version),
+                gw=view,
+            )
+            run.transcript.append({"type": "start", "ts": "t"})
+            import anthropic
+
+            client = anthropic.AsyncAnthropic(api_key=sidecar.config.token, base_url=sidecar.anthropic_base_url)
+            await client.messages.create(
+                model="claude-sonnet-4-6", max_tokens=10, messages=[{"role": "user", "content": "hi"}]
+            )
+            await asyncio.to_thread(run.sync, ClaudeCodeEvents(rd.workspace))
+        assert run.ckpt.spend.steps == 1 and run.ckpt.spend.usage.input == USAGE.input
+        assert saved == [rd.transcript.stat().st_size] and saved[0] > run.transcript.offset
+        run.transcript.close()
+    JsonlLog(rd.transcript).truncate(saved[0])  # the resumed run's start
+    assert [line["type"] for line in read_jsonl(rd.transcript)] == ["start", "model_call"]

@@ -265,8 +265,8 @@ def test_the_overhead_benchmark_measures_every_case_and_writes_its_table(tmp_pat
 
 async def test_a_sidecars_view_asks_the_gateway_for_its_counts_before_reading_its_file(tmp_path: Path) -> None:
     """In a pod the agent's container reads the gateway sidecar's totals. The gateway rewrites `gateway.json` a moment
-    after each answer, off the call's path, so the view asks the gateway itself (`/healthz`) and reads the file only
-    when it does not answer: a file still holding the state before the last call does not hide that call."""
+    after each answer, off the call's path, so the view asks the gateway itself (`POST /checkpoint`) and reads the
+    file only when it does not answer: a file still holding the state before the last call does not hide that call."""
     import asyncio
 
     with FakeLLM() as server:
@@ -276,8 +276,8 @@ async def test_a_sidecars_view_asks_the_gateway_for_its_counts_before_reading_it
             stale = tmp_path / "stale-gateway.json"
             stale.write_text(GatewayState().model_dump_json())  # as the file is just before its rewrite lands
             view = GatewayView(gw.url, gw.config.token, stale)
-            assert view.state.calls == 0  # during the run, the file as it stands (no request per poll)
-            await asyncio.to_thread(view.refresh, live=True)  # the final look
+            assert view.state.calls == 0  # the file as it stands
+            assert await asyncio.to_thread(view.checkpoint) == (tmp_path / "transcript.jsonl").stat().st_size
             assert view.state.spend.usage == EXPECTED and view.state.calls == 1
-        await asyncio.to_thread(view.refresh, live=True)  # the gateway has ended: what it last wrote is all there is
+        assert await asyncio.to_thread(view.checkpoint) is None  # the gateway has ended: what it last wrote is all
         assert view.state.calls == 0

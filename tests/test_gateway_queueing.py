@@ -16,7 +16,7 @@ from fakellm import FakeLLM, Reply
 from fakellm import Usage as FakeUsage
 from test_gateway import gateway_for
 
-from labkube.agent.gateway import GatewayConfig, GatewayState, ModelGateway, Upstream
+from labkube.agent.gateway import GatewayConfig, GatewayState, GatewayView, ModelGateway, Upstream
 from labkube.agent.gateway.proxy import MAX_DEFER_S
 from labkube.agent.transcript import JsonlLog, read_jsonl
 from labkube.budgets import Usage
@@ -81,8 +81,8 @@ async def test_flush_writes_a_finished_calls_line_while_another_is_in_flight(tmp
 
 
 async def test_with_no_deferral_a_line_is_written_while_another_call_is_in_flight(tmp_path: Path) -> None:
-    """The sidecar's gateway (`max_defer_s=0`, `agent/gateway/sidecar.py`), which the agent in another container
-    cannot flush before it checkpoints: a finished call's line goes out on the next turn of the event loop."""
+    """The sidecar's gateway (`max_defer_s=0`, `agent/gateway/sidecar.py`): a finished call's line goes out on the
+    next turn of the event loop, so the transcript a person follows in the pod is current."""
     transcript = tmp_path / "transcript.jsonl"
     with FakeLLM() as server:
         server.script(Reply.delay(0.8, Reply.text("slow")), Reply.text("quick"))
@@ -167,3 +167,38 @@ async def test_a_provider_silent_for_timeout_s_is_cut(tmp_path: Path, after_firs
         assert expected in line["error"]
     finally:
         await runner.cleanup()
+
+
+async def test_a_pods_checkpoint_keeps_every_line_of_the_calls_its_spend_counts(tmp_path: Path) -> None:
+    """In a pod the gateway sidecar and the agent container append to one transcript, each through a file of its own.
+    The agent's own offset ends at its own last line; a checkpoint taking it would cut the sidecar's lines written
+    after, and a resumed run truncates the transcript there, so the calls its spend counts would lose their lines.
+    `GatewayView.checkpoint` has the gateway write every counted call's line (one still held back by a call in
+    flight included) and say where its writes end: the checkpoint keeps up to the later of the two ends."""
+    transcript = tmp_path / "transcript.jsonl"
+    agent_log = JsonlLog(transcript)  # the agent container's
+    with FakeLLM() as server:
+        server.script(Reply.delay(0.8, Reply.text("slow")), Reply.text("quick", usage=PLANTED))
+        async with gateway_for(server, tmp_path, "anthropic") as gw:
+            view = GatewayView(gw.url, gw.config.token, tmp_path / "gateway.json")
+            agent_log.append({"type": "start"})
+            slow = asyncio.create_task(asyncio.to_thread(ask, gw))
+            await until(lambda: len(server.requests) == 1)
+            await asyncio.to_thread(ask, gw)
+            assert [line["type"] for line in read_jsonl(transcript)] == ["start"]  # held back: a call is in flight
+            end = await asyncio.to_thread(view.checkpoint)
+            assert view.state.calls == 1 and view.state.spend.usage == EXPECTED
+            assert end == transcript.stat().st_size > agent_log.offset
+            offset = max(agent_log.offset, end)  # as `CliRun.sync` takes it
+            assert not slow.done()
+            refused = GatewayView(gw.url, "not-the-token", tmp_path / "gateway.json")
+            assert await asyncio.to_thread(refused.checkpoint) is None  # 401: the file's counts, nothing flushed
+            await slow
+        JsonlLog(transcript).truncate(offset)  # the resumed run's first step
+        kept = read_jsonl(transcript)
+        assert [(line["type"], (line.get("message") or {}).get("content")) for line in kept] == [
+            ("start", None),
+            ("model_call", "quick"),
+        ]
+        assert await asyncio.to_thread(view.checkpoint) is None, "a gateway that is gone: no end to keep"
+    agent_log.close()

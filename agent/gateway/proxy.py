@@ -97,6 +97,7 @@ class ModelGateway(GatewayAddress):
         app = aiohttp.web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{family:openai|anthropic}/v1/{tail:.*}", self._handle)
         app.router.add_get("/healthz", self._health)
+        app.router.add_post("/checkpoint", self._checkpoint)
         # On close, a call still in flight (the agent was stopped mid-call) is cut after 2 s, not aiohttp's 60.
         self._runner = aiohttp.web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
@@ -140,6 +141,17 @@ class ModelGateway(GatewayAddress):
 
     async def _health(self, _request: aiohttp.web.Request) -> aiohttp.web.Response:
         return aiohttp.web.json_response(self.state.model_dump(mode="json"))
+
+    async def _checkpoint(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        """What `flush` is in-process, for an agent in another container (a pod's `GatewayView`): every counted
+        call's transcript line written now, then the counts and where this gateway's transcript writes end, taken at
+        one moment, so that a checkpoint keeping that end keeps every call its spend counts (a resumed run truncates
+        the transcript at its checkpoint's offset)."""
+        if not self._authorized(request):
+            return aiohttp.web.json_response({"error": "labkube gateway: wrong or missing run token"}, status=401)
+        self.flush()
+        end = self.transcript.offset if self.transcript is not None else None
+        return aiohttp.web.json_response({"state": self.state.model_dump(mode="json"), "transcript_end": end})
 
     # -- accounting
     def spent(self) -> tuple[StopReason, str] | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import urllib.request
 from pathlib import Path
@@ -29,19 +30,29 @@ class GatewayView(GatewayAddress):
         self.state = GatewayState()
         self.refresh()
 
-    def refresh(self, live: bool = False) -> None:
-        """The gateway's totals as it last wrote them to `gateway.json`. It rewrites that file off the calls' path, a
-        moment after an answer, so the final look (`live`) asks the gateway itself (`/healthz`: every answered call,
-        counted before its last bytes went out), and reads the file only when the gateway does not answer."""
-        if live:
-            try:
-                with urllib.request.urlopen(f"{self.url}/healthz", timeout=STATE_TIMEOUT_S) as answer:
-                    self.state = GatewayState.model_validate_json(answer.read())
-                return
-            except (OSError, ValueError):
-                pass
+    def refresh(self) -> None:
+        """The gateway's totals as it last wrote them to `gateway.json` (off the calls' path, a moment after each
+        answer; `checkpoint` asks the gateway itself)."""
         with contextlib.suppress(OSError, ValueError):
             self.state = GatewayState.model_validate_json(self.state_path.read_text())
+
+    def checkpoint(self) -> int | None:
+        """The gateway's counts, after it has written every call they count to the transcript (`POST /checkpoint`),
+        and the offset where its transcript writes then end: the checkpoint keeps the transcript up to there at
+        least, or a resumed run would truncate calls its spend counts. None where the gateway does not answer; the
+        counts are then `gateway.json`'s (`refresh`)."""
+        request = urllib.request.Request(
+            f"{self.url}/checkpoint", data=b"", method="POST", headers={"authorization": f"Bearer {self.config.token}"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=STATE_TIMEOUT_S) as answer:
+                body = json.loads(answer.read())
+            self.state = GatewayState.model_validate(body["state"])
+        except (OSError, ValueError, KeyError, TypeError):
+            self.refresh()
+            return None
+        end = body.get("transcript_end")
+        return end if isinstance(end, int) else None
 
     async def close(self) -> None:
         return None
@@ -122,8 +133,9 @@ async def serve_run_gateway(run_dir: Path, host: str, port: int, token_file: Pat
         state_path=rd.root / "gateway.json",
         before_call=before,
         after_call=after,
-        # In a pod the agent cannot flush this process's bookkeeping before it checkpoints (`ModelGateway.flush`):
-        # a call's transcript line is written on the next turn of the event loop, not once the calls in flight end.
+        # A call's transcript line is written on the next turn of the event loop, not once the calls in flight end:
+        # the transcript a person follows in the pod stays current, and a gateway killed with its pod loses the
+        # fewest lines. (The agent container has the rest flushed before it checkpoints: `GatewayView.checkpoint`.)
         max_defer_s=0.0,
     )
     await gateway.start(host, port)

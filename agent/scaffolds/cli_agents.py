@@ -470,11 +470,13 @@ class CliRun:
         container's series: its counts since the last look)."""
         gw, tracker, ckpt = self.gw, self.tracker, self.ckpt
         tracker.tick()
+        # The calls its spend counts are in the transcript before the checkpoint takes its position.
+        gateway_end = None
         if isinstance(gw, ModelGateway):
-            gw.flush()  # the calls its spend counts are in the transcript before the checkpoint takes its position
-        if isinstance(gw, GatewayView):
+            gw.flush()
+        if isinstance(gw, GatewayView):  # a pod's sidecar, appending to the transcript from its own container
             before = gw.state.spend.model_copy(deep=True)
-            gw.refresh(live=final)
+            gateway_end = gw.checkpoint()
             after = gw.state.spend
             delta = Usage(**{k: max(0, getattr(after.usage, k) - getattr(before.usage, k)) for k in Usage.model_fields})
             if delta.total or after.usd > before.usd:
@@ -489,7 +491,8 @@ class CliRun:
         ckpt.step = spend.steps
         self.state.session_id = events.session_id or self.state.session_id
         ckpt.provider_state["cli"] = self.state.model_dump(mode="json")
-        ckpt.transcript_offset = self.transcript.offset
+        # This process's own writes end at its offset; the sidecar's may end after them.
+        ckpt.transcript_offset = max(self.transcript.offset, gateway_end or 0)
         if not final:
             self.hooks.save_checkpoint(self.rd, ckpt)
             self.hooks.write_status(self.rd, self.spec, ckpt, RunPhase.running)
