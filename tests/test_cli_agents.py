@@ -522,3 +522,68 @@ async def test_a_pods_checkpoint_keeps_the_sidecars_lines_past_the_agents_own(
         run.transcript.close()
     JsonlLog(rd.transcript).truncate(saved[0])  # the resumed run's start
     assert [line["type"] for line in read_jsonl(rd.transcript)] == ["start", "model_call"]
+
+
+@pytest.mark.gaia2
+def test_a_cli_in_a_gaia2_pod_drives_its_world_sidecar_with_the_token_the_world_left_for_it(
+    tmp_path: Path, cli_binaries: dict[str, Path]
+) -> None:
+    """The Gaia2 pod's layout as processes, each with its container's environment: the world sidecar (it publishes
+    its control token to the `world-control` volume), `labkube gateway` (reads it, and stops the world's clock with
+    it around each model call: a refused pause would fail the call) and `labkube agent` (reads it, loads the scenario
+    with it, and has it judged). The world removes the token file at that load, before the CLI starts; the run
+    passes ARE's judge."""
+    from test_world_control import Sidecar
+
+    from labkube.run_spec import RunSpec
+    from labkube.store import write_model
+    from labkube.task_card import TaskFamily
+    from labkube.tasks import resolve_tasks
+    from labkube.tasks.gaia2 import setup_world_env, world_python
+    from labkube.tasks.gaia2.verdict_message import CONTROL_FILE_VARIABLE
+
+    setup_world_env()
+    (card,) = resolve_tasks("gaia2/execution_budget_email")
+    spec = RunSpec(
+        run_id="pod--claude-code--s0", campaign="pod", task=card.ref, task_path=card.path, model=MODELS["claude-code"],
+        seed=0, family=TaskFamily.gaia2, agent="claude-code",
+    )  # fmt: skip
+    rd = tmp_path / "runs" / spec.run_id
+    write_model(rd / "run.json", spec)
+    control_file, token_file = tmp_path / "world-control" / "token", tmp_path / "gateway-volume" / "token"
+    world = Sidecar(world_python(), tmp_path / "world-tmp", control_file)
+    (tmp_path / "gateway-tmp").mkdir()
+    try:
+        with FakeLLM(responder=gaia2_responder) as server:
+            world_env = {"LABKUBE_WORLD_URL": world.url, CONTROL_FILE_VARIABLE: str(control_file)}
+            gateway = subprocess.Popen(
+                [sys.executable, "-P", "-m", "labkube", "gateway", "--run-dir", str(rd), "--token-file",
+                 str(token_file)],
+                env={**os.environ, **provider_env("claude-code", server), **world_env,
+                     "HOME": str(tmp_path / "gateway-tmp")},
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            try:
+                assert gateway.stdout is not None
+                listening = gateway.stdout.readline()
+                assert listening.startswith("LISTENING http://127.0.0.1:"), gateway.communicate(timeout=10)
+                assert control_file.exists(), "the gateway read the token; the harness has yet to"
+                agent_env = {
+                    **world_env,
+                    "LABKUBE_GATEWAY_URL": listening.split()[1],
+                    "LABKUBE_GATEWAY_TOKEN_FILE": str(token_file),
+                }
+                ran = labkube("agent", "--run-dir", str(rd), cwd=tmp_path, env=agent_env, timeout=400)
+            finally:
+                gateway.send_signal(signal.SIGTERM)
+                _, gateway_err = gateway.communicate(timeout=30)
+            calls = [r for r in server.requests if r.path.endswith("/messages")]
+    finally:
+        world.stop()
+    assert ran.returncode == 0, ran.stderr[-3000:] + gateway_err[-2000:]
+    assert not control_file.exists(), "removed at the harness's load, before the CLI started"
+    result = RunResult.model_validate_json((rd / "result.json").read_text())
+    assert result.details["gaia2"]["success"] is True, result.details["gaia2"]
+    events = read_jsonl(rd / "transcript.jsonl")
+    assert len([e for e in events if e["type"] == "model_call"]) == len(calls) == 3
+    assert "control token" not in gateway_err
