@@ -202,7 +202,7 @@ def build_pod_manifest(
         init_containers.append(_world_container(run, options, run_dir, namespace))
         env += [
             {"name": "LABKUBE_WORLD_URL", "value": f"http://127.0.0.1:{options.world.port}"},
-            # the world's control token: the harness takes it (and removes it) before the agent's commands run
+            # the world's control token: the harness reads it; the world removes it at the harness's first use
             {"name": CONTROL_FILE_VARIABLE, "value": WORLD_CONTROL_FILE},
         ]
     env += [{"name": k, "value": v} for k, v in sorted(options.env.items())]
