@@ -20,6 +20,7 @@ class JsonlLog:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self._fh = path.open("ab")
+        self.written_end: int | None = None  # where this object's last line ended in the file; None before one
 
     @property
     def offset(self) -> int:
@@ -28,6 +29,9 @@ class JsonlLog:
     def append(self, record: dict[str, Any]) -> None:
         self._fh.write(json.dumps(record, default=str, ensure_ascii=False).encode() + b"\n")
         self._fh.flush()
+        # Another writer may append to the same file (a pod's gateway sidecar) or truncate it (the agent resuming):
+        # `offset` is then this object's position as it last moved, and only a write of its own makes it current.
+        self.written_end = self._fh.tell()
 
     def truncate(self, offset: int) -> None:
         """Drop everything after `offset` (a crashed step's partial records)."""

@@ -202,3 +202,28 @@ async def test_a_pods_checkpoint_keeps_every_line_of_the_calls_its_spend_counts(
         ]
         assert await asyncio.to_thread(view.checkpoint) is None, "a gateway that is gone: no end to keep"
     agent_log.close()
+
+
+async def test_a_resumed_pods_checkpoint_is_not_pushed_past_the_truncated_transcripts_end(tmp_path: Path) -> None:
+    """A resumed pod: the new gateway sidecar opens the transcript before the agent container truncates it to the
+    checkpoint's offset (dropping the crashed step's lines), so the gateway's file position is past the new end.
+    The gateway reports where its own lines end, and none until it writes one: a checkpoint taking its file
+    position would keep the next crash's partial step, which a resume must drop."""
+    transcript = tmp_path / "transcript.jsonl"
+    before = JsonlLog(transcript)
+    for step in range(3):
+        before.append({"type": "step", "step": step})
+    kept = len(transcript.read_bytes().splitlines(keepends=True)[0])  # the checkpoint kept step 0 only
+    before.close()
+    with FakeLLM() as server:
+        server.script(Reply.text("after the resume", usage=PLANTED))
+        async with gateway_for(server, tmp_path, "anthropic") as gw:  # opens the transcript: 3 lines long
+            agent_log = JsonlLog(transcript)
+            agent_log.truncate(kept)  # the resumed agent's start
+            view = GatewayView(gw.url, gw.config.token, tmp_path / "gateway.json")
+            assert await asyncio.to_thread(view.checkpoint) is None, "no line of its own yet"
+            await asyncio.to_thread(ask, gw)
+            end = await asyncio.to_thread(view.checkpoint)
+            assert end == transcript.stat().st_size
+            agent_log.close()
+    assert [line["type"] for line in read_jsonl(transcript)] == ["step", "model_call"]

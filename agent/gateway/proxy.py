@@ -150,7 +150,9 @@ class ModelGateway(GatewayAddress):
         if not self._authorized(request):
             return aiohttp.web.json_response({"error": "labkube gateway: wrong or missing run token"}, status=401)
         self.flush()
-        end = self.transcript.offset if self.transcript is not None else None
+        # Where its own last line ended (None: none since it started): not its file object's position, which the
+        # agent's truncation of the transcript, when it resumes, leaves past the end of the file.
+        end = self.transcript.written_end if self.transcript is not None else None
         return aiohttp.web.json_response({"state": self.state.model_dump(mode="json"), "transcript_end": end})
 
     # -- accounting
