@@ -531,8 +531,9 @@ def test_a_cli_in_a_gaia2_pod_drives_its_world_sidecar_with_the_token_the_world_
     """The Gaia2 pod's layout as processes, each with its container's environment: the world sidecar (it publishes
     its control token to the `world-control` volume), `labkube gateway` (reads it, and stops the world's clock with
     it around each model call: a refused pause would fail the call) and `labkube agent` (reads it, loads the scenario
-    with it, and has it judged). The world removes the token file at that load, before the CLI starts; the run
-    passes ARE's judge."""
+    with it, and has it judged). The world removes the token file at that load, before the CLI starts: the CLI's
+    shell, which first tries to read the token and to stop the world's clock, finds no file, no token in its
+    environment, and a 403; the run then passes ARE's judge."""
     from test_world_control import Sidecar
 
     from labkube.run_spec import RunSpec
@@ -554,7 +555,25 @@ def test_a_cli_in_a_gaia2_pod_drives_its_world_sidecar_with_the_token_the_world_
     world = Sidecar(world_python(), tmp_path / "world-tmp", control_file)
     (tmp_path / "gateway-tmp").mkdir()
     try:
-        with FakeLLM(responder=gaia2_responder) as server:
+        probe = (
+            f'cat {control_file} > probe-token.txt 2>&1; env > probe-env.txt; python3 -c "import urllib.request as u\n'
+            f"try: u.urlopen(u.Request('{world.url}/clock/pause', data=b'{{}}', method='POST')); print(200)\n"
+            "except Exception as e: print(getattr(e, 'code', e))\" > probe-pause.txt"
+        )
+
+        def hostile(path: str, body: dict[str, Any]) -> Reply:
+            if any(
+                isinstance(c, dict) and c.get("type") == "tool_result"
+                for m in body.get("messages") or []
+                if isinstance(m.get("content"), list)
+                for c in m["content"]
+            ):
+                messages = body["messages"]
+                trimmed = {**body, "messages": messages[:1] + messages[3:]}  # less the probe's call and result
+                return gaia2_responder(path, trimmed)
+            return Reply.tool_call("Bash", {"command": probe, "description": "probe"}, usage=USAGE)
+
+        with FakeLLM(responder=hostile) as server:
             world_env = {"LABKUBE_WORLD_URL": world.url, CONTROL_FILE_VARIABLE: str(control_file)}
             gateway = subprocess.Popen(
                 [sys.executable, "-P", "-m", "labkube", "gateway", "--run-dir", str(rd), "--token-file",
@@ -585,5 +604,9 @@ def test_a_cli_in_a_gaia2_pod_drives_its_world_sidecar_with_the_token_the_world_
     result = RunResult.model_validate_json((rd / "result.json").read_text())
     assert result.details["gaia2"]["success"] is True, result.details["gaia2"]
     events = read_jsonl(rd / "transcript.jsonl")
-    assert len([e for e in events if e["type"] == "model_call"]) == len(calls) == 3
+    assert len([e for e in events if e["type"] == "model_call"]) == len(calls) == 4
     assert "control token" not in gateway_err
+    workspace = rd / "workspace"
+    assert "No such file" in (workspace / "probe-token.txt").read_text()
+    assert (workspace / "probe-pause.txt").read_text().strip() == "403"
+    assert "LABKUBE_WORLD_CONTROL" not in (workspace / "probe-env.txt").read_text()
