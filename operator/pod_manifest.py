@@ -38,8 +38,12 @@ from labkube.operator.crds import LABEL_CAMPAIGN, LABEL_RUN, SchemaError, dns_la
 from labkube.operator.k8s_models import PodOptions, RunResourceSpec, Toleration
 from labkube.run_spec import CLI_AGENTS
 from labkube.task_card import TaskFamily
-from labkube.tasks.gaia2.verdict_message import CONTROL_FILE_VARIABLE, ONE_SCENARIO_VARIABLE, VERDICT_FILE_VARIABLE
-from labkube.tasks.gaia2.world_process import CONTROL_ENV
+from labkube.tasks.gaia2.verdict_message import (
+    CONTROL_ENV,
+    CONTROL_FILE_VARIABLE,
+    ONE_SCENARIO_VARIABLE,
+    VERDICT_FILE_VARIABLE,
+)
 
 __all__ = [
     "LABEL_ATTEMPT",

@@ -1,4 +1,5 @@
-"""ARE's verdict as a Kubernetes termination message: how a pod's world sidecar tells the operator what it judged.
+"""ARE's verdict as a Kubernetes termination message: how a pod's world sidecar tells the operator what it judged;
+and the names of the settings and the header that the world and labkube both read (the world imports no labkube).
 
 Standalone (stdlib only) like world_health.py: the world process imports it from the same folder in ARE's
 virtualenv, and labkube imports it as `labkube.tasks.gaia2.verdict_message`.
@@ -20,6 +21,8 @@ ONE_SCENARIO_VARIABLE = "LABKUBE_WORLD_ONE_SCENARIO"  # "1": the world refuses a
 # sidecar mount read-only), once per pod, and removes it at the first request that carries the token: the agent's
 # harness loading the scenario (agent/harness/sandbox_process.py), before any command of the agent runs.
 CONTROL_FILE_VARIABLE = "LABKUBE_WORLD_CONTROL_FILE"
+CONTROL_ENV = "LABKUBE_WORLD_CONTROL"  # "1": the world makes a control token (labkube's own worlds and pods' sidecars)
+CONTROL_HEADER = "X-Labkube-World-Control"  # the request header that carries it
 # The grading pod's environment: "operator" says a verdict comes only from the second variable, the world sidecar's
 # termination message as the operator read it from the API (none: the world judged nothing).
 WORLD_VERDICT_SOURCE = "LABKUBE_WORLD_VERDICT_FROM"

@@ -24,6 +24,8 @@ from typing import Any, Literal, Self
 import h11
 from pydantic import BaseModel, ConfigDict, Field
 
+from labkube.tasks.gaia2.verdict_message import CONTROL_HEADER
+
 
 class WorldError(Exception):
     """A world call did not give its answer."""
@@ -209,7 +211,6 @@ class AreAgentRun(ValidationResult):
 # Every call has a timeout. The world answers slow operations itself within its own deadlines
 # (load 180 s, validation 300 s): the client waits a little longer than that, never forever.
 DEFAULT_TIMEOUT = 30.0
-CONTROL_HEADER = "X-Labkube-World-Control"  # world_server.py checks it (its copy of the name: it imports no labkube)
 # Where a run's agent process finds the token of the world lent to it: among its secrets (on stdin, as its API keys),
 # never in its environment, which its commands (a vendor CLI's shell) read.
 CONTROL_TOKEN_VARIABLE = "LABKUBE_WORLD_CONTROL_TOKEN"

@@ -24,12 +24,12 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from labkube.cpu_share import set_autogroup_nice
+from labkube.tasks.gaia2.verdict_message import CONTROL_ENV
 from labkube.tasks.gaia2.world_client import WorldClient
 from labkube.tasks.gaia2.world_env import world_python
 
 SERVER_SCRIPT = Path(__file__).with_name("world_server.py")
 WARMING_ENV = "LABKUBE_WORLD_WARMING"  # read by world_cpu_share.py, in the world's own virtualenv
-CONTROL_ENV = "LABKUBE_WORLD_CONTROL"  # read by world_server.py
 STARTUP_TIMEOUT = 60.0
 
 

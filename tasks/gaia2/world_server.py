@@ -44,7 +44,7 @@ from typing import Any
 
 import deferred_imports  # noqa: F401  (before any of ARE: ARE's document converter is imported on first use)
 import world_cpu_share  # before ARE: a world warming up ahead of its first run yields the CPU while it imports ARE
-from verdict_message import CONTROL_FILE_VARIABLE
+from verdict_message import CONTROL_ENV, CONTROL_FILE_VARIABLE, CONTROL_HEADER
 from world_health import WorldBroken
 from world_judge import install_judge_caches, warm_judge
 from world_protocol import ProtocolError, one_line
@@ -52,8 +52,6 @@ from world_scenario import install_environment_shortcuts
 from world_session import WorldSession
 
 ARE_VERSION = "1.2.0"
-CONTROL_ENV = "LABKUBE_WORLD_CONTROL"  # "1": make a control token and announce it (labkube's own worlds)
-CONTROL_HEADER = "X-Labkube-World-Control"
 # The run's controller's endpoints: the scenario it loads, the clock the gateway stops during model calls, the
 # judge, the oracle and ARE's agent. The agent's (its tools, notifications, time, messages to the user) stay open:
 # a vendor CLI reaches them through the MCP bridge, which holds no token, and so could the CLI's shell.
