@@ -164,8 +164,8 @@ def _read_listening(
             buffer += chunk
             for line in buffer.decode(errors="replace").splitlines():
                 fields = line.split()
-                token = fields.pop()[len("control=") :] if fields and fields[-1].startswith("control=") else None
                 if len(fields) >= 2 and fields[0] == "LISTENING":
+                    token = fields.pop()[len("control=") :] if fields[-1].startswith("control=") else None
                     copy = int(fields[3]) if len(fields) == 4 else 0
                     listening[copy] = (int(fields[1]), int(fields[2]) if len(fields) == 4 else proc.pid, token)
         elif proc.poll() is not None and 0 not in listening:
