@@ -10,14 +10,12 @@ import hmac
 import json
 import logging
 import random
+import re
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
-
-import aiohttp
-import aiohttp.web
 
 from labkube.agent.gateway.digest import CallDigest, SseReader, request_body, request_summary, with_stream_usage
 from labkube.agent.gateway.state import (
@@ -31,6 +29,7 @@ from labkube.agent.gateway.state import (
     error_body,
     refusal,
 )
+from labkube.agent.gateway.wire import AgentClosed, HttpServer, Reply, Request, UpstreamPool, UpstreamResponse
 from labkube.agent.pricing import cost_usd
 from labkube.agent.telemetry import RunTelemetry
 from labkube.agent.transcript import JsonlLog, now_iso
@@ -42,6 +41,11 @@ AfterHook = Callable[[float], Awaitable[None]]  # given the call's model seconds
 # How long a finished call's transcript line, series and state file may wait for the gateway to have no call in
 # flight before they are written anyway (calls that keep overlapping would otherwise hold them back for good).
 MAX_DEFER_S = 1.0
+MAX_REQUEST_BYTES = 64 * 1024 * 1024
+# On close, a call still in flight (the agent was stopped mid-call) is cut after this.
+CLOSE_GRACE_S = 2.0
+ROUTE = re.compile(r"/(openai|anthropic)/v1/(.*)", re.DOTALL)
+JSON = {"content-type": "application/json"}
 
 
 class GatewayAddress:
@@ -83,8 +87,8 @@ class ModelGateway(GatewayAddress):
         self.state_path = state_path
         self.before_call, self.after_call = before_call, after_call
         self.on_refusal = on_refusal
-        self._runner: aiohttp.web.AppRunner | None = None
-        self._session: aiohttp.ClientSession | None = None
+        self._server: HttpServer | None = None
+        self._upstream: UpstreamPool | None = None
         self._state_writer: asyncio.Task[None] | None = None
         self._state_changed = False
         self._state_write_queued = False
@@ -94,31 +98,23 @@ class ModelGateway(GatewayAddress):
         self.url = ""
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> ModelGateway:
-        app = aiohttp.web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_route("*", "/{family:openai|anthropic}/v1/{tail:.*}", self._handle)
-        app.router.add_get("/healthz", self._health)
-        app.router.add_post("/checkpoint", self._checkpoint)
-        # On close, a call still in flight (the agent was stopped mid-call) is cut after 2 s, not aiohttp's 60.
-        self._runner = aiohttp.web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
-        await self._runner.setup()
-        site = aiohttp.web.TCPSite(self._runner, host, port)
-        await site.start()
-        bound = self._runner.addresses[0][1]
+        # The provider's silence is timed per call (`_forward`, `_relay_stream`), not per chunk received.
+        self._upstream = UpstreamPool(connect_timeout_s=30.0)
+        self._server = HttpServer(self._serve, max_body=MAX_REQUEST_BYTES)
+        bound = await self._server.start(host, port)
         self.url = f"http://{host}:{bound}"
-        # No sock_read: aiohttp re-arms that timer on every chunk it receives, a streamed answer's hundreds of
-        # times; the provider's silence is timed here instead (`_forward`, `_relay_stream`), a timer a call.
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=None)
-        self._session = aiohttp.ClientSession(timeout=timeout, auto_decompress=True)
         return self
 
     async def close(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        if self._server is not None:
+            await self._server.close(CLOSE_GRACE_S)
+            self._server = None
         self.flush()  # the last calls' transcript lines, series and state file
         if self._state_writer is not None:
             await self._state_writer
-        if self._session is not None:
-            await self._session.close()
+        if self._upstream is not None:
+            self._upstream.close()
+            self._upstream = None
 
     def flush(self) -> None:
         """Write down now every finished call's bookkeeping still waiting (`_defer`): its transcript line and series
@@ -139,21 +135,36 @@ class ModelGateway(GatewayAddress):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _health(self, _request: aiohttp.web.Request) -> aiohttp.web.Response:
-        return aiohttp.web.json_response(self.state.model_dump(mode="json"))
+    async def _serve(self, request: Request, reply: Reply) -> None:
+        if (route := ROUTE.fullmatch(request.path)) is not None:
+            self._in_flight += 1
+            try:
+                await self._handle_call(request, reply, route[1], route[2])  # type: ignore[arg-type]
+            finally:
+                self._call_ended()
+        elif request.path in ("/healthz", "/checkpoint"):
+            allowed = "GET" if request.path == "/healthz" else "POST"
+            if request.method != allowed:
+                _send_json(reply, 405, {"error": f"labkube gateway: {request.path} takes {allowed}"})
+            elif request.path == "/healthz":
+                _send_json(reply, 200, self.state.model_dump(mode="json"))
+            else:
+                self._checkpoint(request, reply)
+        else:
+            _send_json(reply, 404, {"error": f"labkube gateway: no such endpoint: {request.path}"})
 
-    async def _checkpoint(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+    def _checkpoint(self, request: Request, reply: Reply) -> None:
         """What `flush` is in-process, for an agent in another container (a pod's `GatewayView`): every counted
         call's transcript line written now, then the counts and where this gateway's transcript writes end, taken at
         one moment, so that a checkpoint keeping that end keeps every call its spend counts (a resumed run truncates
         the transcript at its checkpoint's offset)."""
         if not self._authorized(request):
-            return aiohttp.web.json_response({"error": "labkube gateway: wrong or missing run token"}, status=401)
+            return _send_json(reply, 401, {"error": "labkube gateway: wrong or missing run token"})
         self.flush()
         # Where its own last line ended (None: none since it started): not its file object's position, which the
         # agent's truncation of the transcript, when it resumes, leaves past the end of the file.
         end = self.transcript.written_end if self.transcript is not None else None
-        return aiohttp.web.json_response({"state": self.state.model_dump(mode="json"), "transcript_end": end})
+        _send_json(reply, 200, {"state": self.state.model_dump(mode="json"), "transcript_end": end})
 
     # -- accounting
     def spent(self) -> tuple[StopReason, str] | None:
@@ -224,36 +235,27 @@ class ModelGateway(GatewayAddress):
             except OSError as exc:  # the call was counted in memory, and budgets are enforced from there
                 logging.getLogger(__name__).warning("labkube gateway: could not write %s: %s", path, exc)
 
-    def _authorized(self, request: aiohttp.web.Request) -> bool:
+    def _authorized(self, request: Request) -> bool:
         given = request.headers.get("x-api-key") or request.headers.get("authorization", "").removeprefix("Bearer ")
         return hmac.compare_digest(given.strip().encode(), self.config.token.encode())
 
     # -- the proxy
-    async def _handle(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
-        self._in_flight += 1
-        try:
-            return await self._handle_call(request)
-        finally:
-            self._call_ended()
-
-    async def _handle_call(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
-        family: Family = request.match_info["family"]  # type: ignore[assignment]
-        tail = request.match_info["tail"]
+    async def _handle_call(self, request: Request, reply: Reply, family: Family, tail: str) -> None:
         if not self._authorized(request):
             kind = "authentication_error" if family == "anthropic" else "invalid_request_error"
             body = error_body(family, 401, kind, "labkube gateway: wrong or missing run token")
-            return aiohttp.web.json_response(body, status=401)
+            return _send_json(reply, 401, body)
         upstream = getattr(self.config, family)
         if upstream is None:
             message = f"labkube gateway: this run's model is not served over the {family} API"
-            return aiohttp.web.json_response(error_body(family, 404, "not_found_error", message), status=404)
-        raw = await request.read()
+            return _send_json(reply, 404, error_body(family, 404, "not_found_error", message))
+        raw = request.body
         endpoint = tail.rstrip("/")
         if request.method != "POST" or endpoint not in MODEL_CALLS[family]:
-            return await self._forward(request, family, upstream, tail, raw, None)
+            return await self._forward(request, reply, family, upstream, tail, raw, None)
         spent = self.spent()
         if spent is not None:
-            return self._refuse(family, *spent)
+            return self._refuse(reply, family, *spent)
         # The request goes upstream as it came (a long session's is hundreds of kB of JSON, milliseconds to parse);
         # only a Chat Completion is read first, and it is the provider that answers a body that is not JSON.
         if endpoint == "chat/completions":
@@ -261,18 +263,18 @@ class ModelGateway(GatewayAddress):
                 raw = with_stream_usage(raw)
             except ValueError:
                 message = "request body is not a JSON object"
-                return aiohttp.web.json_response(error_body(family, 400, "invalid_request_error", message), status=400)
+                return _send_json(reply, 400, error_body(family, 400, "invalid_request_error", message))
         digest = CallDigest(family, endpoint)
         if self.before_call is not None:
             await self.before_call()
         started = time.monotonic()
         try:
-            return await self._forward(request, family, upstream, tail, raw, digest)
+            return await self._forward(request, reply, family, upstream, tail, raw, digest)
         finally:
             if self.after_call is not None:  # the world is charged the model's time, not the retries' back-off
                 await self.after_call(max(0.0, time.monotonic() - started - digest.backoff_s))
 
-    def _refuse(self, family: Family, reason: StopReason, detail: str) -> aiohttp.web.Response:
+    def _refuse(self, reply: Reply, family: Family, reason: StopReason, detail: str) -> None:
         self.state.refused += 1
         self.state.stop_reason = self.state.stop_reason or reason
         self._save()
@@ -283,9 +285,9 @@ class ModelGateway(GatewayAddress):
         if self.on_refusal is not None:
             self.on_refusal(reason)
         status, body = refusal(family, reason, detail)
-        return aiohttp.web.json_response(body, status=status, headers={"x-should-retry": "false"})
+        _send_json(reply, status, body, {"x-should-retry": "false"})
 
-    def _headers(self, request: aiohttp.web.Request, family: Family, upstream: Upstream) -> dict[str, str]:
+    def _headers(self, request: Request, family: Family, upstream: Upstream) -> dict[str, str]:
         headers = {k: v for k in FORWARDED_HEADERS if (v := request.headers.get(k)) is not None}
         if upstream.api_key:
             if family == "anthropic":
@@ -296,14 +298,15 @@ class ModelGateway(GatewayAddress):
 
     async def _forward(
         self,
-        request: aiohttp.web.Request,
+        request: Request,
+        reply: Reply,
         family: Family,
         upstream: Upstream,
         tail: str,
         raw: bytes,
         digest: CallDigest | None,
-    ) -> aiohttp.web.StreamResponse:
-        assert self._session is not None
+    ) -> None:
+        assert self._upstream is not None
         base = upstream.base_url.rstrip("/")
         url = f"{base}/{tail}" if family == "openai" else f"{base}/v1/{tail}"
         headers = self._headers(request, family, upstream)
@@ -317,10 +320,10 @@ class ModelGateway(GatewayAddress):
             wait = None
             try:
                 async with asyncio.timeout(self.config.timeout_s):  # until the provider's answer begins
-                    upstream_response = await self._session.request(
-                        request.method, url, data=raw or None, headers=headers, params=request.query
+                    upstream_response = await self._upstream.request(
+                        request.method, url, headers, raw, query=request.query
                     )
-            except (aiohttp.ClientError, TimeoutError) as exc:
+            except OSError as exc:  # a refused or broken connection, TLS, a timeout (TimeoutError is one)
                 failure, upstream_response = f"{type(exc).__name__}: {exc}", None
             else:
                 if upstream_response.status not in RETRY_STATUSES or attempt >= self.config.max_attempts:
@@ -338,20 +341,18 @@ class ModelGateway(GatewayAddress):
             message = f"labkube gateway: the provider at {base} failed {attempt} times ({failure})"
             self.state.last_error = message
             self._record(digest, raw, started, backoff, attempt, error=message, path=tail)
-            return aiohttp.web.json_response(error_body(family, 502, "api_error", message), status=502)
+            return _send_json(reply, 502, error_body(family, 502, "api_error", message))
         try:
             if "text/event-stream" in upstream_response.headers.get("content-type", ""):
-                return await self._relay_stream(
-                    request, upstream_response, digest, raw, started, backoff, attempt, tail
-                )
+                return await self._relay_stream(reply, upstream_response, digest, raw, started, backoff, attempt, tail)
             try:
                 async with asyncio.timeout(self.config.timeout_s):
                     data = await upstream_response.read()
-            except (aiohttp.ClientError, TimeoutError) as exc:
+            except OSError as exc:
                 message = f"labkube gateway: the provider's answer broke off: {type(exc).__name__}: {exc}"
                 self.state.last_error = message
                 self._record(digest, raw, started, backoff, attempt, error=message, path=tail)
-                return aiohttp.web.json_response(error_body(family, 502, "api_error", message), status=502)
+                return _send_json(reply, 502, error_body(family, 502, "api_error", message))
             error = None
             if digest is not None and upstream_response.status < 400:
                 with contextlib.suppress(ValueError):
@@ -361,9 +362,7 @@ class ModelGateway(GatewayAddress):
             if digest is not None:
                 self._record(digest, raw, started, backoff, attempt, error=error, path=tail)
             content_type = upstream_response.headers.get("content-type", "application/json")
-            return aiohttp.web.Response(
-                body=data, status=upstream_response.status, headers=_passed_back(upstream_response, content_type)
-            )
+            reply.send(upstream_response.status, _passed_back(upstream_response, content_type), data)
         finally:
             upstream_response.release()
 
@@ -376,20 +375,17 @@ class ModelGateway(GatewayAddress):
 
     async def _relay_stream(
         self,
-        request: aiohttp.web.Request,
-        upstream_response: aiohttp.ClientResponse,
+        reply: Reply,
+        upstream_response: UpstreamResponse,
         digest: CallDigest | None,
         raw: bytes,
         started: float,
         backoff: float,
         attempt: int,
         tail: str,
-    ) -> aiohttp.web.StreamResponse:
-        response = aiohttp.web.StreamResponse(
-            status=upstream_response.status,
-            headers=_passed_back(upstream_response, upstream_response.headers.get("content-type", "text/event-stream")),
-        )
-        await response.prepare(request)
+    ) -> None:
+        content_type = upstream_response.headers.get("content-type", "text/event-stream")
+        reply.start(upstream_response.status, _passed_back(upstream_response, content_type))
         reader = SseReader(digest.stream_events if digest is not None else None)
         error = None
         loop = asyncio.get_running_loop()
@@ -399,9 +395,9 @@ class ModelGateway(GatewayAddress):
             # chunks, re-armed at most once a second rather than on each of them.
             async with asyncio.timeout_at(loop.time() + timeout_s) as silence:
                 armed = loop.time()
-                async for chunk in upstream_response.content.iter_any():
+                async for chunk in upstream_response.chunks():
                     try:
-                        await response.write(chunk)  # to the agent first; it is counted after
+                        await reply.write(chunk)  # to the agent first; it is counted after
                     finally:
                         if digest is not None:
                             for event in reader.feed(chunk):
@@ -409,17 +405,15 @@ class ModelGateway(GatewayAddress):
                     if (now := loop.time()) - armed > 1.0:
                         silence.reschedule(now + timeout_s)
                         armed = now
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            error = f"the provider's stream broke: {type(exc).__name__}: {exc}"
-        except ConnectionResetError:
+        except AgentClosed:
             error = "the agent closed the stream"
+        except OSError as exc:  # the provider's connection broke, or fell silent (TimeoutError)
+            error = f"the provider's stream broke: {type(exc).__name__}: {exc}"
         finally:
             if digest is not None:
                 self._record(digest, raw, started, backoff, attempt, error=error, path=tail)
         if error is None:
-            with contextlib.suppress(ConnectionResetError):
-                await response.write_eof()
-        return response
+            reply.end()
 
     def _record(
         self,
@@ -495,7 +489,11 @@ class ModelGateway(GatewayAddress):
             self.telemetry.model_call(usage, usd, max(0.0, model_seconds))
 
 
-def _passed_back(response: aiohttp.ClientResponse, content_type: str) -> dict[str, str]:
+def _send_json(reply: Reply, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+    reply.send(status, {**JSON, **headers} if headers else JSON, json.dumps(body).encode())
+
+
+def _passed_back(response: UpstreamResponse, content_type: str) -> dict[str, str]:
     headers = {"content-type": content_type}
     for name in ("retry-after", "x-request-id", "request-id", "x-should-retry", "openai-processing-ms"):
         if name in response.headers:

@@ -290,8 +290,8 @@ async def run_agent(run_dir: Path, resume: bool = False) -> RunResult:
                 await world.close()
             return stop_before_the_loop(*outcome)
     if spec.agent in CLI_AGENTS:
-        # Here only: the vendor CLIs' scaffold brings the model gateway and its aiohttp server (0.15-0.2 s of
-        # imports), which a scripted run, forked from the zygote that imported this module, never uses.
+        # Here only: the vendor CLIs' scaffold brings the model gateway and the SDKs' types it reads answers with
+        # (0.3 s of imports), which a scripted run, forked from the zygote that imported this module, never uses.
         from labkube.agent.scaffolds.cli_agents import CLI_TOOL_NAMES, RunHooks, run_cli_agent
 
         telemetry.declare_tools(CLI_TOOL_NAMES)

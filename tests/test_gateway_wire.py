@@ -1,0 +1,394 @@
+"""The gateway's HTTP/1.1 at the socket (agent/gateway/wire.py): what real clients and providers put on the wire and
+the SDK-level tests never produce. The agent's side is driven with raw bytes and `http.client`; the provider's side
+is a server written at the socket (`RawProvider`), so each test sends exactly the framing it names (chunked,
+gzip, close-delimited, cut off, not HTTP), and one over TLS with a CA of its own. No fake here is more lenient than
+a real peer: each speaks plain HTTP/1.1 or breaks it on purpose."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import http.client
+import json
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import anthropic
+import pytest
+from fakellm import FakeLLM, Reply
+from fakellm import Usage as FakeUsage
+from k8s.tls import make_tls
+
+from labkube.agent.gateway import GatewayConfig, ModelGateway, Upstream
+from labkube.agent.gateway.proxy import CLOSE_GRACE_S
+from labkube.agent.gateway.wire import MAX_HEAD_BYTES, HttpServer, Request
+from labkube.agent.gateway.wire import Reply as WireReply
+from labkube.agent.transcript import JsonlLog, read_jsonl
+
+MESSAGE = {
+    "id": "msg_1",
+    "type": "message",
+    "role": "assistant",
+    "model": "claude-sonnet-4-6",
+    "content": [{"type": "text", "text": "done"}],
+    "stop_reason": "end_turn",
+    "stop_sequence": None,
+    "usage": {"input_tokens": 10, "output_tokens": 5},
+}
+BODY = json.dumps(MESSAGE).encode()
+CALL = {"model": "claude-sonnet-4-6", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
+
+Act = Callable[[int, asyncio.StreamWriter], Awaitable[bool]]
+
+
+class RawProvider:
+    """A provider at the socket: reads each request (its head and Content-Length body) and lets `act(n, writer)`
+    answer the n-th request overall, byte for byte; `act` says whether the connection stays open."""
+
+    def __init__(self, act: Act) -> None:
+        self.act = act
+        self.requests: list[tuple[bytes, bytes]] = []
+        self.connections = 0
+        self.server: asyncio.Server | None = None
+        self.handlers: set[asyncio.Task[None]] = set()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        task = asyncio.current_task()
+        assert task is not None
+        self.handlers.add(task)
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":", 1)[1])
+                body = await reader.readexactly(length)
+                self.requests.append((head, body))
+                if not await self.act(len(self.requests), writer):
+                    return
+        finally:
+            writer.close()
+            self.handlers.discard(task)
+
+    async def start(self, tls: object = None) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=tls)  # type: ignore[arg-type]
+        port = self.server.sockets[0].getsockname()[1]
+        return f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+
+    async def stop(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        for task in list(self.handlers):
+            task.cancel()
+        await asyncio.gather(*self.handlers, return_exceptions=True)
+
+
+def answer(body: bytes, *headers: str, status: str = "200 OK") -> bytes:
+    lines = [f"HTTP/1.1 {status}", "content-type: application/json", *headers]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def gateway(base_url: str, tmp_path: Path, **config: object) -> ModelGateway:
+    cfg = GatewayConfig(
+        anthropic=Upstream(base_url=base_url, api_key="sk-real"),
+        provider_prefix="anthropic",
+        base_delay_s=0.01,
+        **config,  # type: ignore[arg-type]
+    )
+    return ModelGateway(cfg, transcript=JsonlLog(tmp_path / "transcript.jsonl"), state_path=tmp_path / "gateway.json")
+
+
+async def sdk_call(gw: ModelGateway) -> anthropic.types.Message:
+    client = anthropic.AsyncAnthropic(api_key=gw.config.token, base_url=gw.anthropic_base_url, max_retries=0)
+    async with client:
+        return await client.messages.create(**CALL)  # type: ignore[arg-type]
+
+
+async def raw_exchange(url: str, data: bytes | list[bytes], read_until_close: bool = True) -> bytes:
+    """Bytes to the gateway over one connection (a list: sent one after another, each after the gateway's answer
+    to the one before begins); what came back."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        out = b""
+        for i, piece in enumerate(data if isinstance(data, list) else [data]):
+            writer.write(piece)
+            await writer.drain()
+            if i < (len(data) - 1 if isinstance(data, list) else 0):
+                out += await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        out += await asyncio.wait_for(reader.read(-1) if read_until_close else reader.read(65536), 10)
+        return out
+    finally:
+        writer.close()
+
+
+# -- the agent's side
+
+
+async def test_a_chunked_body_sent_after_100_continue_reaches_the_provider_whole(tmp_path: Path) -> None:
+    """curl sends a large body this way (`Expect: 100-continue`, then chunks); the gateway must say Continue, or
+    the client waits a second before sending anyway, and join the chunks into the provider's Content-Length body."""
+    with FakeLLM() as server:
+        server.script(Reply.text("joined", usage=FakeUsage(input=7, output=3)))
+        async with gateway(server.base_url, tmp_path) as gw:
+            body = json.dumps(CALL).encode()
+            head = (
+                "POST /anthropic/v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                f"x-api-key: {gw.config.token}\r\nanthropic-version: 2023-06-01\r\ntransfer-encoding: chunked\r\n"
+                "expect: 100-continue\r\nconnection: close\r\n\r\n"
+            ).encode()
+            chunks = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (body[:20], body[20:])) + b"0\r\n\r\n"
+            started = time.monotonic()
+            out = await raw_exchange(gw.url, [head, chunks])
+        seen = server.requests
+    assert out.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n"), out[:200]
+    assert time.monotonic() - started < 1
+    assert json.loads(out.split(b"\r\n\r\n", 2)[2])["content"][0]["text"] == "joined"
+    assert len(seen) == 1 and seen[0].body == CALL
+    (line,) = read_jsonl(tmp_path / "transcript.jsonl")
+    assert line["usage"]["input"] == 7 and line["usage"]["output"] == 3
+
+
+async def test_an_agents_connection_carries_one_call_after_another_until_it_asks_to_close(tmp_path: Path) -> None:
+    with FakeLLM() as server:
+        async with gateway(server.base_url, tmp_path) as gw:
+            host, port = gw.url.removeprefix("http://").split(":")
+
+            def calls() -> tuple[list[tuple[int, str | None]], list[object]]:
+                conn = http.client.HTTPConnection(host, int(port), timeout=10)
+                headers = {"x-api-key": gw.config.token, "content-type": "application/json"}
+                seen, sockets = [], []
+                for close in (False, False, True):
+                    extra = {"connection": "close"} if close else {}
+                    conn.request("POST", "/anthropic/v1/messages", json.dumps(CALL), {**headers, **extra})
+                    sockets.append(conn.sock)
+                    response = conn.getresponse()
+                    response.read()
+                    seen.append((response.status, response.getheader("connection")))
+                sockets.append(conn.sock)  # http.client drops a socket its server said it closes
+                return seen, sockets
+
+            seen, sockets = await asyncio.to_thread(calls)
+    assert seen == [(200, None), (200, None), (200, "close")]
+    assert sockets[0] is sockets[1] is sockets[2] is not None and sockets[3] is None
+    assert len(read_jsonl(tmp_path / "transcript.jsonl")) == 3
+
+
+async def test_a_request_that_cannot_be_served_gets_a_one_line_error_and_the_connection_closed(tmp_path: Path) -> None:
+    async def echo(request: Request, reply: WireReply) -> None:
+        reply.send(200, {"content-type": "text/plain"}, request.body)
+
+    server = HttpServer(echo, max_body=100)
+    port = await server.start("127.0.0.1", 0)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        ok = await raw_exchange(url, b"POST /x HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\nconnection: close\r\n\r\nhi")
+        assert ok.startswith(b"HTTP/1.1 200 OK\r\n") and ok.endswith(b"\r\n\r\nhi")
+        garbage = await raw_exchange(url, b"this is not HTTP\r\n\r\n")
+        assert garbage.startswith(b"HTTP/1.1 400 Bad Request\r\n") and b"malformed HTTP request" in garbage
+        big_head = b"GET /x HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * (MAX_HEAD_BYTES + 1) + b"\r\n\r\n"
+        assert (await raw_exchange(url, big_head)).startswith(b"HTTP/1.1 431 ")
+        over = await raw_exchange(url, b"POST /x HTTP/1.1\r\nhost: x\r\ncontent-length: 101\r\n\r\n" + b"a" * 101)
+        assert over.startswith(b"HTTP/1.1 413 ") and b"request body over 100 bytes" in over
+        chunked_over = b"POST /x HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n" + b"65\r\n" + b"a" * 101
+        assert (await raw_exchange(url, chunked_over + b"\r\n0\r\n\r\n")).startswith(b"HTTP/1.1 413 ")
+    finally:
+        await server.close(grace_s=1)
+
+
+async def test_an_agent_that_leaves_mid_stream_is_recorded_as_such(tmp_path: Path) -> None:
+    """The agent reads the first event and closes; the gateway's next write finds it gone, and the call's line
+    says so (the provider's answer goes on being counted no further)."""
+    more = asyncio.Event()
+
+    async def stream(_n: int, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        event = b'event: message_start\ndata: {"type":"message_start","message":' + BODY + b"}\n\n"
+        writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+        await writer.drain()
+        await more.wait()
+        ping = b'event: ping\ndata: {"type":"ping"}\n\n'
+        for _ in range(3):
+            writer.write(b"%x\r\n%s\r\n" % (len(ping), ping))
+            await writer.drain()
+            await asyncio.sleep(0.05)
+        return False
+
+    provider = RawProvider(stream)
+    base = await provider.start()
+    try:
+        async with gateway(base, tmp_path) as gw:
+            request = json.dumps({**CALL, "stream": True}).encode()
+            head = (
+                f"POST /anthropic/v1/messages HTTP/1.1\r\nhost: x\r\nx-api-key: {gw.config.token}\r\n"
+                f"content-length: {len(request)}\r\n\r\n"
+            ).encode()
+            out = await raw_exchange(gw.url, head + request, read_until_close=False)
+            assert b"message_start" in out
+            await asyncio.sleep(0.1)  # the agent has gone
+            more.set()
+            for _ in range(100):
+                if gw.state.calls:
+                    break
+                await asyncio.sleep(0.02)
+        (line,) = read_jsonl(tmp_path / "transcript.jsonl")
+        assert line["error"] == "the agent closed the stream"
+    finally:
+        await provider.stop()
+
+
+async def test_close_cuts_a_call_still_in_flight_after_its_grace(tmp_path: Path) -> None:
+    async def never(_n: int, _writer: asyncio.StreamWriter) -> bool:
+        await asyncio.sleep(60)
+        return False
+
+    provider = RawProvider(never)
+    base = await provider.start()
+    try:
+        gw = await gateway(base, tmp_path).start()
+        call = asyncio.create_task(sdk_call(gw))
+        while not provider.requests:
+            await asyncio.sleep(0.01)
+        started = time.monotonic()
+        await gw.close()
+        assert time.monotonic() - started < CLOSE_GRACE_S + 1
+        with pytest.raises(anthropic.APIConnectionError):
+            await call
+    finally:
+        await provider.stop()
+
+
+# -- the provider's side
+
+
+async def test_a_compressed_answer_is_counted_and_passed_on_uncompressed(tmp_path: Path) -> None:
+    async def gzipped(_n: int, writer: asyncio.StreamWriter) -> bool:
+        data = gzip.compress(BODY)
+        writer.write(answer(data, "content-encoding: gzip", f"content-length: {len(data)}"))
+        return True
+
+    provider = RawProvider(gzipped)
+    base = await provider.start()
+    try:
+        async with gateway(base, tmp_path) as gw:
+            message = await sdk_call(gw)
+        assert message.content[0].text == "done"  # type: ignore[union-attr]
+        head = provider.requests[0][0].lower()
+        assert b"accept-encoding: identity\r\n" in head and b"x-api-key: sk-real\r\n" in head
+        (line,) = read_jsonl(tmp_path / "transcript.jsonl")
+        assert line["usage"]["input"] == 10 and line["usage"]["output"] == 5 and "error" not in line
+    finally:
+        await provider.stop()
+
+
+async def test_an_answer_ended_by_closing_the_connection_is_whole(tmp_path: Path) -> None:
+    """An HTTP/1.1 server may end a body with no Content-Length and no chunks by closing (RFC 9112, 6.3)."""
+
+    async def close_delimited(_n: int, writer: asyncio.StreamWriter) -> bool:
+        writer.write(answer(BODY, "connection: close"))
+        return False
+
+    provider = RawProvider(close_delimited)
+    base = await provider.start()
+    try:
+        async with gateway(base, tmp_path) as gw:
+            assert (await sdk_call(gw)).content[0].text == "done"  # type: ignore[union-attr]
+            assert (await sdk_call(gw)).content[0].text == "done"  # type: ignore[union-attr]
+        assert provider.connections == 2
+        assert [line.get("error") for line in read_jsonl(tmp_path / "transcript.jsonl")] == [None, None]
+    finally:
+        await provider.stop()
+
+
+async def test_a_kept_connection_the_provider_closed_while_idle_is_replaced_without_a_retry(tmp_path: Path) -> None:
+    async def then_close(_n: int, writer: asyncio.StreamWriter) -> bool:
+        writer.write(answer(BODY, f"content-length: {len(BODY)}"))
+        await writer.drain()
+        return False  # closes after answering, without saying so: the gateway kept the connection
+
+    provider = RawProvider(then_close)
+    base = await provider.start()
+    try:
+        async with gateway(base, tmp_path, max_attempts=1) as gw:
+            for _ in range(3):
+                assert (await sdk_call(gw)).content[0].text == "done"  # type: ignore[union-attr]
+        lines = read_jsonl(tmp_path / "transcript.jsonl")
+        assert [(line["attempts"], line.get("error")) for line in lines] == [(1, None)] * 3
+        assert provider.connections == 3
+    finally:
+        await provider.stop()
+
+
+@pytest.mark.parametrize(
+    ("sent", "expected"),
+    [
+        (answer(BODY[:40], f"content-length: {len(BODY)}"), "the provider's answer broke off: UpstreamBroke"),
+        (b"SSH-2.0-OpenSSH_9.2\r\n", "failed 2 times (UpstreamBroke: the provider's answer is not HTTP/1.1"),
+    ],
+    ids=["cut-mid-body", "not-http"],
+)
+async def test_a_broken_answer_is_a_502_with_what_broke_never_a_result(
+    tmp_path: Path, sent: bytes, expected: str
+) -> None:
+    async def broken(_n: int, writer: asyncio.StreamWriter) -> bool:
+        writer.write(sent)
+        await writer.drain()
+        return False
+
+    provider = RawProvider(broken)
+    base = await provider.start()
+    try:
+        async with gateway(base, tmp_path, max_attempts=2) as gw:
+            with pytest.raises(anthropic.InternalServerError) as raised:
+                await sdk_call(gw)
+        assert raised.value.status_code == 502 and expected in str(raised.value)
+        (line,) = read_jsonl(tmp_path / "transcript.jsonl")
+        assert expected in line["error"] and line["usage"]["output"] == 0
+    finally:
+        await provider.stop()
+
+
+async def test_an_https_provider_is_verified_against_the_systems_trusted_cas(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A provider over TLS, as every real one is: its certificate is checked (here against a CA of the test's own,
+    trusted through SSL_CERT_FILE as a cluster's image trusts its CA bundle), and an untrusted one is refused."""
+    tls = make_tls(tmp_path / "tls", hosts=("127.0.0.1",))
+
+    async def ok(_n: int, writer: asyncio.StreamWriter) -> bool:
+        writer.write(answer(BODY, f"content-length: {len(BODY)}"))
+        return True
+
+    provider = RawProvider(ok)
+    base = await provider.start(tls=tls.server_context())
+    try:
+        async with gateway(base, tmp_path / "untrusted", max_attempts=1) as gw:
+            with pytest.raises(anthropic.InternalServerError, match="SSLCertVerificationError"):
+                await sdk_call(gw)
+        monkeypatch.setenv("SSL_CERT_FILE", str(tls.ca_cert))
+        async with gateway(base, tmp_path / "trusted", max_attempts=1) as gw:
+            assert (await sdk_call(gw)).content[0].text == "done"  # type: ignore[union-attr]
+            assert (await sdk_call(gw)).content[0].text == "done"  # type: ignore[union-attr]
+        assert provider.connections == 1  # the untrusted handshake never reached it; one connection kept for both
+    finally:
+        await provider.stop()
+
+
+def test_the_gateway_process_binds_loopback_only_by_default() -> None:
+    """Nothing else on the machine's network may reach a local run's gateway (its token aside)."""
+
+    async def bound() -> str:
+        async with ModelGateway(GatewayConfig(provider_prefix="anthropic")) as gw:
+            host, port = gw.url.removeprefix("http://").split(":")
+            with socket.create_connection((host, int(port)), timeout=2):
+                pass
+            return host
+
+    assert asyncio.run(bound()) == "127.0.0.1"
