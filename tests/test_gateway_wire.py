@@ -392,3 +392,24 @@ def test_the_gateway_process_binds_loopback_only_by_default() -> None:
             return host
 
     assert asyncio.run(bound()) == "127.0.0.1"
+
+
+async def test_a_head_request_is_answered_without_waiting_for_a_body_its_head_announces(tmp_path: Path) -> None:
+    """An answer to HEAD has no body even where its Content-Length says otherwise (RFC 9110, 9.3.2); a proxy that
+    waited for one would hang the agent until the provider's timeout."""
+
+    async def head_only(_n: int, writer: asyncio.StreamWriter) -> bool:
+        writer.write(answer(b"", f"content-length: {len(BODY)}"))
+        return True
+
+    provider = RawProvider(head_only)
+    base = await provider.start()
+    try:
+        async with gateway(base, tmp_path, timeout_s=30) as gw:
+            started = time.monotonic()
+            head = f"HEAD /anthropic/v1/models HTTP/1.1\r\nhost: x\r\nx-api-key: {gw.config.token}\r\n"
+            out = await raw_exchange(gw.url, (head + "connection: close\r\n\r\n").encode())
+            assert time.monotonic() - started < 5
+        assert out.startswith(b"HTTP/1.1 200 OK\r\n") and provider.requests[0][0].startswith(b"HEAD /v1/models ")
+    finally:
+        await provider.stop()

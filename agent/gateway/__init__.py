@@ -31,7 +31,7 @@ gateway` in a pod, and `GatewayView`, the agent container's view of it). The nam
 face; import them from here.
 """
 
-from labkube.agent.gateway.digest import CallDigest, SseReader
+from labkube.agent.gateway.digest import CallDigest, sse_events
 from labkube.agent.gateway.proxy import AfterHook, GatewayAddress, Hook, ModelGateway
 from labkube.agent.gateway.sidecar import GatewayView, serve_run_gateway, world_clock_hooks
 from labkube.agent.gateway.state import (
@@ -57,12 +57,12 @@ __all__ = [
     "GatewayView",
     "Hook",
     "ModelGateway",
-    "SseReader",
     "Upstream",
     "error_body",
     "refusal",
     "run_config",
     "serve_run_gateway",
+    "sse_events",
     "upstream_for",
     "world_clock_hooks",
 ]

@@ -1,6 +1,6 @@
-"""What one model call says, read from the provider's answer as the proxy passes it on: usage, model and the
-assistant's message from a JSON body or from server-sent events fed a chunk at a time (`CallDigest`, `SseReader`),
-and the request as the agent sent it."""
+"""What one model call says, read from the provider's answer once the proxy has passed it on: usage, model and the
+assistant's message from a JSON body or from a stream's server-sent events (`CallDigest`, `sse_events`), and the
+request as the agent sent it."""
 
 from __future__ import annotations
 
@@ -11,6 +11,11 @@ from typing import Any
 from labkube.agent.gateway.state import RESPONSES_FINAL_EVENTS, Family
 from labkube.agent.usage import anthropic_usage, chat_usage, responses_usage
 from labkube.budgets import Usage
+
+# The events of an Anthropic stream that carry its model, usage and stop reason; the rest are its content.
+ANTHROPIC_COUNTED_EVENTS = frozenset({b"message_start", b"message_delta"})
+RESPONSES_COUNTED_EVENTS = frozenset(name.encode() for name in RESPONSES_FINAL_EVENTS)
+NO_EVENTS: frozenset[bytes] = frozenset()
 
 
 class CallDigest:
@@ -28,15 +33,29 @@ class CallDigest:
         self.backoff_s = 0.0
         self._anthropic_usage: dict[str, Any] = {}
         self._blocks: dict[int, dict[str, Any]] = {}
+        self._stream_rest = b""
 
-    @property
-    def stream_events(self) -> frozenset[bytes] | None:
-        """The names of the streamed events this digest reads (None: all of them)."""
-        if self.family == "openai" and self.endpoint == "responses":
-            return frozenset(name.encode() for name in RESPONSES_FINAL_EVENTS)
-        return None
+    def stream(self, data: bytes) -> None:
+        """A streamed answer, as far as it came: its usage, model and stop reason read now, for the budgets and the
+        next call's check; what only the transcript needs (an Anthropic stream's content events) is read by
+        `message()`, once the calls in flight are answered. (A Responses stream's final event holds the whole
+        response: the hundreds of deltas before it are never parsed; a Chat Completion stream is read whole now.)"""
+        if self.family == "anthropic":
+            for event in sse_events(data, only=ANTHROPIC_COUNTED_EVENTS):
+                self.event(event)
+            self._stream_rest = data
+        elif self.endpoint == "responses":
+            for event in sse_events(data, only=RESPONSES_COUNTED_EVENTS):
+                self.event(event)
+        else:
+            for event in sse_events(data):
+                self.event(event)
 
     def message(self) -> dict[str, Any]:
+        if self._stream_rest:
+            rest, self._stream_rest = self._stream_rest, b""
+            for event in sse_events(rest, skip=ANTHROPIC_COUNTED_EVENTS):
+                self.event(event)
         calls = []
         for call in self.calls.values():
             raw = call.get("arguments") or ""
@@ -161,31 +180,28 @@ class CallDigest:
             self.stop_reason = choice.get("finish_reason") or self.stop_reason
 
 
-class SseReader:
-    """Server-sent events from a byte stream fed in arbitrary chunks: each complete event's JSON `data`; with
-    `names`, only the events named so (or not named at all), so that the others are not parsed."""
-
-    def __init__(self, names: frozenset[bytes] | None = None) -> None:
-        self._buffer = b""
-        self._names = names
-
-    def feed(self, chunk: bytes) -> list[dict[str, Any]]:
-        *complete, self._buffer = (self._buffer + chunk.replace(b"\r\n", b"\n")).split(b"\n\n")
-        events = []
-        for raw in complete:
-            lines = raw.split(b"\n")
-            if self._names is not None:
-                name = next((line[6:].strip() for line in lines if line.startswith(b"event:")), None)
-                if name is not None and name not in self._names:
-                    continue
-            data = b"\n".join(line[5:].strip() for line in lines if line.startswith(b"data:"))
-            if not data or data == b"[DONE]":
+def sse_events(
+    data: bytes, only: frozenset[bytes] | None = None, skip: frozenset[bytes] = NO_EVENTS
+) -> list[dict[str, Any]]:
+    """The JSON `data` of each complete server-sent event in `data` (an event cut off at its end is not one); with
+    `only`, just the events named so (or not named at all), and never those named in `skip`, so that the others
+    are not parsed."""
+    *complete, _cut = data.replace(b"\r\n", b"\n").split(b"\n\n")
+    events = []
+    for raw in complete:
+        lines = raw.split(b"\n")
+        if only is not None or skip:
+            name = next((line[6:].strip() for line in lines if line.startswith(b"event:")), None)
+            if name is not None and ((only is not None and name not in only) or name in skip):
                 continue
-            with contextlib.suppress(ValueError):
-                parsed = json.loads(data)
-                if isinstance(parsed, dict):
-                    events.append(parsed)
-        return events
+        payload = b"\n".join(line[5:].strip() for line in lines if line.startswith(b"data:"))
+        if not payload or payload == b"[DONE]":
+            continue
+        with contextlib.suppress(ValueError):
+            parsed = json.loads(payload)
+            if isinstance(parsed, dict):
+                events.append(parsed)
+    return events
 
 
 def request_body(raw: bytes) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from labkube.agent.gateway.digest import CallDigest, SseReader, request_body, request_summary, with_stream_usage
+from labkube.agent.gateway.digest import CallDigest, request_body, request_summary, with_stream_usage
 from labkube.agent.gateway.state import (
     FORWARDED_HEADERS,
     MODEL_CALLS,
@@ -386,7 +386,7 @@ class ModelGateway(GatewayAddress):
     ) -> None:
         content_type = upstream_response.headers.get("content-type", "text/event-stream")
         reply.start(upstream_response.status, _passed_back(upstream_response, content_type))
-        reader = SseReader(digest.stream_events if digest is not None else None)
+        relayed: list[bytes] = []  # read once the stream ends (`CallDigest.stream`), not chunk by chunk
         error = None
         loop = asyncio.get_running_loop()
         timeout_s = self.config.timeout_s
@@ -396,12 +396,8 @@ class ModelGateway(GatewayAddress):
             async with asyncio.timeout_at(loop.time() + timeout_s) as silence:
                 armed = loop.time()
                 async for chunk in upstream_response.chunks():
-                    try:
-                        await reply.write(chunk)  # to the agent first; it is counted after
-                    finally:
-                        if digest is not None:
-                            for event in reader.feed(chunk):
-                                digest.event(event)
+                    relayed.append(chunk)
+                    await reply.write(chunk)
                     if (now := loop.time()) - armed > 1.0:
                         silence.reschedule(now + timeout_s)
                         armed = now
@@ -411,6 +407,7 @@ class ModelGateway(GatewayAddress):
             error = f"the provider's stream broke: {type(exc).__name__}: {exc}"
         finally:
             if digest is not None:
+                digest.stream(b"".join(relayed))
                 self._record(digest, raw, started, backoff, attempt, error=error, path=tail)
         if error is None:
             reply.end()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import http
 import logging
 import ssl
@@ -461,6 +462,20 @@ class UpstreamResponse:
             connection.transport.close()
 
 
+@functools.lru_cache(maxsize=64)
+def _split_url(url: str) -> tuple[tuple[str, str, int], str, str, str]:
+    """A provider URL's connection key (scheme, host, port), its Host header, path and query."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https") or not parts.hostname:
+        raise UpstreamBroke(f"not an http(s) URL: {url}")
+    default = 443 if scheme == "https" else 80
+    port = parts.port or default
+    name = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname  # an IPv6 literal in brackets
+    host = name if port == default else f"{name}:{port}"
+    return (scheme, parts.hostname, port), host, parts.path or "/", parts.query
+
+
 class UpstreamPool:
     """Connections to the providers, kept alive between calls (TLS for https URLs, with the system's CAs)."""
 
@@ -497,19 +512,9 @@ class UpstreamPool:
     ) -> UpstreamResponse:
         """Send one request and wait for the head of its answer. Raises OSError (`UpstreamBroke`, a refused or
         timed-out connection, TLS) where no answer came."""
-        parts = urlsplit(url)
-        scheme = parts.scheme.lower()
-        if scheme not in ("http", "https") or not parts.hostname:
-            raise UpstreamBroke(f"not an http(s) URL: {url}")
-        default = 443 if scheme == "https" else 80
-        port = parts.port or default
-        key = (scheme, parts.hostname, port)
-        host = parts.hostname if port == default else f"{parts.hostname}:{port}"
-        if ":" in parts.hostname:  # an IPv6 literal
-            host = f"[{parts.hostname}]" if port == default else f"[{parts.hostname}]:{port}"
-        target = parts.path or "/"
-        if query or parts.query:
-            target += "?" + "&".join(q for q in (parts.query, query) if q)
+        key, host, target, url_query = _split_url(url)
+        if query or url_query:
+            target += "?" + "&".join(q for q in (url_query, query) if q)
         fields = {"host": host, **headers, "accept-encoding": "identity"}
         framing = f"content-length: {len(body)}\r\n" if body or method in ("POST", "PUT", "PATCH") else ""
         head = _head(f"{method} {target} HTTP/1.1\r\n".encode("latin-1"), fields, framing)
@@ -518,6 +523,8 @@ class UpstreamPool:
             try:
                 connection.transport.writelines((head, body) if body else (head,))
                 await connection.head
+                if method == "HEAD":  # its answer has no body, whatever its head says; llhttp cannot be told so
+                    connection.complete, connection.keep_alive = True, False
             except UpstreamBroke:
                 connection.transport.close()
                 if connection.reused:  # the provider closed it while it was idle: once more, on a new one
