@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import functools
 import http
+import json
 import logging
 import ssl
 import zlib
@@ -197,7 +198,7 @@ class _AgentConnection(asyncio.Protocol):
         connection closed."""
         self._refusal = (status, message)
         if self.task is None and not self.closed:
-            body = f'{{"error": "labkube gateway: {message}"}}'.encode()
+            body = json.dumps({"error": f"labkube gateway: {message}"}).encode()
             head = _head(
                 _status_line(status),
                 {"content-type": "application/json"},
@@ -331,6 +332,7 @@ class _UpstreamConnection(asyncio.Protocol):
     def start_answer(self, reused: bool) -> None:
         """Ready for the answer to the next request (`reused`: this connection has answered one before)."""
         self.reused = reused
+        self.idle = False
         self.head: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.status = 0
         self.raw_headers: list[tuple[bytes, bytes]] = []
@@ -363,6 +365,9 @@ class _UpstreamConnection(asyncio.Protocol):
         self._notify()
 
     def data_received(self, data: bytes) -> None:
+        if self.idle:  # bytes no request asked for: whatever they are, the connection cannot carry the next
+            self.transport.close()
+            return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -485,6 +490,7 @@ class UpstreamPool:
         self._ssl: ssl.SSLContext | None = None
 
     def keep(self, key: tuple[str, str, int], connection: _UpstreamConnection) -> None:
+        connection.idle = True
         self._idle.setdefault(key, []).append(connection)
 
     async def _connection(self, key: tuple[str, str, int]) -> _UpstreamConnection:
