@@ -28,8 +28,8 @@ disk, and the request's summary a parse of its JSON, work the calls in flight wo
 Its parts: `state` (the run's settings and totals, the refusals), `digest` (what a call's answer says: usage, model,
 message, from JSON or server-sent events), `proxy` (`ModelGateway`: the routes, the metering, the retries), `wire`
 (its HTTP/1.1 to the agent and to the provider, on asyncio's protocols with httptools' parser) and `sidecar`
-(`labkube gateway` in a pod, and `GatewayView`, the agent container's view of it). The names below are the gateway's public
-face; import them from here.
+(`labkube gateway` in a pod, and `GatewayView`, the agent container's view of it). The names below are the
+gateway's public face; import them from here.
 """
 
 from labkube.agent.gateway.digest import CallDigest, sse_events
