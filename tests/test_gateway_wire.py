@@ -413,3 +413,39 @@ async def test_a_head_request_is_answered_without_waiting_for_a_body_its_head_an
         assert out.startswith(b"HTTP/1.1 200 OK\r\n") and provider.requests[0][0].startswith(b"HEAD /v1/models ")
     finally:
         await provider.stop()
+
+
+async def test_a_model_call_under_another_spelling_of_its_path_is_metered_and_held_to_the_budget(
+    tmp_path: Path,
+) -> None:
+    """Providers' servers, and the proxies in front of them, decode percent-escapes and merge slashes before they
+    route: `messag%65s` or `//messages` is a model call there, so it is one here, counted and refused once the
+    budget is spent, and it goes upstream as the path that was metered. A '..' or ';' is refused outright."""
+    from labkube.budgets import Budgets
+
+    def post(url: str, path: str, token: str) -> tuple[int, bytes]:
+        host, port = url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        conn.request("POST", path, json.dumps(CALL), {"x-api-key": token, "content-type": "application/json"})
+        response = conn.getresponse()
+        return response.status, response.read()
+
+    with FakeLLM() as server:
+        async with gateway(server.base_url, tmp_path, budgets=Budgets(steps=2)) as gw:
+            token = gw.config.token
+            for path in ("/anthropic/v1/messag%65s", "/anthropic/v1//./messages/"):
+                status, _ = await asyncio.to_thread(post, gw.url, path, token)
+                assert status == 200, path
+            status, body = await asyncio.to_thread(post, gw.url, "/anthropic/v1/%6Dessages", token)
+            assert status == 400 and b"usage limits" in body  # the budget of 2 calls is spent
+            for path in (
+                "/anthropic/v1/x/../messages",
+                "/anthropic/v1/messages;v=1",
+                "/anthropic/v1/x/%2E%2E/messages",
+            ):
+                status, body = await asyncio.to_thread(post, gw.url, path, token)
+                assert status == 400 and b"is not forwarded" in body, path
+        seen = [request.path for request in server.requests]
+    assert seen == ["/v1/messages", "/v1/messages"]
+    lines = read_jsonl(tmp_path / "transcript.jsonl")
+    assert [line["type"] for line in lines] == ["model_call", "model_call", "budget_stop"]

@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote
 
 from labkube.agent.gateway.digest import CallDigest, request_body, request_summary, with_stream_usage
 from labkube.agent.gateway.state import (
@@ -46,6 +47,7 @@ MAX_REQUEST_BYTES = 64 * 1024 * 1024
 CLOSE_GRACE_S = 2.0
 ROUTE = re.compile(r"/(openai|anthropic)/v1/(.*)", re.DOTALL)
 JSON = {"content-type": "application/json"}
+PATH_SAFE = ":@!$&'()*+,;=-._~"  # what a path segment may hold unescaped (RFC 3986, 3.3)
 
 
 class GatewayAddress:
@@ -249,8 +251,12 @@ class ModelGateway(GatewayAddress):
         if upstream is None:
             message = f"labkube gateway: this run's model is not served over the {family} API"
             return _send_json(reply, 404, error_body(family, 404, "not_found_error", message))
+        tail = canonical_tail(tail)
+        if tail is None:
+            message = "labkube gateway: a path with a '..' segment or ';' parameters is not forwarded"
+            return _send_json(reply, 400, error_body(family, 400, "invalid_request_error", message))
         raw = request.body
-        endpoint = tail.rstrip("/")
+        endpoint = tail
         if request.method != "POST" or endpoint not in MODEL_CALLS[family]:
             return await self._forward(request, reply, family, upstream, tail, raw, None)
         spent = self.spent()
@@ -484,6 +490,17 @@ class ModelGateway(GatewayAddress):
             self.transcript.append(line)
         if self.telemetry is not None:
             self.telemetry.model_call(usage, usd, max(0.0, model_seconds))
+
+
+def canonical_tail(tail: str) -> str | None:
+    """The path below /v1/ as the provider routes it, which is what is metered and what is sent: percent-escapes
+    decoded and written again only where a path needs them, empty and "." segments dropped (servers, and the proxies
+    in front of them, merge slashes). Otherwise `messag%65s` or `/v1//responses` would reach the model uncounted and
+    past a spent budget. None with a ".." segment or a ";" (path parameters, which some servers drop)."""
+    segments = [segment for segment in unquote(tail).split("/") if segment not in ("", ".")]
+    if ".." in segments or any(";" in segment for segment in segments):
+        return None
+    return "/".join(quote(segment, safe=PATH_SAFE) for segment in segments)
 
 
 def _send_json(reply: Reply, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
