@@ -40,16 +40,13 @@ class CallDigest:
         next call's check; what only the transcript needs (an Anthropic stream's content events) is read by
         `message()`, once the calls in flight are answered. (A Responses stream's final event holds the whole
         response: the hundreds of deltas before it are never parsed; a Chat Completion stream is read whole now.)"""
+        only = None  # a Chat Completion's: every event
         if self.family == "anthropic":
-            for event in sse_events(data, only=ANTHROPIC_COUNTED_EVENTS):
-                self.event(event)
-            self._stream_rest = data
+            only, self._stream_rest = ANTHROPIC_COUNTED_EVENTS, data
         elif self.endpoint == "responses":
-            for event in sse_events(data, only=RESPONSES_COUNTED_EVENTS):
-                self.event(event)
-        else:
-            for event in sse_events(data):
-                self.event(event)
+            only = RESPONSES_COUNTED_EVENTS
+        for event in sse_events(data, only=only):
+            self.event(event)
 
     def message(self) -> dict[str, Any]:
         if self._stream_rest:

@@ -197,14 +197,9 @@ class _AgentConnection(asyncio.Protocol):
         """A request that cannot be served: answered with `status` (unless an answer is under way) and the
         connection closed."""
         self._refusal = (status, message)
-        if self.task is None and not self.closed:
+        if self.task is None:
             body = json.dumps({"error": f"labkube gateway: {message}"}).encode()
-            head = _head(
-                _status_line(status),
-                {"content-type": "application/json"},
-                f"content-length: {len(body)}\r\nconnection: close\r\n",
-            )
-            self.transport.writelines((head, body))
+            Reply(self, keep_alive=False).send(status, {"content-type": "application/json"}, body)
         self.transport.close()
 
     # -- httptools' callbacks
@@ -252,7 +247,7 @@ class _AgentConnection(asyncio.Protocol):
             path=url.path.decode("latin-1") if url.path else "/",
             query=url.query.decode("latin-1") if url.query else "",
             headers=self._headers,
-            body=b"".join(self._body) if len(self._body) != 1 else self._body[0],
+            body=b"".join(self._body),  # one piece: that piece itself, not a copy
         )
         self.waiting.append((request, self.parser.should_keep_alive()))
         if self.task is None:
@@ -410,7 +405,7 @@ class _UpstreamConnection(asyncio.Protocol):
         """What has arrived of the body since the last call (None: the body is whole); waits for more."""
         while True:
             if self.body:
-                data = b"".join(self.body) if len(self.body) > 1 else self.body[0]
+                data = b"".join(self.body)
                 self.body.clear()
                 self.buffered = 0
                 if self._reading_paused:
