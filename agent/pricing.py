@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import yaml
@@ -26,14 +26,24 @@ def _price(v: list[float] | tuple[float, ...]) -> Price:
 
 def price_for(model: str, overrides: dict[str, tuple[float, ...]] | None = None) -> Price | None:
     """Longest-prefix match over the override table first, then the defaults."""
-    for table in ({k: _price(v) for k, v in (overrides or {}).items()}, default_prices()):
-        matches = [k for k in table if model == k or model.startswith(k)]
-        if matches:
+    if overrides:
+        table = {k: _price(v) for k, v in overrides.items()}
+        if matches := [k for k in table if model.startswith(k)]:
             return table[max(matches, key=len)]
+    if (price := default_price(model)) is not None:
+        return price
     # the same model through openai-chat is priced as openai
     if model.startswith("openai-chat:"):
         return price_for("openai:" + model.removeprefix("openai-chat:"), overrides)
     return None
+
+
+@lru_cache(maxsize=256)  # bounded: the gateway prices the model an answer names, which an agent's code can choose
+def default_price(model: str) -> Price | None:
+    """The defaults' longest-prefix match, once per model name (the gateway prices every call on its event loop)."""
+    table = default_prices()
+    matches = [k for k in table if model.startswith(k)]
+    return table[max(matches, key=len)] if matches else None
 
 
 def is_free(model: str) -> bool:

@@ -307,6 +307,39 @@ async def test_an_answer_ended_by_closing_the_connection_is_whole(tmp_path: Path
         await provider.stop()
 
 
+@pytest.mark.parametrize("body", [b'[{"usage": {"input_tokens": 10}}]', b"<html>upstream proxy</html>"])
+async def test_a_model_calls_answer_that_is_not_a_json_object_leaves_its_cost_unknown_not_zero(
+    tmp_path: Path, body: bytes
+) -> None:
+    """A 200 whose body the gateway cannot read (a JSON array, an HTML page from a proxy in front of the provider) is
+    passed on as it came; the call is counted with its error, and the run's dollars become unknown rather than
+    missing one call's cost (before, the array failed the call with a 500 and the HTML page counted as $0)."""
+
+    async def unreadable(_n: int, writer: asyncio.StreamWriter) -> bool:
+        writer.write(answer(body, f"content-length: {len(body)}"))
+        return True
+
+    provider = RawProvider(unreadable)
+    base = await provider.start()
+    try:
+        async with gateway(base, tmp_path) as gw:
+            call = json.dumps(CALL).encode()
+            head = (
+                f"POST /anthropic/v1/messages HTTP/1.1\r\nhost: x\r\nx-api-key: {gw.config.token}\r\n"
+                f"content-length: {len(call)}\r\nconnection: close\r\n\r\n"
+            )
+            reply = await raw_exchange(gw.url, head.encode() + call)
+            spend = gw.state.spend
+        assert reply.startswith(b"HTTP/1.1 200 ") and reply.endswith(body)
+        assert gw.state.calls == 1 and spend.steps == 0 and "not a JSON object" in (gw.state.last_error or "")
+        assert spend.cost_usd is None and spend.unpriced == ["anthropic:claude-sonnet-4-6"]
+        (line,) = read_jsonl(tmp_path / "transcript.jsonl")
+        assert line["cost_usd"] is None and "usage and cost are unknown" in line["error"]
+        assert line["request"]["model"] == "claude-sonnet-4-6"
+    finally:
+        await provider.stop()
+
+
 async def test_a_kept_connection_the_provider_closed_while_idle_is_replaced_without_a_retry(tmp_path: Path) -> None:
     async def then_close(_n: int, writer: asyncio.StreamWriter) -> bool:
         writer.write(answer(BODY, f"content-length: {len(BODY)}"))

@@ -14,6 +14,7 @@ import re
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
@@ -352,7 +353,8 @@ class ModelGateway(GatewayAddress):
             if "text/event-stream" in upstream_response.headers.get("content-type", ""):
                 return await self._relay_stream(reply, upstream_response, digest, raw, started, backoff, attempt, tail)
             try:
-                async with asyncio.timeout(self.config.timeout_s):
+                arrived = upstream_response.arrived  # then there is nothing to time (a timer costs its heap pushes)
+                async with contextlib.nullcontext() if arrived else asyncio.timeout(self.config.timeout_s):
                     data = await upstream_response.read()
             except OSError as exc:
                 message = f"labkube gateway: the provider's answer broke off: {type(exc).__name__}: {exc}"
@@ -361,8 +363,14 @@ class ModelGateway(GatewayAddress):
                 return _send_json(reply, 502, error_body(family, 502, "api_error", message))
             error = None
             if digest is not None and upstream_response.status < 400:
+                answer = None
                 with contextlib.suppress(ValueError):
-                    digest.body(json.loads(data))
+                    answer = json.loads(data)
+                if isinstance(answer, dict):
+                    digest.body(answer)
+                else:  # passed on as it came; what it cost is not known, and not taken as nothing
+                    digest.usage_unknown = True
+                    error = "the provider's answer is not a JSON object; its usage and cost are unknown"
             elif upstream_response.status >= 400:
                 error = f"HTTP {upstream_response.status}: {data[:500].decode(errors='replace')}"
             if digest is not None:
@@ -442,7 +450,7 @@ class ModelGateway(GatewayAddress):
             body = request_body(raw)
             model = str(body.get("model") or "")
         priced_as = f"{self.config.provider_prefix}:{model}"
-        usd = cost_usd(priced_as, usage, self.config.prices) if model else 0.0
+        usd = None if digest.usage_unknown else cost_usd(priced_as, usage, self.config.prices) if model else 0.0
         s = self.state
         s.spend.usage = s.spend.usage + usage
         s.spend.add_cost(priced_as, usd)
@@ -458,13 +466,13 @@ class ModelGateway(GatewayAddress):
             "type": "model_call",
             "purpose": "step",
             "step": s.spend.steps,
-            "ts": now_iso(),
+            "ts": time.time(),  # written as ISO 8601 with the line
             "model": model,
             "via": "gateway",
             "request": body,  # summarized when the line is written
             "message": None,
             "stop_reason": digest.stop_reason,
-            "usage": usage.model_dump(),
+            "usage": usage,  # dumped when the line is written
             "cost_usd": usd,
             "duration_s": round(duration, 4),
             "backoff_s": round(backoff, 4),
@@ -485,6 +493,8 @@ class ModelGateway(GatewayAddress):
     ) -> None:
         if self.transcript is not None:
             body = line["request"] if line["request"] is not None else request_body(raw)
+            line["ts"] = datetime.fromtimestamp(line["ts"], UTC).isoformat()
+            line["usage"] = usage.model_dump()
             line["request"] = request_summary(path, body)
             line["message"] = digest.message()
             self.transcript.append(line)

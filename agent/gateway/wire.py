@@ -438,18 +438,30 @@ class UpstreamResponse:
             self.headers.pop("content-encoding")
         self._released = False
 
+    @property
+    def arrived(self) -> bool:
+        """The whole answer is here (most answers come with their head): reading it waits for nothing."""
+        return self._connection.complete
+
+    def _decoded(self, data: bytes) -> bytes:
+        if self._decoder is None:
+            return data
+        try:
+            return self._decoder.decompress(data)
+        except zlib.error as exc:
+            raise UpstreamBroke(f"the provider's compressed answer is corrupt: {exc}") from None
+
     async def chunks(self) -> AsyncIterator[bytes]:
         while (data := await self._connection.next_chunk()) is not None:
-            if self._decoder is not None:
-                try:
-                    data = self._decoder.decompress(data)
-                except zlib.error as exc:
-                    raise UpstreamBroke(f"the provider's compressed answer is corrupt: {exc}") from None
-            if data:
+            if data := self._decoded(data):
                 yield data
 
     async def read(self) -> bytes:
-        return b"".join([chunk async for chunk in self.chunks()])
+        # Not over `chunks()`: an async generator costs its creation, the loop's registration and its closing.
+        pieces = []
+        while (data := await self._connection.next_chunk()) is not None:
+            pieces.append(self._decoded(data))
+        return b"".join(pieces)
 
     def release(self) -> None:
         if self._released:
