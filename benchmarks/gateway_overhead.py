@@ -16,13 +16,16 @@ differences (gateway minus direct, pair by pair), never a difference of two samp
 are the noise floor (what a gateway that added nothing would show), so a p95 added can be read against it, and a
 negative tail is noise, not a gain. `--baseline REF` adds another way, the gateway as it was at commit REF (its
 agent/gateway.py, or agent/gateway/ since the split, in a process of its own), to the same alternation: a before and
-after measured under the same load. `--pause-ms` pauses after each side's call or round, as an agent's own work
-separates its calls: without it, what a gateway does after its answers (the transcript, the state file) runs into
-the next side's round and is charged to that side. A streamed call's latency is to its last event; its first token
+after measured under the same load. The gateway runs on uvloop, as `labkube agent` and the pods' gateway sidecar
+run it (`--loop asyncio` for the standard library's loop); a baseline on asyncio, as every gateway ran before
+(`--baseline-loop`), so `--baseline HEAD --baseline-loop asyncio` measures the loop alone. `--pause-ms` pauses
+after each side's call or round, as an agent's own work separates its calls: without it, what a gateway does after
+its answers (the transcript, the state file) runs into the next side's round and is charged to that side. A streamed call's latency is to its last event; its first token
 is its first text delta as the SDK yields it.
 
     python benchmarks/gateway_overhead.py [--calls 400] [--rounds 100] [--concurrency 1,4,16] [--baseline REF]
-                                          [--pause-ms MS] [--uvloop] [--profile-gateway FILE] [--write-docs]
+                                          [--pause-ms MS] [--loop uvloop] [--baseline-loop asyncio]
+                                          [--profile-gateway FILE] [--write-docs]
 
 `--write-docs` replaces the table in docs/third-party-agents.md (`<!-- benchmark:gateway_overhead -->`).
 """
@@ -61,6 +64,7 @@ ANSWER = "The file result.txt now holds the answer, and the tests pass. " * 3
 UPSTREAM_KEY = "sk-benchmark-provider-key"
 TARGET_ADDED_P95_MS = 5.0
 TARGET_FIRST_TOKEN_MS = 2.0
+LOOPS = ("uvloop", "asyncio")
 
 
 # -- the provider and the gateways, each in a process of its own
@@ -591,7 +595,18 @@ def main() -> None:
     parser.add_argument("--write-docs", action="store_true", help="put the table into docs/third-party-agents.md")
     parser.add_argument("--doc", type=Path, default=REPO / "docs" / "third-party-agents.md", help=argparse.SUPPRESS)
     parser.add_argument("--profile-gateway", type=Path, help="write the gateway process's cProfile stats here")
-    parser.add_argument("--uvloop", action="store_true", help="run the gateways on uvloop (it must be importable)")
+    parser.add_argument(
+        "--loop",
+        choices=LOOPS,
+        default="uvloop",
+        help="the gateway's event loop (uvloop: as `labkube agent` and the gateway sidecar run it)",
+    )
+    parser.add_argument(
+        "--baseline-loop",
+        choices=LOOPS,
+        default="asyncio",
+        help="the --baseline gateway's event loop (asyncio: as labkube ran every gateway before it took uvloop)",
+    )
     parser.add_argument("--serve-upstream", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--serve-gateways", metavar="UPSTREAM_URL", help=argparse.SUPPRESS)
     parser.add_argument("--gateway-source", type=Path, help=argparse.SUPPRESS)
@@ -602,7 +617,7 @@ def main() -> None:
     if args.serve_gateways:
         serve = serve_gateways(args.serve_gateways, args.run_dir, args.gateway_source)
         run = asyncio.run
-        if args.uvloop:
+        if args.loop == "uvloop":
             import uvloop
 
             run = uvloop.run
@@ -622,7 +637,6 @@ def main() -> None:
         parser.error(f"--apis: unknown {', '.join(sorted(unknown))} (choose from {', '.join(APIS)})")
     if min(args.calls, args.rounds, *args.concurrency) < 1 or min(args.warmup, args.pause_ms) < 0:
         parser.error("--calls, --rounds and --concurrency must be at least 1, --warmup and --pause-ms at least 0")
-    loop = ["--uvloop"] if args.uvloop else []
     profiling = ["--profile-gateway", str(args.profile_gateway.resolve())] if args.profile_gateway else []
     load_before = os.getloadavg()
     started = time.monotonic()
@@ -635,11 +649,12 @@ def main() -> None:
         gateways: dict[Side, dict[str, Any]] = {}
         gateways["gateway"] = json.loads(
             stack.enter_context(
-                server_process("--serve-gateways", upstream_url, "--run-dir", str(tmp), *loop, *profiling)
+                server_process("--serve-gateways", upstream_url, "--run-dir", str(tmp), "--loop", args.loop, *profiling)
             )
         )
         if source is not None:
-            baseline_args = ["--gateway-source", str(source), "--run-dir", str(tmp / "baseline"), *loop]
+            baseline_args = ["--gateway-source", str(source), "--run-dir", str(tmp / "baseline")]
+            baseline_args += ["--loop", args.baseline_loop]
             gateways["baseline"] = json.loads(
                 stack.enter_context(server_process("--serve-gateways", upstream_url, *baseline_args))
             )
@@ -656,7 +671,8 @@ def main() -> None:
         f" --event-interval-ms {args.event_interval_ms:g}"
         + (f" --pause-ms {args.pause_ms:g}" if args.pause_ms else "")
         + (f" --baseline {baseline}" if baseline else "")
-        + (" --uvloop" if args.uvloop else "")
+        + f" --loop {args.loop}"
+        + (f" --baseline-loop {args.baseline_loop}" if baseline else "")
     )
     warmups = ", ".join(
         f"{warmup_pairs(args.warmup, c)} {'pairs' if c == 1 else 'rounds'} at {c} at once" for c in args.concurrency

@@ -52,14 +52,14 @@ def gateway(run_dir: Path, host: str, port: int, token_file: Path) -> None:
     """Serve the run's model gateway (a pod's `gateway` sidecar; locally, `labkube agent` runs it in-process).
 
     The first line on stdout is `LISTENING <url>`; docs/third-party-agents.md says what it does."""
-    import asyncio
+    import uvloop
 
     from labkube.agent.gateway import GatewayError, serve_run_gateway
     from labkube.agent.providers.provider import ProviderError
     from labkube.store import StoreError
 
     try:
-        asyncio.run(serve_run_gateway(run_dir, host, port, token_file))
+        uvloop.run(serve_run_gateway(run_dir, host, port, token_file))
     except (GatewayError, ProviderError, StoreError) as exc:
         raise UsageFailure(str(exc)) from None
 

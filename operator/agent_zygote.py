@@ -42,6 +42,7 @@ PRELOAD = (
     "prometheus_client",
     "labkube.agent.harness.sandbox_process",
     "labkube.agent.harness.entrypoint",
+    "uvloop",
     "labkube.agent.rg.world_session",
     "labkube.integrity.audit",
     "labkube.tasks.environment",

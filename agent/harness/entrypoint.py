@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import uvloop
+
 from labkube.agent.budget import BudgetTracker
 from labkube.agent.checkpoint import Checkpoint
 from labkube.agent.containment import adopt_run_processes, end_run_processes
@@ -743,7 +745,7 @@ def _contained_main(run_dir: Path, resume: bool, finalize_reason: StopReason | N
             watchdog.cancel()
 
     try:
-        result = asyncio.run(guarded())
+        result = uvloop.run(guarded())  # libuv's loop: the run's model gateway adds less to each call (agent/gateway)
     except asyncio.CancelledError:
         return 143
     except ProviderError as exc:
