@@ -20,8 +20,8 @@ after measured under the same load. The gateway runs on uvloop, as `labkube agen
 run it (`--loop asyncio` for the standard library's loop); a baseline on asyncio, as every gateway ran before
 (`--baseline-loop`), so `--baseline HEAD --baseline-loop asyncio` measures the loop alone. `--pause-ms` pauses
 after each side's call or round, as an agent's own work separates its calls: without it, what a gateway does after
-its answers (the transcript, the state file) runs into the next side's round and is charged to that side. A streamed call's latency is to its last event; its first token
-is its first text delta as the SDK yields it.
+its answers (the transcript, the state file) runs into the next side's round and is charged to that side. A
+streamed call's latency is to its last event; its first token is its first text delta as the SDK yields it.
 
     python benchmarks/gateway_overhead.py [--calls 400] [--rounds 100] [--concurrency 1,4,16] [--baseline REF]
                                           [--pause-ms MS] [--loop uvloop] [--baseline-loop asyncio]
