@@ -48,10 +48,16 @@ def run_env(extra: dict[str, str] | None) -> dict[str, str] | None:
 
 
 def check_api_keys(models: list[str], api_key_env: dict[str, str]) -> None:
+    from labkube.agent.providers.registry import header_safe_key
+
     for m in models:
         ref = parse_model(m)
         var = api_key_env.get(m) or API_KEYS.get(ref.provider)
-        if var and not os.environ.get(var):
+        try:
+            key = header_safe_key(var, os.environ.get(var) or "") if var else None
+        except ValueError as exc:
+            raise CampaignError(f"model {m}: {exc}") from None
+        if var and key is None:
             raise CampaignError(f"model {m}: {var} is not set; export it (or use --model oracle for a dry run)")
 
 

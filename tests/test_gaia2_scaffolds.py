@@ -339,6 +339,27 @@ def test_cli_refuses_a_world_model_without_its_key_before_anything_runs(tmp_path
         assert not out.exists()
 
 
+def test_cli_refuses_a_key_with_a_character_no_key_has_before_anything_runs(tmp_path: Path) -> None:
+    out = tmp_path / "c"
+    bad_key = {"OPENAI_API_KEY": "sk-pasted\twith a tab"}
+    ran = labkube(
+        "run",
+        SCENARIO,
+        "--model",
+        "oracle",
+        "--judge-model",
+        "openai:gpt-4o",
+        "--out",
+        str(out),
+        cwd=tmp_path,
+        env=bad_key,
+    )
+    assert ran.returncode == 2, ran.stderr
+    (line,) = ran.stderr.strip().splitlines()
+    assert "model openai:gpt-4o: OPENAI_API_KEY holds a character no API key has" in line and "sk-pasted" not in line
+    assert not out.exists()
+
+
 def test_a_model_string_means_the_same_model_to_the_world() -> None:
     key = "sk-test"
     compatible = world_llm(parse_model("openai-compatible:http://10.0.0.5:8000/v1#llama-3@high"), None, "x")

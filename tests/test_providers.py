@@ -219,6 +219,35 @@ async def test_missing_api_key_is_an_auth_stop(tmp_path: Path, monkeypatch) -> N
     assert result.stop_reason is StopReason.auth and "ANTHROPIC_API_KEY is not set" in (result.error or "")
 
 
+async def test_a_key_read_from_a_file_reaches_the_api_without_its_newline(
+    server: FakeLLM, tmp_path: Path, monkeypatch
+) -> None:
+    """A Kubernetes Secret made with --from-file, or `export KEY="$(cat key)\n"`, ends with a newline; the SDK would
+    refuse the header, and the gateway would have sent a malformed request."""
+    monkeypatch.setenv("OPENAI_BASE_URL", server.base_url + "/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-a-file\n")
+    server.script(
+        Reply.tool_call("bash", {"command": "echo 7 > result.txt"}, usage=STEP_USAGE[0]),
+        Reply.tool_call("end_task", {"summary": "wrote 7"}, usage=STEP_USAGE[1]),
+    )
+    result = await run_agent(make_run_dir(tmp_path, make_tiny_task(tmp_path, []), model="openai:gpt-5"))
+    assert result.status is RunPhase.finished and result.subtasks[0].raw == 7.0
+    assert {r.headers["authorization"] for r in server.requests} == {"Bearer sk-from-a-file"}
+
+
+@pytest.mark.parametrize("key", ["sk-one\r\nx-injected: 1", "sk-two words", "sk-\u00e9t\u00e9"])
+async def test_a_key_with_a_character_no_key_has_is_an_auth_stop_naming_the_variable_not_the_key(
+    server: FakeLLM, tmp_path: Path, monkeypatch, key: str
+) -> None:
+    monkeypatch.setenv("OPENAI_BASE_URL", server.base_url + "/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+    result = await run_agent(make_run_dir(tmp_path, make_tiny_task(tmp_path, []), model="openai:gpt-5"))
+    assert result.stop_reason is StopReason.auth and result.status is RunPhase.failed
+    assert "OPENAI_API_KEY holds a character no API key has" in (result.error or "")
+    assert "set it to the key alone" in (result.error or "") and key.split()[0].strip() not in (result.error or "")
+    assert server.requests == []  # nothing was sent with it
+
+
 @pytest.mark.parametrize(
     ("budget", "reason"), [(Budgets(tokens=2000), StopReason.tokens), (Budgets(usd=0.001), StopReason.usd)]
 )

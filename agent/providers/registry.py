@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import unicodedata
 from pathlib import Path
 
 from labkube.agent.providers.provider import Provider, ProviderError
@@ -50,9 +51,29 @@ def secret(name: str) -> str | None:
 def api_key_from_env(ref: ModelRef, api_key_env: dict[str, str]) -> str | None:
     var = api_key_env.get(str(ref)) or DEFAULT_KEY_ENV.get(ref.provider)
     key = secret(var) if var else None
+    if var and key is not None:
+        try:
+            key = header_safe_key(var, key)
+        except ValueError as exc:
+            raise ProviderError(str(exc), retryable=False, reason=StopReason.auth) from None
     if key is None and ref.provider in ("openai", "openai-chat", "anthropic"):
         raise ProviderError(f"{var} is not set; export it for model {ref}", retryable=False, reason=StopReason.auth)
     return key
+
+
+def header_safe_key(var: str, value: str) -> str | None:
+    """The key in `value` as a request header carries it: surrounding whitespace dropped (a key read from a file,
+    such as a Kubernetes Secret made with --from-file, ends with its newline); None when nothing is left (not set).
+    ValueError, naming the variable but never the key, for a character no API key has: it would make a malformed
+    request, or a header of its own."""
+    key = value.strip()
+    bad = next((i for i, c in enumerate(key) if not "!" <= c <= "~"), None)
+    if bad is not None:
+        raise ValueError(
+            f"{var} holds a character no API key has (character {bad + 1} of {len(key)},"
+            f" {unicodedata.name(key[bad], f'U+{ord(key[bad]):04X}')}); set it to the key alone"
+        )
+    return key or None
 
 
 def make_provider(ref: ModelRef, card: TaskCard, spec: RunSpec) -> Provider:
