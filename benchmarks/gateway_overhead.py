@@ -16,15 +16,15 @@ differences (gateway minus direct, pair by pair), never a difference of two samp
 are the noise floor (what a gateway that added nothing would show), so a p95 added can be read against it, and a
 negative tail is noise, not a gain. `--baseline REF` adds another way, the gateway as it was at commit REF (its
 agent/gateway.py, or agent/gateway/ since the split, in a process of its own), to the same alternation: a before and
-after measured under the same load. The gateway runs on uvloop, as `labkube agent` and the pods' gateway sidecar
-run it (`--loop asyncio` for the standard library's loop); a baseline on asyncio, as every gateway ran before
-(`--baseline-loop`), so `--baseline HEAD --baseline-loop asyncio` measures the loop alone. `--pause-ms` pauses
+after measured under the same load. The gateway runs on asyncio's loop, as `labkube agent` runs it beside a
+local run's CLI; `--loop uvloop` runs it on uvloop, as a pod's gateway sidecar does, and `--baseline-loop` sets the
+baseline's, so `--loop uvloop --baseline HEAD` measures the loop alone. `--pause-ms` pauses
 after each side's call or round, as an agent's own work separates its calls: without it, what a gateway does after
 its answers (the transcript, the state file) runs into the next side's round and is charged to that side. A
 streamed call's latency is to its last event; its first token is its first text delta as the SDK yields it.
 
     python benchmarks/gateway_overhead.py [--calls 400] [--rounds 100] [--concurrency 1,4,16] [--baseline REF]
-                                          [--pause-ms MS] [--loop uvloop] [--baseline-loop asyncio]
+                                          [--pause-ms MS] [--loop asyncio] [--baseline-loop asyncio]
                                           [--profile-gateway FILE] [--write-docs]
 
 `--write-docs` replaces the table in docs/third-party-agents.md (`<!-- benchmark:gateway_overhead -->`).
@@ -598,14 +598,14 @@ def main() -> None:
     parser.add_argument(
         "--loop",
         choices=LOOPS,
-        default="uvloop",
-        help="the gateway's event loop (uvloop: as `labkube agent` and the gateway sidecar run it)",
+        default="asyncio",
+        help="the gateway's event loop (asyncio: as `labkube agent` runs it; uvloop: as the gateway sidecar does)",
     )
     parser.add_argument(
         "--baseline-loop",
         choices=LOOPS,
         default="asyncio",
-        help="the --baseline gateway's event loop (asyncio: as labkube ran every gateway before it took uvloop)",
+        help="the --baseline gateway's event loop",
     )
     parser.add_argument("--serve-upstream", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--serve-gateways", metavar="UPSTREAM_URL", help=argparse.SUPPRESS)

@@ -42,7 +42,6 @@ PRELOAD = (
     "prometheus_client",
     "labkube.agent.harness.sandbox_process",
     "labkube.agent.harness.entrypoint",
-    "uvloop",
     "labkube.agent.rg.world_session",
     "labkube.integrity.audit",
     "labkube.tasks.environment",

@@ -260,7 +260,7 @@ def test_the_overhead_benchmark_measures_every_case_and_writes_its_table(tmp_pat
         assert all(re.fullmatch(r"-?\d+\.\d\d", cell) if r[1] == "yes" else cell == "" for cell in r[10:14]), r
     assert "old" not in text
     assert "Written by `python benchmarks/gateway_overhead.py --calls 2 --rounds 1 --concurrency 1,2 --warmup 0" in text
-    assert "--pause-ms 1`" in text and "1 ms pause after each side's call or round" in text
+    assert "--pause-ms 1 --loop asyncio`" in text and "1 ms pause after each side's call or round" in text
 
 
 async def test_a_sidecars_view_asks_the_gateway_for_its_counts_before_reading_its_file(tmp_path: Path) -> None:

@@ -21,8 +21,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import uvloop
-
 from labkube.agent.budget import BudgetTracker
 from labkube.agent.checkpoint import Checkpoint
 from labkube.agent.containment import adopt_run_processes, end_run_processes
@@ -745,7 +743,10 @@ def _contained_main(run_dir: Path, resume: bool, finalize_reason: StopReason | N
             watchdog.cancel()
 
     try:
-        result = uvloop.run(guarded())  # libuv's loop: the run's model gateway adds less to each call (agent/gateway)
+        # asyncio's loop, not uvloop (which the gateway sidecar runs on): uvloop's subprocesses inherit the loop's own
+        # descriptors, so a command's background process kept its output pipe open (the command never returned) and
+        # the agent's sockets would be a run's code's to use.
+        result = asyncio.run(guarded())
     except asyncio.CancelledError:
         return 143
     except ProviderError as exc:
