@@ -59,8 +59,9 @@ def gateway(run_dir: Path, host: str, port: int, token_file: Path) -> None:
     from labkube.store import StoreError
 
     try:
-        # libuv's loop: measured beside asyncio's, 0.3 ms less added to a call and 11-15% less CPU (docs/third-party-
-        # agents.md). Not for `labkube agent`, whose commands are subprocesses: uvloop's inherit its descriptors.
+        # libuv's loop: beside asyncio's, up to 0.3 ms less added to a call and 6-11% less CPU, one at a time
+        # (docs/third-party-agents.md). Not for `labkube agent`, whose commands are subprocesses: uvloop's inherit
+        # the loop's descriptors.
         uvloop.run(serve_run_gateway(run_dir, host, port, token_file))
     except (GatewayError, ProviderError, StoreError) as exc:
         raise UsageFailure(str(exc)) from None
