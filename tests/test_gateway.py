@@ -281,3 +281,13 @@ async def test_a_sidecars_view_asks_the_gateway_for_its_counts_before_reading_it
             assert view.state.spend.usage == EXPECTED and view.state.calls == 1
         assert await asyncio.to_thread(view.checkpoint) is None  # the gateway has ended: what it last wrote is all
         assert view.state.calls == 0
+
+
+def test_a_request_jiter_refuses_is_still_read_for_the_transcript_as_json_reads_it() -> None:
+    """The request's summary is read by jiter, and by `json` where jiter refuses what `json` reads (a lone
+    surrogate's escape, which an agent's text can hold): the line still names the model, not an empty request."""
+    from labkube.agent.gateway.digest import request_body
+
+    raw = b'{"model": "claude-sonnet-4-6", "messages": [{"role": "user", "content": "\\ud800"}]}'
+    assert request_body(raw)["model"] == "claude-sonnet-4-6"
+    assert request_body(b"[1, 2]") == {} and request_body(b"not json") == {}
