@@ -65,6 +65,7 @@ UPSTREAM_KEY = "sk-benchmark-provider-key"
 TARGET_ADDED_P95_MS = 5.0
 TARGET_FIRST_TOKEN_MS = 2.0
 LOOPS = ("uvloop", "asyncio")
+MODEL_MS_FIELD = "benchmark_model_ms"
 
 
 # -- the provider and the gateways, each in a process of its own
@@ -96,7 +97,15 @@ def serve_upstream(event_interval_s: float) -> None:
             return self
 
     usage = fakellm.Usage(input=20_000, output=120, reasoning=40, cached=16_000)
-    with PacedFakeLLM(default=fakellm.Reply.text(ANSWER, usage=usage)) as server:
+    answer = fakellm.Reply.text(ANSWER, usage=usage)
+
+    def model_time(path: str, request: dict[str, Any]) -> Any:
+        # The in-flight cases ask for a model's time before its answer (a field of the request's bulk, which the
+        # gateway forwards as it came); a real provider would refuse the field, this one only reads it.
+        wait_ms = request.get(MODEL_MS_FIELD)
+        return fakellm.Reply.delay(wait_ms / 1e3, then=answer) if isinstance(wait_ms, int | float) else None
+
+    with PacedFakeLLM(default=answer, responder=model_time) as server:
         print(server.base_url, flush=True)
         sys.stdin.read()
 
@@ -247,6 +256,7 @@ class Case:
     api: Api
     stream: bool
     concurrency: int
+    in_flight: bool = False  # callers each in a loop of calls that take a model's time, not rounds at once
     samples: dict[Side, list[Sample]] = field(default_factory=dict)
     cpu_ms_per_call: dict[Side, float | None] = field(default_factory=dict)  # each gateway process's, warm-up included
 
@@ -354,6 +364,51 @@ async def measure(
         case.cpu_ms_per_call[side] = None if before is None or after is None else (after - before) * 1e3 / calls
 
 
+async def measure_in_flight(
+    case: Case,
+    made: dict[tuple[Side, Api], Any],
+    sides: list[Side],
+    pids: dict[Side, int],
+    request: dict[str, Any],
+    pairs: int,
+    warmup: int,
+    seed: int,
+    model_ms: float,
+    think_ms: float,
+) -> None:
+    """`case.concurrency` callers at once, as agents (or one agent's subagents) are: each starts at a random moment
+    within one model call's time, then makes `warmup` + `pairs` pairs of calls, one each way in random order, each
+    call taking the provider `model_ms` before its answer and followed by a pause drawn from 0 to 2 x `think_ms` (the
+    agent's own work). Calls are in flight together, but arrive spread out, as real agents' do, not in one burst.
+    Pair i of caller j is that caller's i-th call each way."""
+    bulk = {**request, MODEL_MS_FIELD: model_ms}
+    per_caller: list[dict[Side, list[Sample]]] = [{side: [] for side in sides} for _ in range(case.concurrency)]
+    cpu_before = {side: cpu_seconds(pids[side]) for side in pids}
+
+    async def caller(j: int) -> None:
+        rng = random.Random(seed * 1000 + j)
+        await asyncio.sleep(rng.uniform(0, model_ms / 1e3))
+        for i in range(warmup + pairs):
+            order = list(sides)
+            rng.shuffle(order)
+            for side in order:
+                try:
+                    sample = await one_call(made[(side, case.api)], case.api, case.stream, bulk)
+                except Exception as exc:
+                    where = f"{side} call in flight, {API_NAMES[case.api]}, stream={case.stream}"
+                    raise SystemExit(f"{where}: {exc!r} ({exc.__cause__!r})") from exc
+                if i >= warmup:
+                    per_caller[j][side].append(sample)
+                await asyncio.sleep(rng.uniform(0, 2 * think_ms / 1e3))
+
+    await asyncio.gather(*(caller(j) for j in range(case.concurrency)))
+    case.samples = {side: [s for samples in per_caller for s in samples[side]] for side in sides}
+    for side, before in cpu_before.items():
+        after = cpu_seconds(pids[side])
+        calls = (warmup + pairs) * case.concurrency
+        case.cpu_ms_per_call[side] = None if before is None or after is None else (after - before) * 1e3 / calls
+
+
 # -- figures
 
 
@@ -389,36 +444,61 @@ def percentiles(values: Sequence[float], qs: Sequence[int]) -> dict[int, float]:
 
 @dataclass
 class Figures:
-    """A case in ms: the direct calls' own percentiles, and the paired differences of one side (added) and of the
-    control's direct calls (noise)."""
+    """A case in ms: the direct calls' own percentiles, the paired differences of one side (added) and of the
+    control's direct calls (noise), and each side's own percentiles (what a user sees: `shift` = the side's own pN
+    minus the direct calls' own pN)."""
 
     direct_ms: dict[int, float]
     added_ms: dict[int, float]
     noise_ms: dict[int, float]
+    own_ms: dict[int, float] = field(default_factory=dict)
+    control_ms: dict[int, float] = field(default_factory=dict)
     first_direct_ms: dict[int, float] = field(default_factory=dict)
     first_added_ms: dict[int, float] = field(default_factory=dict)
     first_noise_ms: dict[int, float] = field(default_factory=dict)
+    first_own_ms: dict[int, float] = field(default_factory=dict)
+    first_control_ms: dict[int, float] = field(default_factory=dict)
+
+    def shift(self, q: int, first_token: bool = False, noise: bool = False) -> float | None:
+        """The side's (or, with `noise`, the control's) own pN minus the direct calls' own pN; None where either is
+        unknown."""
+        direct = self.first_direct_ms if first_token else self.direct_ms
+        if first_token:
+            other = self.first_control_ms if noise else self.first_own_ms
+        else:
+            other = self.control_ms if noise else self.own_ms
+        return other[q] - direct[q] if q in other and q in direct else None
+
+
+def totals_ms(samples: Sequence[Sample]) -> list[float]:
+    return [s.total_s * 1e3 for s in samples]
+
+
+def first_tokens_ms(samples: Sequence[Sample]) -> list[float]:
+    return [s.first_token_s * 1e3 for s in samples if s.first_token_s is not None]
 
 
 def figures(case: Case, side: Side = "gateway") -> Figures:
-    direct = [s.total_s * 1e3 for s in case.samples["direct"]]
     out = Figures(
-        direct_ms=percentiles(direct, (50, 95)),
+        direct_ms=percentiles(totals_ms(case.samples["direct"]), PERCENTILES),
         added_ms=percentiles(paired_differences(case, side), PERCENTILES),
         noise_ms=percentiles(paired_differences(case, "control"), PERCENTILES),
+        own_ms=percentiles(totals_ms(case.samples[side]), PERCENTILES),
+        control_ms=percentiles(totals_ms(case.samples["control"]), PERCENTILES),
     )
     if case.stream:
-        first_direct = [s.first_token_s * 1e3 for s in case.samples["direct"] if s.first_token_s is not None]
-        out.first_direct_ms = percentiles(first_direct, (50,))
+        out.first_direct_ms = percentiles(first_tokens_ms(case.samples["direct"]), FIRST_TOKEN_PERCENTILES)
         out.first_added_ms = percentiles(paired_differences(case, side, True), FIRST_TOKEN_PERCENTILES)
         out.first_noise_ms = percentiles(paired_differences(case, "control", True), FIRST_TOKEN_PERCENTILES)
+        out.first_own_ms = percentiles(first_tokens_ms(case.samples[side]), FIRST_TOKEN_PERCENTILES)
+        out.first_control_ms = percentiles(first_tokens_ms(case.samples["control"]), FIRST_TOKEN_PERCENTILES)
     return out
 
 
 HEADER = (
     "API",
     "streamed",
-    "at once",
+    "calls",
     "pairs",
     "direct p50",
     "direct p95",
@@ -432,10 +512,27 @@ HEADER = (
     "1st token noise p95",
     "gateway CPU per call",
 )
+SHIFT_HEADER = (
+    "API",
+    "streamed",
+    "calls",
+    "direct p50",
+    "gateway p50",
+    "direct p95",
+    "gateway p95",
+    "p95 shift",
+    "noise p95 shift",
+    "direct p99",
+    "gateway p99",
+    "1st token direct p95",
+    "1st token gateway p95",
+    "1st token p95 shift",
+    "1st token noise p95 shift",
+)
 COMPARISON_HEADER = (
     "API",
     "streamed",
-    "at once",
+    "calls",
     "gateway",
     "added p50",
     "added p95",
@@ -451,11 +548,18 @@ def ms(value: float | None) -> str:
     return "" if value is None else f"{value:.2f}"
 
 
+def calls_label(case: Case) -> str:
+    """1 (one call at a time), "16 at once" (rounds of simultaneous calls) or "16 in flight" (callers in a loop)."""
+    if case.in_flight:
+        return f"{case.concurrency} in flight"
+    return "1" if case.concurrency == 1 else f"{case.concurrency} at once"
+
+
 def row(case: Case, f: Figures) -> tuple[str, ...]:
     return (
         API_NAMES[case.api],
         "yes" if case.stream else "no",
-        str(case.concurrency),
+        calls_label(case),
         f"{len(case.samples['direct']):,}",
         ms(f.direct_ms.get(50)),
         ms(f.direct_ms.get(95)),
@@ -468,6 +572,26 @@ def row(case: Case, f: Figures) -> tuple[str, ...]:
         ms(f.first_added_ms.get(95)),
         ms(f.first_noise_ms.get(95)),
         cpu(case.cpu_ms_per_call.get("gateway")),
+    )
+
+
+def shift_row(case: Case, f: Figures) -> tuple[str, ...]:
+    return (
+        API_NAMES[case.api],
+        "yes" if case.stream else "no",
+        calls_label(case),
+        ms(f.direct_ms.get(50)),
+        ms(f.own_ms.get(50)),
+        ms(f.direct_ms.get(95)),
+        ms(f.own_ms.get(95)),
+        ms(f.shift(95)),
+        ms(f.shift(95, noise=True)),
+        ms(f.direct_ms.get(99)),
+        ms(f.own_ms.get(99)),
+        ms(f.first_direct_ms.get(95)),
+        ms(f.first_own_ms.get(95)),
+        ms(f.shift(95, first_token=True)),
+        ms(f.shift(95, first_token=True, noise=True)),
     )
 
 
@@ -484,7 +608,7 @@ def comparison_rows(case: Case, baseline: str) -> list[tuple[str, ...]]:
             (
                 API_NAMES[case.api],
                 "yes" if case.stream else "no",
-                str(case.concurrency),
+                calls_label(case),
                 label,
                 ms(f.added_ms.get(50)),
                 ms(f.added_ms.get(95)),
@@ -500,18 +624,24 @@ def comparison_rows(case: Case, baseline: str) -> list[tuple[str, ...]]:
 def misses(case: Case, f: Figures) -> list[str]:
     """The targets a case misses, each with the noise floor beside it: where that floor is itself above the target,
     this machine could not have shown the target met."""
-    name = f"{API_NAMES[case.api]}, {'streamed' if case.stream else 'not streamed'}, {case.concurrency} at once"
-    checks = [("p95 added", f.added_ms, f.noise_ms, 95, TARGET_ADDED_P95_MS)]
+    calls = calls_label(case)
+    how = "one at a time" if calls == "1" else calls
+    name = f"{API_NAMES[case.api]}, {'streamed' if case.stream else 'not streamed'}, {how}"
+    checks = [("p95 added", f.added_ms.get(95), f.noise_ms.get(95), TARGET_ADDED_P95_MS)]
+    checks.append(("p95 shift", f.shift(95), f.shift(95, noise=True), TARGET_ADDED_P95_MS))
     if case.stream:
         for q in FIRST_TOKEN_PERCENTILES:
-            checks.append((f"first token p{q} added", f.first_added_ms, f.first_noise_ms, q, TARGET_FIRST_TOKEN_MS))
+            added, noise = f.first_added_ms.get(q), f.first_noise_ms.get(q)
+            checks.append((f"first token p{q} added", added, noise, TARGET_FIRST_TOKEN_MS))
+        shift, noise = f.shift(95, first_token=True), f.shift(95, first_token=True, noise=True)
+        checks.append(("first token p95 shift", shift, noise, TARGET_FIRST_TOKEN_MS))
     out = []
-    for what, added, noise, q, target in checks:
-        if q not in added:
-            out.append(f"{name}: {what} unknown (no paired calls to measure it)")
-        elif added[q] >= target:
-            floor = f"; noise p{q} {noise[q]:.2f} ms" if q in noise else ""
-            out.append(f"{name}: {what} {added[q]:.2f} ms (target under {target:g} ms{floor})")
+    for what, value, noise, target in checks:
+        if value is None:
+            out.append(f"{name}: {what} unknown (no calls to measure it)")
+        elif value >= target:
+            floor = "" if noise is None else f"; the control's {noise:.2f} ms"
+            out.append(f"{name}: {what} {value:.2f} ms (target under {target:g} ms{floor})")
     return out
 
 
@@ -537,6 +667,28 @@ async def run_cases(args: argparse.Namespace, upstream_url: str, gateways: dict[
                 )
                 cases.append(case)
                 print(f"  measured {API_NAMES[api]}, stream={stream}, concurrency {concurrency}", file=sys.stderr)
+        for client in made.values():
+            await client.close()
+    for callers in args.in_flight:
+        made = clients(upstream_url, gateways)
+        for api in args.apis:
+            request = agent_request(api, args.request_kb)
+            for stream in (False, True):
+                case = Case(api, stream, callers, in_flight=True)
+                await measure_in_flight(
+                    case,
+                    made,
+                    sides,
+                    pids,
+                    request,
+                    args.in_flight_pairs,
+                    -(-args.warmup // callers),
+                    seed=len(cases),
+                    model_ms=args.model_ms,
+                    think_ms=args.think_ms,
+                )
+                cases.append(case)
+                print(f"  measured {API_NAMES[api]}, stream={stream}, {callers} in flight", file=sys.stderr)
         for client in made.values():
             await client.close()
     return cases
@@ -580,7 +732,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=400, help="pairs of calls per case at concurrency 1")
     parser.add_argument("--rounds", type=int, default=100, help="pairs of simultaneous rounds per case above 1")
-    parser.add_argument("--concurrency", default="1,4,16")
+    parser.add_argument("--concurrency", default="1,4,16", help="calls at a time, in rounds of simultaneous calls")
+    parser.add_argument(
+        "--in-flight",
+        default="16",
+        help="callers each in a loop of calls that take --model-ms (comma-separated counts; '' for none)",
+    )
+    parser.add_argument("--in-flight-pairs", type=int, default=40, help="pairs of calls per caller in flight")
+    parser.add_argument("--model-ms", type=float, default=300.0, help="the provider's time before an in-flight answer")
+    parser.add_argument("--think-ms", type=float, default=20.0, help="mean pause after each in-flight call")
     parser.add_argument("--apis", default=",".join(APIS))
     parser.add_argument("--warmup", type=int, default=50, help="uncounted calls each way first, per case")
     parser.add_argument(
@@ -629,14 +789,17 @@ def main() -> None:
             run(serve)
         return profile.dump_stats(args.profile_gateway)
     try:
-        args.concurrency = [int(c) for c in args.concurrency.split(",")]
+        args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
+        args.in_flight = [int(c) for c in args.in_flight.split(",") if c]
     except ValueError:
-        parser.error("--concurrency takes numbers separated by commas, e.g. 1,16")
+        parser.error("--concurrency and --in-flight take numbers separated by commas, e.g. 1,16")
     args.apis = args.apis.split(",")
     if unknown := set(args.apis) - set(APIS):
         parser.error(f"--apis: unknown {', '.join(sorted(unknown))} (choose from {', '.join(APIS)})")
-    if min(args.calls, args.rounds, *args.concurrency) < 1 or min(args.warmup, args.pause_ms) < 0:
-        parser.error("--calls, --rounds and --concurrency must be at least 1, --warmup and --pause-ms at least 0")
+    if min(args.calls, args.rounds, args.in_flight_pairs, *args.concurrency, *args.in_flight) < 1:
+        parser.error("--calls, --rounds, --in-flight-pairs, --concurrency and --in-flight must be at least 1")
+    if min(args.warmup, args.pause_ms, args.model_ms, args.think_ms) < 0:
+        parser.error("--warmup, --pause-ms, --model-ms and --think-ms must be at least 0")
     profiling = ["--profile-gateway", str(args.profile_gateway.resolve())] if args.profile_gateway else []
     load_before = os.getloadavg()
     started = time.monotonic()
@@ -660,14 +823,21 @@ def main() -> None:
             )
         cases = asyncio.run(run_cases(args, upstream_url, gateways))
     load_after = os.getloadavg()
-    rows, missed = [], []
+    rows, shifts, missed = [], [], []
     for case in cases:
         f = figures(case)
         rows.append(row(case, f))
+        shifts.append(shift_row(case, f))
         missed += misses(case, f)
     command = (
         f"python benchmarks/gateway_overhead.py --calls {args.calls} --rounds {args.rounds}"
-        f" --concurrency {','.join(map(str, args.concurrency))} --warmup {args.warmup} --request-kb {args.request_kb}"
+        f" --concurrency {','.join(map(str, args.concurrency))} --in-flight {','.join(map(str, args.in_flight))}"
+        + (
+            f" --in-flight-pairs {args.in_flight_pairs} --model-ms {args.model_ms:g} --think-ms {args.think_ms:g}"
+            if args.in_flight
+            else ""
+        )
+        + f" --warmup {args.warmup} --request-kb {args.request_kb}"
         f" --event-interval-ms {args.event_interval_ms:g}"
         + (f" --pause-ms {args.pause_ms:g}" if args.pause_ms else "")
         + (f" --baseline {baseline}" if baseline else "")
@@ -677,11 +847,21 @@ def main() -> None:
     warmups = ", ".join(
         f"{warmup_pairs(args.warmup, c)} {'pairs' if c == 1 else 'rounds'} at {c} at once" for c in args.concurrency
     )
+    if args.in_flight:
+        warmups += f", {-(-args.warmup // max(args.in_flight))} pairs per caller in flight"
     footer = (
         "Milliseconds. Each gateway call is paired with a direct call made beside it (alternated in random order; at"
-        " C at once, call k of a round of C each way); added pN = the Nth percentile of the paired differences (gateway"
+        " C at once, call k of a round of C each way; at C in flight, C callers each in a loop of calls that take"
+        + (
+            f" the provider {args.model_ms:g} ms before its answer, {args.think_ms:g} ms pause on average between,"
+            if args.in_flight
+            else " a model's time,"
+        )
+        + " pair i = a caller's i-th call each way); added pN = the Nth percentile of the paired differences (gateway"
         " - direct); noise pN = the same of a second direct client's calls (what a gateway adding nothing would"
-        " show: a negative tail is noise); direct pN = the direct calls' own. Gateway CPU per call = the gateway"
+        " show: a negative tail is noise); direct pN = the direct calls' own. Second table: each side's own"
+        " percentiles, and the shift = the gateway's own pN - the direct calls' own pN (what a user's latency"
+        " percentiles move by; noise shift = the second direct client's). Gateway CPU per call = the gateway"
         " process's user and system time over the case's calls, warm-up included."
         f" {args.request_kb} KB requests, streamed events {args.event_interval_ms:g} ms apart;"
         + (f" {args.pause_ms:g} ms pause after each side's call or round;" if args.pause_ms else "")
@@ -689,7 +869,9 @@ def main() -> None:
     )
     console = Console(width=max(Console().width, 170))
     console.print(table("The model gateway's added latency (ms)", HEADER, rows))
+    console.print(table("Each side's own percentiles, and how far the gateway moves them (ms)", SHIFT_HEADER, shifts))
     body = markdown_table(HEADER, rows, [False] * 2 + [True] * (len(HEADER) - 2))
+    body += "\n\n" + markdown_table(SHIFT_HEADER, shifts, [False] * 2 + [True] * (len(SHIFT_HEADER) - 2))
     if baseline:
         compared = [r for case in cases for r in comparison_rows(case, baseline)]
         console.print(table(f"Before ({baseline}) and after, measured together (ms)", COMPARISON_HEADER, compared))

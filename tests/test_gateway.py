@@ -239,27 +239,39 @@ def test_the_upstream_is_resolved_as_the_sdks_resolve_it() -> None:
 
 def test_the_overhead_benchmark_measures_every_case_and_writes_its_table(tmp_path: Path) -> None:
     """benchmarks/gateway_overhead.py end to end with two calls a case: the real SDKs, a gateway process and the fake
-    provider, every API, streamed and not, at each concurrency, and its table written into the docs block."""
+    provider, every API, streamed and not, at each concurrency and in flight, and its tables written into the docs
+    block."""
     doc = tmp_path / "doc.md"
     doc.write_text("# Gateway\n\n<!-- benchmark:gateway_overhead -->\nold\n<!-- /benchmark -->\n")
     argv = [sys.executable, str(REPO / "benchmarks" / "gateway_overhead.py"), "--calls", "2", "--rounds", "1"]
     argv += ["--warmup", "0", "--concurrency", "1,2", "--request-kb", "1", "--event-interval-ms", "0"]
-    argv += ["--pause-ms", "1"]
+    argv += ["--pause-ms", "1", "--in-flight", "2", "--in-flight-pairs", "1", "--model-ms", "5", "--think-ms", "1"]
     proc = subprocess.run([*argv, "--write-docs", "--doc", str(doc)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     text = doc.read_text()
     rows = [line.strip("| ").split(" | ") for line in text.splitlines() if re.match(r"\| (OpenAI|Anthropic)", line)]
-    assert [tuple(r[:4]) for r in rows] == [
-        (api, streamed, at_once, calls)
-        for at_once, calls in (("1", "2"), ("2", "2"))
+    cases = [
+        (api, streamed, calls)
+        for calls in ("1", "2 at once", "2 in flight")
         for api in ("OpenAI Responses", "Anthropic Messages")
         for streamed in ("no", "yes")
     ]
-    for r in rows:  # latencies, and the first token's only where the call streamed
-        assert all(re.fullmatch(r"-?\d+\.\d\d", cell) for cell in r[4:10] + r[14:]), r
-        assert all(re.fullmatch(r"-?\d+\.\d\d", cell) if r[1] == "yes" else cell == "" for cell in r[10:14]), r
+    added, shifted = rows[: len(cases)], rows[len(cases) :]
+    assert [tuple(r[:4]) for r in added] == [(*case, "2") for case in cases]  # 2 pairs each: 1 a caller in flight
+    assert [tuple(r[:3]) for r in shifted] == cases
+    number = r"-?\d+\.\d\d"
+    for r in added:  # latencies, and the first token's only where the call streamed
+        assert all(re.fullmatch(number, cell) for cell in r[4:10] + r[14:]), r
+        assert all(re.fullmatch(number, cell) if r[1] == "yes" else cell == "" for cell in r[10:14]), r
+    for r in shifted:
+        assert all(re.fullmatch(number, cell) for cell in r[3:11]), r
+        assert all(re.fullmatch(number, cell) if r[1] == "yes" else cell == "" for cell in r[11:]), r
+        assert float(r[7]) == pytest.approx(float(r[6]) - float(r[5]), abs=0.011)  # the shift: gateway p95 - direct p95
+    in_flight = [r for r in added if r[2] == "2 in flight"]
+    assert all(float(r[4]) >= 5 for r in in_flight), "an in-flight call takes the provider's --model-ms at least"
     assert "old" not in text
-    assert "Written by `python benchmarks/gateway_overhead.py --calls 2 --rounds 1 --concurrency 1,2 --warmup 0" in text
+    assert "Written by `python benchmarks/gateway_overhead.py --calls 2 --rounds 1 --concurrency 1,2" in text
+    assert "--concurrency 1,2 --in-flight 2 --in-flight-pairs 1 --model-ms 5 --think-ms 1 --warmup 0" in text
     assert "--pause-ms 1 --loop asyncio`" in text and "1 ms pause after each side's call or round" in text
 
 
