@@ -79,12 +79,23 @@ class Spend(BaseModel):
         description="Models called that the price table does not know: their dollars are unknown, and so is the "
         "run's cost (`cost_usd`).",
     )
+    partial_calls: int = Field(
+        default=0,
+        description="Model calls whose answer broke off before it said its usage (a stream cut, an answer lost "
+        "mid-body): they count what came, so when this is above 0 the run's tokens and dollars are lower bounds.",
+    )
     wall_seconds: float = Field(default=0.0, description="Charged wall time (back-off excluded).")
 
     @property
     def cost_usd(self) -> float | None:
-        """The run's dollars; None (unknown, never $0) when a model it called has no price."""
+        """The run's dollars; None (unknown, never $0) when a model it called has no price. A lower bound when
+        `partial_calls` (`at_least`)."""
         return None if self.unpriced else self.usd
+
+    @property
+    def at_least(self) -> bool:
+        """The tokens and dollars are lower bounds: a call's answer broke off before it said its usage."""
+        return self.partial_calls > 0
 
     def add_cost(self, model: str, usd: float | None) -> None:
         """Charge one call's dollars; `None` (no price for `model`) makes the cost unknown."""
@@ -104,8 +115,13 @@ def total_cost(costs: Iterable[float | None]) -> float | None:
     return total
 
 
-def format_usd(cost: float | None, digits: int = 2) -> str:
-    return "unknown" if cost is None else f"{cost:.{digits}f}"
+def format_usd(cost: float | None, digits: int = 2, at_least: bool = False) -> str:
+    """Dollars; "unknown" for None, and "≥" before a lower bound (`Spend.at_least`)."""
+    return "unknown" if cost is None else f"{'≥' if at_least else ''}{cost:.{digits}f}"
+
+
+def format_tokens(tokens: int, at_least: bool = False) -> str:
+    return f"{'≥' if at_least else ''}{tokens:,}"
 
 
 def rounded_usd(usd: float | None) -> float | None:

@@ -45,6 +45,10 @@ class ReportRow(BaseModel):
     completion: float | None = Field(default=None, description="None (unknown) when no grading completed.")
     cost_usd: float | None = Field(default=0.0, description="Dollars; None (unknown): a model it called has no price.")
     tokens_total: int = 0
+    spend_at_least: bool = Field(
+        default=False,
+        description="The tokens and dollars are lower bounds: a model call's answer broke off before it said its usage.",
+    )
     wall_seconds: float = 0.0
     gpu_hours: float = Field(default=0.0, description="GPUs the run held times its wall time, as the GPU cap counts.")
     gpu_utilization: float | None = Field(
@@ -94,6 +98,7 @@ class Aggregate(BaseModel):
     mean_completion: float | None
     tokens_total: int = 0
     cost_usd: float | None = Field(description="Dollars of the group's runs; None (unknown) when any run's is.")
+    spend_at_least: bool = Field(default=False, description="The tokens and dollars are lower bounds (a run's are).")
     gpu_hours: float = 0.0
     wall_seconds: float = 0.0
     audited: int = Field(default=0, description="Runs the integrity audit gave a verdict.")
@@ -140,6 +145,7 @@ def run_row(cdir: CampaignDir, run_id: str, spec: RunSpec, result: RunResult | N
             completion=result.completion,
             cost_usd=dollars(result.spend),
             tokens_total=result.spend.usage.total,
+            spend_at_least=result.spend.at_least,
             wall_seconds=round(result.spend.wall_seconds, 3),
             gpu_hours=round(spec.gpus * result.spend.wall_seconds / 3600, 6),
             **gpu_fields,
@@ -166,6 +172,7 @@ def run_row(cdir: CampaignDir, run_id: str, spec: RunSpec, result: RunResult | N
         score=status.score if status else None,
         cost_usd=dollars(status.spend) if status else 0.0,
         tokens_total=status.spend.usage.total if status else 0,
+        spend_at_least=status.spend.at_least if status else False,
         wall_seconds=round(status.spend.wall_seconds, 3) if status else 0.0,
         gpu_hours=round(spec.gpus * status.spend.wall_seconds / 3600, 6) if status else 0.0,
         **gpu_fields,
@@ -278,6 +285,7 @@ def aggregate(rows: list[ReportRow]) -> list[Aggregate]:
                 beat_baseline=sum(r.beat_baseline is True for r in finished),
                 mean_completion=statistics.fmean(completions) if completions else None,
                 tokens_total=sum(r.tokens_total for r in group),
+                spend_at_least=any(r.spend_at_least for r in group),
                 cost_usd=rounded(total_cost(r.cost_usd for r in group)),
                 gpu_hours=round(sum(r.gpu_hours for r in group), 6),
                 wall_seconds=round(sum(r.wall_seconds for r in group), 3),

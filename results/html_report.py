@@ -69,6 +69,8 @@ def template_env() -> jinja2.Environment:
     )
     env.filters["score"] = fmt_score
     env.filters["usd"] = fmt_usd
+    # "≥" before a lower bound: a model call of the run broke off before it said its usage (`Spend.at_least`)
+    env.filters["at_least"] = lambda text, bound: f"≥{text}" if bound and text not in ("unknown", "—") else text
     env.filters["seconds"] = fmt_seconds
     env.filters["thousands"] = lambda n: f"{int(n):,}"
     env.filters["pct"] = lambda x: "—" if x is None else f"{x:.0%}"
@@ -379,6 +381,7 @@ def render_report_html(
         "unfinished": sum(r.status not in ("Finished", "Failed") for r in rows),
         "cost_usd": total_cost(r.cost_usd for r in rows),
         "tokens": sum(r.tokens_total for r in rows),
+        "at_least": any(r.spend_at_least for r in rows),
         "wall_seconds": sum(r.wall_seconds for r in rows),
     }
     return (

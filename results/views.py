@@ -6,7 +6,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from labkube.budgets import format_usd
+from labkube.budgets import format_tokens, format_usd
 from labkube.report import Aggregate, ReportRow
 from labkube.results.gpu_report import gpu_text
 
@@ -88,8 +88,8 @@ def status_table(rows: list[ReportRow], title: str) -> Table:
             run_phase(r),
             str(r.steps),
             run_score_cell(r) if r.outcome else fmt_score(r.score),
-            f"{r.tokens_total:,}",
-            format_usd(r.cost_usd),
+            format_tokens(r.tokens_total, r.spend_at_least),
+            format_usd(r.cost_usd, at_least=r.spend_at_least),
             fmt_seconds(r.wall_seconds),
             gpu_text(r.gpu_utilization, r.gpu_memory_peak_bytes),
             r.integrity_verdict or "—",
@@ -147,8 +147,8 @@ def report_table(rows: list[ReportRow], title: str) -> Group:
             *([primary_scores_cell(r)] if by_group else []),
             fmt_beat(r.beat_baseline),
             fmt_fraction(r.completion),
-            f"{r.tokens_total:,}",
-            format_usd(r.cost_usd),
+            format_tokens(r.tokens_total, r.spend_at_least),
+            format_usd(r.cost_usd, at_least=r.spend_at_least),
             fmt_seconds(r.wall_seconds),
             gpu_text(r.gpu_utilization, r.gpu_memory_peak_bytes),
             r.integrity_verdict or "—",
@@ -205,8 +205,8 @@ def aggregate_table(aggs: list[Aggregate]) -> Table:
             fmt_score(a.std_score),
             f"{a.beat_baseline}/{a.finished}",
             fmt_fraction(a.mean_completion),
-            f"{a.tokens_total:,}",
-            format_usd(a.cost_usd),
+            format_tokens(a.tokens_total, a.spend_at_least),
+            format_usd(a.cost_usd, at_least=a.spend_at_least),
             f"{a.gpu_hours:.2f}",
             Text(f"{a.suspicious}/{a.audited}", style="bold red" if a.suspicious else ""),
         )

@@ -103,6 +103,7 @@ async def test_a_call_is_forwarded_with_the_real_key_and_counted_from_the_provid
         assert seen[0].body["stream_options"] == {"include_usage": True}
     state = GatewayState.model_validate_json((tmp_path / "gateway.json").read_text())
     assert state.spend.usage == EXPECTED and state.spend.steps == 1 and state.calls == 1
+    assert state.spend.partial_calls == 0 and not state.spend.at_least  # the answer said its usage: exact
     usd = cost_usd(f"{family}:{model}", EXPECTED)
     assert usd > 0 and state.spend.usd == pytest.approx(usd)
     (line,) = read_jsonl(tmp_path / "transcript.jsonl")
@@ -119,6 +120,41 @@ async def test_a_call_is_forwarded_with_the_real_key_and_counted_from_the_provid
         {"campaign": "gw", "run_id": "gw--m--s0", "task": "t", "model": f"{family}:m", "kind": "output"},
     )
     assert output == 300
+
+
+@pytest.mark.parametrize(("api", "stream", "family", "model"), CASES)
+async def test_an_answer_that_breaks_off_before_its_usage_is_a_lower_bound_never_an_exact_count(
+    tmp_path: Path, api: str, stream: bool, family: str, model: str
+) -> None:
+    """A model's answer that broke off (a stream cut before its closing usage event, a body lost midway) was
+    generated, and the provider may bill it: the call counts the usage that came (an Anthropic stream's input), and
+    the run's spend says its tokens and dollars are lower bounds (`partial_calls`), as the call's transcript line
+    does. A whole answer after it is counted exactly. The fake provider breaks off as a dropped connection does: no
+    closing chunk, or fewer bytes than its content-length."""
+    import asyncio
+
+    with FakeLLM() as server:
+        server.script(Reply.cut_stream(after_events=2), Reply.text("whole", usage=PLANTED))
+        async with gateway_for(server, tmp_path, family) as gw:
+            with pytest.raises(Exception) as broke:  # the SDK sees a broken call, not an answer
+                await asyncio.to_thread(call, gw, api, stream, model)
+            # a 502 (a body lost midway), or the stream's own cut (Anthropic's streams raise their HTTP client's error)
+            sdk_errors = (openai.APIError, anthropic.APIError)
+            assert isinstance(broke.value, sdk_errors) or "incomplete chunked read" in str(broke.value), broke.value
+            cut = gw.state.model_copy(deep=True)
+            text, _ = await asyncio.to_thread(call, gw, api, stream, model)
+    assert text == "whole"
+    assert cut.calls == 1 and cut.spend.steps == 0 and cut.spend.partial_calls == 1 and cut.spend.at_least
+    counted_input = cut.spend.usage.input
+    assert (counted_input > 0) == (family == "anthropic" and stream)  # message_start said the input; nothing else came
+    state = GatewayState.model_validate_json((tmp_path / "gateway.json").read_text())
+    assert state.calls == 2 and state.spend.partial_calls == 1  # still a lower bound: the broken call's output
+    assert state.spend.usage == cut.spend.usage + EXPECTED
+    broken, whole = read_jsonl(tmp_path / "transcript.jsonl")
+    assert broken["usage_partial"] is True and broken["error"].endswith(
+        "its usage is only what came before (a lower bound)"
+    )
+    assert "usage_partial" not in whole and "error" not in whole
 
 
 async def test_a_wrong_token_is_refused_and_nothing_reaches_the_provider(tmp_path: Path) -> None:

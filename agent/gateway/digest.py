@@ -34,6 +34,9 @@ class CallDigest:
         self.stop_reason: str | None = None
         self.backoff_s = 0.0
         self.usage_unknown = False  # an answer that could not be read: its cost is unknown, not $0
+        # The answer said its final usage: a whole body, or a stream's closing usage event. A stream cut before it
+        # has only what came so far (an Anthropic stream's input, without the output the provider generated).
+        self.usage_final = False
         self._anthropic_usage: dict[str, Any] = {}
         self._blocks: dict[int, dict[str, Any]] = {}
         self._stream_rest = b""
@@ -74,6 +77,7 @@ class CallDigest:
     # -- whole bodies
     def body(self, data: dict[str, Any]) -> None:
         self.model = data.get("model") or self.model
+        self.usage_final = True
         if self.family == "anthropic":
             self.usage = anthropic_usage(data.get("usage"))
             self.stop_reason = data.get("stop_reason")
@@ -137,6 +141,7 @@ class CallDigest:
             self._anthropic_usage.update(message.get("usage") or {})
             self.usage = anthropic_usage(self._anthropic_usage)
         elif kind == "message_delta":
+            self.usage_final = self.usage_final or bool(data.get("usage"))
             # cumulative: the final counts overwrite message_start's placeholders
             self._anthropic_usage.update({k: v for k, v in (data.get("usage") or {}).items() if v is not None})
             self.usage = anthropic_usage(self._anthropic_usage)
@@ -164,8 +169,9 @@ class CallDigest:
 
     def _chat_chunk(self, data: dict[str, Any]) -> None:
         self.model = data.get("model") or self.model
-        if data.get("usage"):
+        if data.get("usage"):  # the closing chunk (stream_options.include_usage, which the gateway asks for)
             self.usage = chat_usage(data["usage"])
+            self.usage_final = True
         for choice in data.get("choices") or []:
             delta = choice.get("delta") or {}
             self.text.append(delta.get("content") or "")

@@ -359,7 +359,9 @@ class ModelGateway(GatewayAddress):
             except OSError as exc:
                 message = f"labkube gateway: the provider's answer broke off: {type(exc).__name__}: {exc}"
                 self.state.last_error = message
-                self._record(digest, raw, started, backoff, attempt, error=message, path=tail)
+                # A model's answer that broke off was generated, and may be billed: its usage is not known to be 0.
+                partial = upstream_response.status < 400
+                self._record(digest, raw, started, backoff, attempt, error=message, path=tail, partial=partial)
                 return _send_json(reply, 502, error_body(family, 502, "api_error", message))
             error = None
             if digest is not None and upstream_response.status < 400:
@@ -422,7 +424,8 @@ class ModelGateway(GatewayAddress):
         finally:
             if digest is not None:
                 digest.stream(b"".join(relayed))
-                self._record(digest, raw, started, backoff, attempt, error=error, path=tail)
+                partial = error is not None and upstream_response.status < 400 and not digest.usage_final
+                self._record(digest, raw, started, backoff, attempt, error=error, path=tail, partial=partial)
         if error is None:
             reply.end()
 
@@ -435,13 +438,18 @@ class ModelGateway(GatewayAddress):
         attempts: int,
         error: str | None,
         path: str,
+        partial: bool = False,
     ) -> None:
         """Count one model call (even a failed one: its back-off and attempts are real) at once, before the answer's
         last bytes go out, so that the next call's budget check sees it. Its transcript line, series and state file
-        are written once aiohttp has sent the answer and no other call is in flight (`_defer`): they are no part of
-        what any agent waits for."""
+        are written once the answer is sent and no other call is in flight (`_defer`): they are no part of what any
+        agent waits for. A `partial` call's answer broke off before it said its usage: it counts what came, and the
+        run's spend says its usage and dollars are lower bounds (`Spend.partial_calls`), never an exact figure."""
         if digest is None:
             return
+        if partial:
+            self.state.spend.partial_calls += 1
+            error = f"{error}; its usage is only what came before (a lower bound)"
         digest.backoff_s = backoff
         usage = digest.usage or Usage()
         body = None
@@ -478,6 +486,7 @@ class ModelGateway(GatewayAddress):
             "backoff_s": round(backoff, 4),
             "attempts": attempts,
             **({"error": error} if error else {}),
+            **({"usage_partial": True} if partial else {}),
         }
         self._defer(lambda: self._log_call(line, digest, raw, path, usage, usd, duration - backoff))
 

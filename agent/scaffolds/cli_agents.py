@@ -483,7 +483,7 @@ class CliRun:
                 self.telemetry.model_call(delta, max(0.0, after.usd - before.usd), None)
         spend = gw.state.spend
         tracker.spend.usage, tracker.spend.usd, tracker.spend.steps = spend.usage, spend.usd, spend.steps
-        tracker.spend.unpriced = list(spend.unpriced)
+        tracker.spend.unpriced, tracker.spend.partial_calls = list(spend.unpriced), spend.partial_calls
         if gw.state.backoff_s > self._backoff_seen:
             tracker.exclude(gw.state.backoff_s - self._backoff_seen)
             self._backoff_seen = gw.state.backoff_s

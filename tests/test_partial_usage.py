@@ -1,0 +1,93 @@
+"""A run with a model call whose answer broke off before it said its usage (`Spend.partial_calls`, counted by the
+gateway: tests/test_gateway.py) shows its tokens and dollars as lower bounds ("≥") wherever labkube shows them, never
+as exact figures; a run without one shows them as they are. The run's result is written as the run writes it (a
+`RunResult` through the store), then read by the CLI a user runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from analyze_synth import write_run
+from cli_helpers import labkube
+
+from labkube.budgets import Spend, StopReason, Usage, format_tokens, format_usd
+from labkube.campaign import CampaignSpec
+from labkube.result import RunResult
+from labkube.run_spec import RunPhase, RunSpec
+from labkube.store import CampaignDir
+
+TASK = Path(__file__).resolve().parents[1] / "tasks" / "bundled" / "gaia2"
+MODEL = "anthropic:claude-sonnet-4-6"
+
+
+def test_a_spend_written_before_partial_calls_existed_reads_as_exact() -> None:
+    spend = Spend.model_validate({"steps": 2, "usage": {"input": 5}, "usd": 0.25, "wall_seconds": 3.0})
+    assert spend.partial_calls == 0 and not spend.at_least and spend.cost_usd == 0.25
+    assert format_usd(0.25) == "0.25" and format_usd(0.25, at_least=True) == "≥0.25"
+    assert format_usd(None, at_least=True) == "unknown"  # unknown stays unknown, bound or not
+    assert format_tokens(12_345, at_least=True) == "≥12,345" and format_tokens(12_345) == "12,345"
+
+
+@pytest.fixture
+def campaign(tmp_path: Path) -> Path:
+    root = tmp_path / "camp"
+    cdir = CampaignDir(root)
+    specs = [
+        RunSpec(run_id=f"t--m--s{seed}", campaign="c", task="t", task_path=str(TASK), model=MODEL, seed=seed)
+        for seed in (0, 1)
+    ]
+    cdir.write_campaign(CampaignSpec(name="c", tasks=[str(TASK)], models=[MODEL], seeds=2), specs)
+    for spec, partial in zip(specs, (1, 0), strict=True):
+        spend = Spend(steps=3, usage=Usage(input=4000, output=500), usd=0.0195, wall_seconds=12.0, partial_calls=partial)
+        result = RunResult(
+            run_id=spec.run_id,
+            task=spec.task,
+            model=MODEL,
+            seed=spec.seed,
+            status=RunPhase.finished,
+            stop_reason=StopReason.done,
+            score=0.5,
+            spend=spend,
+        )
+        write_run(cdir, spec, result, [])
+    return root
+
+
+def test_a_runs_broken_off_call_makes_its_dollars_and_tokens_lower_bounds_everywhere(
+    campaign: Path, tmp_path: Path
+) -> None:
+    def said(*args: str) -> str:
+        proc = labkube(*args, cwd=tmp_path, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    status = said("status", str(campaign))
+    assert status.count("≥0.02") == 1 and status.count("≥4,500") == 1  # the broken run's row; the other's is exact
+    table = said("report", str(campaign))
+    assert table.count("≥0.02") == 1 and table.count("≥0.04") == 1  # the run's row; the aggregate, a sum with it
+    rows = {r["run_id"]: r for r in json.loads(said("report", str(campaign), "--format", "json"))}
+    assert rows["t--m--s0"]["spend_at_least"] is True and rows["t--m--s1"]["spend_at_least"] is False
+    (group,) = json.loads(said("report", str(campaign), "--format", "json", "--by", "scaffold"))
+    assert group["spend_at_least"] is True and group["cost_usd"] == pytest.approx(0.039)
+
+    said("report", str(campaign), "--format", "html", "--out", str(tmp_path / "r.html"))
+    page = (tmp_path / "r.html").read_text()
+    assert '<div class="k">cost</div><div class="v">≥$0.0390</div>' in page
+    assert '<div class="k">tokens</div><div class="v">≥9,000</div>' in page
+    assert page.count(">≥$0.0195</td>") == 1 and page.count(">$0.0195</td>") == 1  # the two runs' rows
+
+    run_dir = campaign / "runs" / "t--m--s0"
+    said("view", str(run_dir), "--out", str(tmp_path / "v.html"))
+    view = (tmp_path / "v.html").read_text()
+    assert '<div class="v">≥$0.0195</div>' in view and "1 model call broke off before saying its usage" in view
+    said("view", str(campaign / "runs" / "t--m--s1"), "--out", str(tmp_path / "v1.html"))
+    assert "≥" not in (tmp_path / "v1.html").read_text()
+
+    said("export", str(campaign), "--format", "atif", "--out", str(tmp_path / "atif"))
+    extras = {
+        json.loads(p.read_text())["session_id"]: json.loads(p.read_text())["final_metrics"]["extra"]
+        for p in (tmp_path / "atif").glob("*.json")
+    }
+    assert extras["t--m--s0"]["partial_model_calls"] == 1 and "partial_model_calls" not in extras["t--m--s1"]
