@@ -40,7 +40,8 @@ def campaign(tmp_path: Path) -> Path:
     ]
     cdir.write_campaign(CampaignSpec(name="c", tasks=[str(TASK)], models=[MODEL], seeds=2), specs)
     for spec, partial in zip(specs, (1, 0), strict=True):
-        spend = Spend(steps=3, usage=Usage(input=4000, output=500), usd=0.0195, wall_seconds=12.0, partial_calls=partial)
+        usage = Usage(input=4000, output=500)
+        spend = Spend(steps=3, usage=usage, usd=0.0195, wall_seconds=12.0, partial_calls=partial)
         result = RunResult(
             run_id=spec.run_id,
             task=spec.task,
