@@ -326,6 +326,13 @@ def clients(upstream_url: str, gateways: dict[Side, dict[str, Any]]) -> dict[tup
     return made
 
 
+def charge_cpu(case: Case, pids: dict[Side, int], before: dict[Side, float | None], calls: int) -> None:
+    """Each gateway process's CPU since `before`, per call of the case (unknown where /proc did not say)."""
+    for side, then in before.items():
+        now = cpu_seconds(pids[side])
+        case.cpu_ms_per_call[side] = None if then is None or now is None else (now - then) * 1e3 / calls
+
+
 async def measure(
     case: Case,
     made: dict[tuple[Side, Api], Any],
@@ -358,10 +365,7 @@ async def measure(
                 case.samples[side].extend(samples)
             if pause_s:
                 await asyncio.sleep(pause_s)
-    for side, before in cpu_before.items():
-        after = cpu_seconds(pids[side])
-        calls = (warmup + pairs) * case.concurrency
-        case.cpu_ms_per_call[side] = None if before is None or after is None else (after - before) * 1e3 / calls
+    charge_cpu(case, pids, cpu_before, (warmup + pairs) * case.concurrency)
 
 
 async def measure_in_flight(
@@ -403,10 +407,7 @@ async def measure_in_flight(
 
     await asyncio.gather(*(caller(j) for j in range(case.concurrency)))
     case.samples = {side: [s for samples in per_caller for s in samples[side]] for side in sides}
-    for side, before in cpu_before.items():
-        after = cpu_seconds(pids[side])
-        calls = (warmup + pairs) * case.concurrency
-        case.cpu_ms_per_call[side] = None if before is None or after is None else (after - before) * 1e3 / calls
+    charge_cpu(case, pids, cpu_before, (warmup + pairs) * case.concurrency)
 
 
 # -- figures

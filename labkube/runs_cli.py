@@ -18,8 +18,9 @@ from rich.console import Group
 from rich.live import Live
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
-from labkube.budgets import Budgets, format_usd
+from labkube.budgets import Budgets, format_tokens, format_usd
 from labkube.campaign import CampaignSpec, resolve_local_paths
 from labkube.cli_checks import (
     UsageFailure,
@@ -344,6 +345,28 @@ def read_overlays(overlay: Path | None, tasks: list[str]) -> dict[str, dict[str,
         raise UsageFailure(str(exc)) from None
 
 
+def kube_runs_table(title: str, runs: list[dict[str, Any]]) -> Table:
+    """The Run resources of a campaign as `labkube run --backend k8s` follows them: unknown dollars as unknown, lower
+    bounds with "≥"."""
+    from labkube.operator.k8s_submit import run_rows
+
+    view = Table(title=title, title_justify="left")
+    for col in ("run", "phase", "score", "tokens", "$", "pods", "message"):
+        view.add_column(col, overflow="fold")
+    for row in run_rows(runs):
+        score = "—" if row["score"] is None else f"{row['score']:.3f}"
+        view.add_row(
+            row["run_id"],
+            row["phase"],
+            score,
+            format_tokens(row["tokens"], row["spend_at_least"]),
+            format_usd(row["cost_usd"], digits=4, at_least=row["spend_at_least"]),
+            str(row["attempts"]),
+            row["message"],
+        )
+    return view
+
+
 def run_on_kubernetes(spec: CampaignSpec, kube_context: str | None, namespace: str | None) -> None:
     """Create the campaign as a Campaign resource and follow its Runs until every run is final.
 
@@ -351,8 +374,6 @@ def run_on_kubernetes(spec: CampaignSpec, kube_context: str | None, namespace: s
     campaign directory on the operator's runs volume. Stopping the command leaves the campaign running.
     """
     import time
-
-    from rich.table import Table
 
     from labkube.operator.k8s_submit import CampaignExists, read_campaign, run_rows, submit_campaign
     from labkube.operator.kube import KubeError, KubeTarget, api_client, check_reachable, default_namespace
@@ -369,21 +390,7 @@ def run_on_kubernetes(spec: CampaignSpec, kube_context: str | None, namespace: s
     console.print(f"{'created' if created else 'following the existing'} {where}", highlight=False)
 
     def table(runs: list[dict], phase: str) -> Table:
-        view = Table(title=f"{where}: {phase or 'Pending'}", title_justify="left")
-        for col in ("run", "phase", "score", "tokens", "$", "pods", "message"):
-            view.add_column(col, overflow="fold")
-        for row in run_rows(runs):
-            score = "—" if row["score"] is None else f"{row['score']:.3f}"
-            view.add_row(
-                row["run_id"],
-                row["phase"],
-                score,
-                str(row["tokens"]),
-                format_usd(row["cost_usd"], digits=4),
-                str(row["attempts"]),
-                row["message"],
-            )
-        return view
+        return kube_runs_table(f"{where}: {phase or 'Pending'}", runs)
 
     campaign_obj: dict | None = None
     runs: list[dict] = []

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from labkube.budgets import rounded_usd
 from labkube.campaign import CampaignSpec, expand_runs
 from labkube.model_ref import UnknownModel, parse_model
 from labkube.operator.admission import admission_violations, write_admitted
@@ -348,8 +347,6 @@ async def _publish_final_results(
             update={
                 "phase": result.status,
                 "score": result.score,
-                "tokens": result.spend.usage.total,
-                "cost_usd": rounded_usd(result.spend.cost_usd),
                 "gpu_hours": round(ledger.gpu_hours(), 6) if ledger is not None else status.gpu_hours,
                 "stop_reason": result.stop_reason,
                 "outcome": result.outcome,
@@ -357,6 +354,7 @@ async def _publish_final_results(
                 "pod_times": ledger.to_status() if ledger is not None else status.pod_times,
             }
         )
+        final.show_spend(result.spend)
         log.warning("run %s: its final status was not published; publishing it from result.json", run.run_id)
         await api.patch_status("runs", namespace, run_name(campaign, run.run_id), final.to_status())
 

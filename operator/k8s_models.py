@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from labkube.budgets import StopReason
+from labkube.budgets import Spend, StopReason, rounded_usd
 from labkube.campaign import CampaignSpec
 from labkube.operator.leader import LeaderElection
 from labkube.result import Outcome
@@ -271,6 +271,10 @@ class RunStatus(_Status):
     cost_usd: float | None = Field(
         default=0.0, ge=0, description="Model spend in US dollars; null (unknown) when a model it called has no price."
     )
+    spend_at_least: bool = Field(
+        default=False,
+        description="tokens and costUsd are lower bounds: a model call's answer broke off before it said its usage.",
+    )
     gpu_hours: float = Field(default=0.0, ge=0, description="GPU-hours charged to the campaign's cap.")
     stop_reason: StopReason | None = None
     outcome: Outcome | None = Field(
@@ -295,6 +299,13 @@ class RunStatus(_Status):
     )
     observed_generation: int | None = Field(default=None, ge=0)
     conditions: list[Condition] = Field(default_factory=list)
+
+    def show_spend(self, spend: Spend) -> None:
+        """The run's tokens and dollars as its status shows them: null dollars where unknown, and lower bounds
+        marked as such."""
+        self.tokens = spend.usage.total
+        self.cost_usd = rounded_usd(spend.cost_usd)
+        self.spend_at_least = spend.at_least
 
 
 class CampaignPhase(StrEnum):

@@ -111,6 +111,7 @@ def run_rows(runs: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "score": status.score,
                 "tokens": status.tokens,
                 "cost_usd": status.cost_usd,
+                "spend_at_least": status.spend_at_least,
                 "attempts": status.attempts,
                 "pod": status.pod_name or "",
                 "message": f"{problem.reason}: {problem.message}" if problem else "",

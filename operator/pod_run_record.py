@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from labkube.budgets import rounded_usd
 from labkube.operator.admission import read_admitted
 from labkube.operator.crds import GROUP, VERSION, run_name
 from labkube.operator.k8s_grading import graded_result, is_grading_pod, report_of, result_from_status
@@ -281,8 +280,7 @@ class PodRunRecord:
             self.status.phase = RunPhase.grading
         if store is not None:
             self.status.score = store.score
-            self.status.tokens = store.spend.usage.total
-            self.status.cost_usd = rounded_usd(store.spend.cost_usd)
+            self.status.show_spend(store.spend)
         self.track(pod)
         if pod is not None:
             for type_, ok, reason, message in pod_conditions(pod):
@@ -297,8 +295,7 @@ class PodRunRecord:
             self.track(pod)
         self.status.phase = result.status
         self.status.score = result.score
-        self.status.tokens = result.spend.usage.total
-        self.status.cost_usd = rounded_usd(result.spend.cost_usd)
+        self.status.show_spend(result.spend)
         self.track(None)
         self.status.stop_reason = result.stop_reason
         self.status.outcome = result.outcome

@@ -92,3 +92,26 @@ def test_a_runs_broken_off_call_makes_its_dollars_and_tokens_lower_bounds_everyw
         for p in (tmp_path / "atif").glob("*.json")
     }
     assert extras["t--m--s0"]["partial_model_calls"] == 1 and "partial_model_calls" not in extras["t--m--s1"]
+
+
+def test_a_run_resources_status_marks_a_lower_bound_and_the_k8s_table_shows_it() -> None:
+    """The Run resource's status (what `kubectl get lkr -o yaml` and `labkube run --backend k8s` show), set as the
+    operator sets it from the run's result or store (`RunStatus.show_spend`): a lower bound is marked
+    `spendAtLeast` there, and the CLI's table shows it with "≥"; an exact spend is shown as it is."""
+    from rich.console import Console
+
+    from labkube.operator.k8s_models import RunStatus as KubeRunStatus
+    from labkube.runs_cli import kube_runs_table
+
+    runs = []
+    for run_id, partial in (("broken", 2), ("whole", 0)):
+        status = KubeRunStatus(phase=RunPhase.finished)
+        status.show_spend(Spend(usage=Usage(input=4000, output=500), usd=0.0195, partial_calls=partial))
+        dumped = status.model_dump(by_alias=True, mode="json")
+        assert dumped["spendAtLeast"] is (partial > 0) and dumped["tokens"] == 4500 and dumped["costUsd"] == 0.0195
+        runs.append({"metadata": {"name": run_id}, "spec": {"run_id": run_id}, "status": dumped})
+    console = Console(width=200, record=True)
+    console.print(kube_runs_table("Campaign c", runs))
+    lines = {line.split()[1]: line for line in console.export_text().splitlines() if "Finished" in line}
+    assert "≥4,500" in lines["broken"] and "≥0.0195" in lines["broken"]
+    assert "≥" not in lines["whole"] and "4,500" in lines["whole"] and "0.0195" in lines["whole"]
