@@ -5,6 +5,8 @@ as exact figures; a run without one shows them as they are. The run's result is 
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from pathlib import Path
 
@@ -72,6 +74,8 @@ def test_a_runs_broken_off_call_makes_its_dollars_and_tokens_lower_bounds_everyw
     assert rows["t--m--s0"]["spend_at_least"] is True and rows["t--m--s1"]["spend_at_least"] is False
     (group,) = json.loads(said("report", str(campaign), "--format", "json", "--by", "scaffold"))
     assert group["spend_at_least"] is True and group["cost_usd"] == pytest.approx(0.039)
+    csv_rows = {r["run_id"]: r for r in csv.DictReader(io.StringIO(said("report", str(campaign), "--format", "csv")))}
+    assert csv_rows["t--m--s0"]["spend_at_least"] == "True" and csv_rows["t--m--s1"]["spend_at_least"] == "False"
 
     said("report", str(campaign), "--format", "html", "--out", str(tmp_path / "r.html"))
     page = (tmp_path / "r.html").read_text()
