@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from labkube.agent.budget import BudgetTracker
-from labkube.budgets import Budgets, Usage
+from labkube.budgets import Budgets, Spend, Usage
 from labkube.integrity_report import ViolationType
 from labkube.metrics import RUN_LABELS, RUN_METRICS, MetricSet, serve, use_multiprocess_dir
 from labkube.run_spec import RunSpec
@@ -51,6 +51,8 @@ class RunTelemetry:
         self._l("labkube_run_finished").set(0)
         self._l("labkube_run_last_step_timestamp_seconds").set(time.time())
         self._l("labkube_run_cost_dollars_total").inc(0)
+        self._l("labkube_run_cost_unknown").set(0)
+        self._l("labkube_run_model_calls_partial").set(0)
         self._l("labkube_run_steps_total").inc(0)
         for kind in TOKEN_KINDS:
             self._l("labkube_run_tokens_total", kind=kind).inc(0)
@@ -95,6 +97,13 @@ class RunTelemetry:
             self._l("labkube_run_cost_dollars_total").inc(cost_usd)
         if duration_s is not None:
             self._l("labkube_run_model_call_duration_seconds").observe(duration_s)
+
+    def spend(self, spend: Spend) -> None:
+        """What the run's counters cannot say: that its dollars are unknown (a model with no price), or that its
+        tokens and dollars are lower bounds (calls whose answer broke off). Set from the run's whole spend, so a
+        resumed run's pod says so too."""
+        self._l("labkube_run_cost_unknown").set(1 if spend.cost_usd is None else 0)
+        self._l("labkube_run_model_calls_partial").set(spend.partial_calls)
 
     def tool_call(self, tool: str, ok: bool) -> None:
         self._l("labkube_run_tool_calls_total", tool=tool, outcome="ok" if ok else "error").inc()

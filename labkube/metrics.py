@@ -25,6 +25,18 @@ CAMPAIGN_LABELS = ("campaign",)
 RUN_METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "labkube_run_tokens_total": ("counter", "Model tokens used by the run, by kind.", ("kind",)),
     "labkube_run_cost_dollars_total": ("counter", "Model spend of the run in US dollars.", ()),
+    "labkube_run_cost_unknown": (
+        "gauge",
+        "1 once a model the run called has no price: its dollars are unknown (the dollar counter has only the priced "
+        "calls'); else 0.",
+        (),
+    ),
+    "labkube_run_model_calls_partial": (
+        "gauge",
+        "Model calls whose answer broke off before it said its usage; while above 0 the run's tokens and dollars "
+        "are lower bounds.",
+        (),
+    ),
     "labkube_run_steps_total": ("counter", "Agent steps the run completed.", ()),
     "labkube_run_tool_calls_total": ("counter", "Tool calls of the run, by tool and outcome.", ("tool", "outcome")),
     "labkube_run_model_call_duration_seconds": ("histogram", "Latency of the run's model calls.", ()),

@@ -155,6 +155,10 @@ async def test_an_answer_that_breaks_off_before_its_usage_is_a_lower_bound_never
         "its usage is only what came before (a lower bound)"
     )
     assert "usage_partial" not in whole and "error" not in whole
+    assert gw.telemetry is not None  # the run's series say so too
+    labels = {"campaign": "gw", "run_id": "gw--m--s0", "task": "t", "model": f"{family}:m"}
+    assert gw.telemetry.m.registry.get_sample_value("labkube_run_model_calls_partial", labels) == 1
+    assert gw.telemetry.m.registry.get_sample_value("labkube_run_cost_unknown", labels) == 0
 
 
 async def test_a_wrong_token_is_refused_and_nothing_reaches_the_provider(tmp_path: Path) -> None:

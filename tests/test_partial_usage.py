@@ -119,3 +119,24 @@ def test_a_run_resources_status_marks_a_lower_bound_and_the_k8s_table_shows_it()
     lines = {line.split()[1]: line for line in console.export_text().splitlines() if "Finished" in line}
     assert "≥4,500" in lines["broken"] and "≥0.0195" in lines["broken"]
     assert "≥" not in lines["whole"] and "4,500" in lines["whole"] and "0.0195" in lines["whole"]
+
+
+def test_the_runs_series_say_when_its_dollars_are_unknown_or_lower_bounds() -> None:
+    """The counters cannot say it (a counter only adds), so two gauges do, set from the run's whole spend
+    (`RunTelemetry.spend`, which the gateway, rg-agent's loop and the CLI scaffolds call as they count a call)."""
+    from labkube.agent.telemetry import RunTelemetry
+
+    spec = RunSpec(run_id="t--m--s0", campaign="c", task="t", task_path=str(TASK), model=MODEL, seed=0)
+    telemetry = RunTelemetry(spec)
+    labels = {"campaign": "c", "run_id": "t--m--s0", "task": "t", "model": MODEL}
+
+    def value(name: str) -> float | None:
+        return telemetry.m.registry.get_sample_value(name, labels)
+
+    assert value("labkube_run_cost_unknown") == 0 and value("labkube_run_model_calls_partial") == 0  # from the start
+    spend = Spend(usd=0.5, partial_calls=2)
+    telemetry.spend(spend)
+    assert value("labkube_run_cost_unknown") == 0 and value("labkube_run_model_calls_partial") == 2
+    spend.add_cost("openai-compatible:http://h/v1#mystery", None)
+    telemetry.spend(spend)
+    assert value("labkube_run_cost_unknown") == 1 and value("labkube_run_model_calls_partial") == 2

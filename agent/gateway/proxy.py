@@ -509,6 +509,7 @@ class ModelGateway(GatewayAddress):
             self.transcript.append(line)
         if self.telemetry is not None:
             self.telemetry.model_call(usage, usd, max(0.0, model_seconds))
+            self.telemetry.spend(self.state.spend)
 
 
 def canonical_tail(tail: str) -> str | None:

@@ -146,6 +146,7 @@ def record_call(run: AgentRun, outcome: CallOutcome, purpose: str = "step") -> N
     )
     if run.telemetry is not None:
         run.telemetry.model_call(response.usage, outcome.cost_usd, outcome.duration_s - outcome.backoff_s)
+        run.telemetry.spend(run.tracker.spend)
     # The API's own count of this call's context replaces our estimate.
     run.context_estimate = max(run.context_estimate, response.usage.input + response.usage.output)
 

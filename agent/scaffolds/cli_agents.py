@@ -484,6 +484,7 @@ class CliRun:
         spend = gw.state.spend
         tracker.spend.usage, tracker.spend.usd, tracker.spend.steps = spend.usage, spend.usd, spend.steps
         tracker.spend.unpriced, tracker.spend.partial_calls = list(spend.unpriced), spend.partial_calls
+        self.telemetry.spend(tracker.spend)
         if gw.state.backoff_s > self._backoff_seen:
             tracker.exclude(gw.state.backoff_s - self._backoff_seen)
             self._backoff_seen = gw.state.backoff_s
