@@ -47,14 +47,14 @@ def audit(
     check_finite_positive(judge_budget_usd, "--judge-budget-usd")
     spec = RunDir(run_dir).spec()
     if inspector_model:
-        from labkube.operator.campaign_run import API_KEYS
+        from labkube.agent.providers.registry import header_safe_key, required_key_variable
 
         try:
-            ref = parse_model(inspector_model)
-        except UnknownModel as exc:
-            raise UsageFailure(str(exc)) from None
-        var = spec.api_key_env.get(inspector_model) or API_KEYS.get(ref.provider)
-        if var and not os.environ.get(var):
+            var = required_key_variable(inspector_model, parse_model(inspector_model), spec.api_key_env)
+            key = header_safe_key(var, os.environ.get(var) or "") if var else None
+        except (UnknownModel, ValueError) as exc:
+            raise UsageFailure(f"inspector model {inspector_model}: {exc}") from None
+        if var and key is None:
             raise UsageFailure(
                 f"inspector model {inspector_model}: {var} is not set; export it, or audit without "
                 "--inspector-model (the rule checks need no key)"

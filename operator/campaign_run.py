@@ -29,8 +29,6 @@ if TYPE_CHECKING:
     from labkube.operator.driver import RayContext
     from labkube.tasks.gaia2.world_process import WorldHandoff
 
-API_KEYS = {"openai": "OPENAI_API_KEY", "openai-chat": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
-
 
 class CampaignError(ValueError):
     """Bad input found before anything was written."""
@@ -48,11 +46,10 @@ def run_env(extra: dict[str, str] | None) -> dict[str, str] | None:
 
 
 def check_api_keys(models: list[str], api_key_env: dict[str, str]) -> None:
-    from labkube.agent.providers.registry import header_safe_key
+    from labkube.agent.providers.registry import header_safe_key, required_key_variable
 
     for m in models:
-        ref = parse_model(m)
-        var = api_key_env.get(m) or API_KEYS.get(ref.provider)
+        var = required_key_variable(m, parse_model(m), api_key_env)
         try:
             key = header_safe_key(var, os.environ.get(var) or "") if var else None
         except ValueError as exc:

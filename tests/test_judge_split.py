@@ -73,6 +73,23 @@ def test_audit_judge_model_is_a_deprecated_alias_of_inspector_model(finished_run
             assert warnings == []
 
 
+def test_audit_refuses_an_inspector_key_that_is_missing_or_no_key_in_one_line_writing_nothing(
+    finished_run: Path, tmp_path: Path
+) -> None:
+    """The same check as `labkube run`'s front door (`required_key_variable`, `header_safe_key`): a missing key, or
+    one with a character no API key has, is a one-line error that names the variable, never the key's text, before
+    the audit writes anything."""
+    before = sorted(p.name for p in finished_run.iterdir())
+    for value, said in (("", "OPENAI_API_KEY is not set"), ("sk-in spector", "OPENAI_API_KEY")):
+        env = {"OPENAI_API_KEY": value}
+        proc = labkube("audit", str(finished_run), "--inspector-model", "openai:gpt-5", cwd=tmp_path, env=env)
+        assert proc.returncode != 0 and said in proc.stderr, proc.stderr
+        error = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert len(error) == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert "inspector model openai:gpt-5" in error[0] and (not value or value not in proc.stderr)
+    assert sorted(p.name for p in finished_run.iterdir()) == before
+
+
 async def test_a_run_with_a_judge_model_only_runs_no_inspector(tmp_path: Path) -> None:
     task = make_tiny_task(tmp_path, [{"tool": "bash", "args": {"command": "echo 3"}}])
     with FakeLLM() as llm:

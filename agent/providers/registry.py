@@ -27,6 +27,14 @@ DEFAULT_KEY_ENV = {
     "anthropic": "ANTHROPIC_API_KEY",
     "openai-compatible": "OPENAI_COMPATIBLE_API_KEY",
 }
+# Providers that refuse a call without a key; a local openai-compatible server may need none.
+KEY_REQUIRED = frozenset({"openai", "openai-chat", "anthropic"})
+
+
+def required_key_variable(model: str, ref: ModelRef, api_key_env: dict[str, str]) -> str | None:
+    """The variable a model's key must be in before anything runs: the model's own (`api_key_env`), else its
+    provider's where the provider needs a key; None where none is needed."""
+    return api_key_env.get(model) or (DEFAULT_KEY_ENV[ref.provider] if ref.provider in KEY_REQUIRED else None)
 
 
 def api_key_for(ref: ModelRef, spec: RunSpec) -> str | None:
@@ -56,7 +64,7 @@ def api_key_from_env(ref: ModelRef, api_key_env: dict[str, str]) -> str | None:
             key = header_safe_key(var, key)
         except ValueError as exc:
             raise ProviderError(str(exc), retryable=False, reason=StopReason.auth) from None
-    if key is None and ref.provider in ("openai", "openai-chat", "anthropic"):
+    if key is None and ref.provider in KEY_REQUIRED:
         raise ProviderError(f"{var} is not set; export it for model {ref}", retryable=False, reason=StopReason.auth)
     return key
 
