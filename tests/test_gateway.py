@@ -112,6 +112,8 @@ async def test_a_call_is_forwarded_with_the_real_key_and_counted_from_the_provid
     assert line["message"]["content"] == "looking"
     assert [c["name"] for c in line["message"]["tool_calls"]] == ["bash"]
     assert line["message"]["tool_calls"][0]["arguments"] == {"command": "ls"}
+    if api == "messages":  # streamed: the thinking and the tool's input come in deltas, joined at message_stop
+        assert line["message"]["thinking"] == "plan"
     assert line["request"]["stream"] is stream and line["request"]["model"] == model
     assert gw.telemetry is not None
     registry = gw.telemetry.m.registry

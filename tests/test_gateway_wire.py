@@ -246,6 +246,81 @@ async def test_an_agent_that_leaves_mid_stream_is_recorded_as_such(tmp_path: Pat
         await provider.stop()
 
 
+def unchunk(data: bytes) -> tuple[bytes, bool]:
+    """A chunked body's content, and whether its terminating chunk came."""
+    out, rest = [], data
+    while rest:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            return b"".join(out), True
+        out.append(rest[:size])
+        rest = rest[size + 2 :]
+    return b"".join(out), False
+
+
+async def test_an_agent_that_reads_slowly_holds_the_providers_stream_back_and_gets_every_byte(
+    tmp_path: Path,
+) -> None:
+    """Flow control, both hops: while the agent reads nothing, the gateway stops writing to it and stops reading the
+    provider, so what is in flight is the gateway's own buffer (`UPSTREAM_BUFFER_BYTES`) and the sockets' (the
+    kernel's, a few MB), never the whole answer in the gateway's memory; once the agent reads again, every byte
+    arrives in order, and the call is counted from its closing usage event."""
+    total_mb, written = 64, 0
+    text = "x" * 65536
+    delta = json.dumps({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}})
+    events = [
+        b'event: message_start\ndata: {"type":"message_start","message":' + BODY + b"}\n\n",
+        *[b"event: content_block_delta\ndata: " + delta.encode() + b"\n\n"] * (total_mb * 16),
+        b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},'
+        b'"usage":{"output_tokens":7}}\n\n',
+        b'event: message_stop\ndata: {"type":"message_stop"}\n\n',
+    ]
+
+    async def stream(_n: int, writer: asyncio.StreamWriter) -> bool:
+        nonlocal written
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        for event in events:
+            writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+            await writer.drain()  # returns once the socket took it: what the gateway has read, or its kernel holds
+            written += len(event)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    provider = RawProvider(stream)
+    base = await provider.start()
+    try:
+        async with gateway(base, tmp_path) as gw:
+            host, port = gw.url.removeprefix("http://").split(":")
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)  # a slow agent's small window
+            sock.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+            reader, writer = await asyncio.open_connection(sock=sock)
+            request = json.dumps({**CALL, "stream": True}).encode()
+            writer.write(
+                f"POST /anthropic/v1/messages HTTP/1.1\r\nhost: x\r\nx-api-key: {gw.config.token}\r\n"
+                f"content-length: {len(request)}\r\n\r\n".encode()
+                + request
+            )
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            assert head.startswith(b"HTTP/1.1 200")
+            await asyncio.sleep(1.5)  # the agent reads nothing
+            held_back = written
+            body = bytearray()
+            while not body.endswith(b"\r\n0\r\n\r\n"):
+                body += await asyncio.wait_for(reader.read(1 << 20), 10)
+            writer.close()
+        content, whole = unchunk(bytes(body))
+        assert whole and content == b"".join(events)  # every byte, in order
+        assert held_back < total_mb * 2**20 / 2, f"{held_back / 2**20:.1f} MB read from the provider by a stalled agent"
+        state = gw.state
+        assert state.calls == 1 and state.spend.usage.output == 7 and state.spend.partial_calls == 0
+    finally:
+        await provider.stop()
+
+
 async def test_close_cuts_a_call_still_in_flight_after_its_grace(tmp_path: Path) -> None:
     async def never(_n: int, _writer: asyncio.StreamWriter) -> bool:
         await asyncio.sleep(60)

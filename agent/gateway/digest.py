@@ -16,6 +16,12 @@ from labkube.budgets import Usage
 
 # The events of an Anthropic stream that carry its model, usage and stop reason; the rest are its content.
 ANTHROPIC_COUNTED_EVENTS = frozenset({b"message_start", b"message_delta"})
+# An Anthropic content delta's type: the block's field it extends, and the delta's key holding the piece.
+DELTA_FIELDS = {
+    "text_delta": ("text", "text"),
+    "input_json_delta": ("partial", "partial_json"),
+    "thinking_delta": ("thinking", "thinking"),
+}
 RESPONSES_COUNTED_EVENTS = frozenset(name.encode() for name in RESPONSES_FINAL_EVENTS)
 NO_EVENTS: frozenset[bytes] = frozenset()
 
@@ -39,6 +45,9 @@ class CallDigest:
         self.usage_final = False
         self._anthropic_usage: dict[str, Any] = {}
         self._blocks: dict[int, dict[str, Any]] = {}
+        # A block's deltas, joined once at message_stop: adding each to a growing string copies the answer over
+        # and over (quadratic in its deltas), on the loop every call shares.
+        self._deltas: dict[int, dict[str, list[str]]] = {}
         self._stream_rest = b""
 
     def stream(self, data: bytes) -> None:
@@ -152,20 +161,21 @@ class CallDigest:
                 block["partial"] = ""
             self._blocks[data.get("index", len(self._blocks))] = block
         elif kind == "content_block_delta":
-            block = self._blocks.setdefault(data.get("index", 0), {"type": "text", "text": ""})
+            index = data.get("index", 0)
+            self._blocks.setdefault(index, {"type": "text", "text": ""})
             delta = data.get("delta") or {}
-            if delta.get("type") == "text_delta":
-                block["text"] = block.get("text", "") + delta.get("text", "")
-            elif delta.get("type") == "input_json_delta":
-                block["partial"] = block.get("partial", "") + delta.get("partial_json", "")
-            elif delta.get("type") == "thinking_delta":
-                block["thinking"] = block.get("thinking", "") + delta.get("thinking", "")
+            field, key = DELTA_FIELDS.get(delta.get("type"), (None, None))
+            if field is not None:
+                self._deltas.setdefault(index, {}).setdefault(field, []).append(delta.get(key) or "")
         elif kind == "message_stop":
             for i, block in sorted(self._blocks.items()):
+                for field, pieces in self._deltas.get(i, {}).items():
+                    block[field] = block.get(field, "") + "".join(pieces)
                 if "partial" in block:
                     block["input"] = block.pop("partial") or "{}"
                 self._block(i, block)
             self._blocks.clear()
+            self._deltas.clear()
 
     def _chat_chunk(self, data: dict[str, Any]) -> None:
         self.model = data.get("model") or self.model
