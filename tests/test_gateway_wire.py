@@ -436,6 +436,33 @@ async def test_a_kept_connection_the_provider_closed_while_idle_is_replaced_with
         await provider.stop()
 
 
+async def test_a_kept_connection_the_provider_closes_as_the_request_arrives_is_replaced_without_a_retry(
+    tmp_path: Path,
+) -> None:
+    """The race a kept connection has: the provider closes it (its own idle timeout) just as the next request
+    arrives, so the gateway has written the request before it learns. No byte of an answer came, so the call goes
+    again at once on a new connection, as HTTP clients do, not counted as a failed attempt nor waiting a back-off."""
+
+    async def close_the_second(n: int, writer: asyncio.StreamWriter) -> bool:
+        if n == 2:
+            return False  # read, and closed without a byte of an answer
+        writer.write(answer(BODY, f"content-length: {len(BODY)}"))
+        await writer.drain()
+        return True  # keep-alive, as a provider's is
+
+    provider = RawProvider(close_the_second)
+    base = await provider.start()
+    try:
+        async with gateway(base, tmp_path, max_attempts=1) as gw:
+            for _ in range(2):
+                assert (await sdk_call(gw)).content[0].text == "done"  # type: ignore[union-attr]
+        lines = read_jsonl(tmp_path / "transcript.jsonl")
+        assert [(line["attempts"], line["backoff_s"], line.get("error")) for line in lines] == [(1, 0.0, None)] * 2
+        assert len(provider.requests) == 3 and provider.connections == 2  # the second call's request went twice
+    finally:
+        await provider.stop()
+
+
 @pytest.mark.parametrize(
     ("sent", "expected"),
     [
