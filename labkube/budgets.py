@@ -115,13 +115,18 @@ def total_cost(costs: Iterable[float | None]) -> float | None:
     return total
 
 
+def lower_bound(text: str, at_least: bool) -> str:
+    """A known figure as shown, with "≥" before it when it is a lower bound (`Spend.at_least`)."""
+    return f"≥{text}" if at_least else text
+
+
 def format_usd(cost: float | None, digits: int = 2, at_least: bool = False) -> str:
-    """Dollars; "unknown" for None, and "≥" before a lower bound (`Spend.at_least`)."""
-    return "unknown" if cost is None else f"{'≥' if at_least else ''}{cost:.{digits}f}"
+    """Dollars; "unknown" for None (a bound or not), and "≥" before a lower bound."""
+    return "unknown" if cost is None else lower_bound(f"{cost:.{digits}f}", at_least)
 
 
 def format_tokens(tokens: int, at_least: bool = False) -> str:
-    return f"{'≥' if at_least else ''}{tokens:,}"
+    return lower_bound(f"{tokens:,}", at_least)
 
 
 def rounded_usd(usd: float | None) -> float | None:

@@ -30,7 +30,7 @@ import jinja2
 from markupsafe import Markup
 from pydantic import BaseModel, Field
 
-from labkube.budgets import total_cost
+from labkube.budgets import lower_bound, total_cost
 from labkube.integrity_report import Verdict, verdict_basis
 from labkube.report import Aggregate, ReportRow, aggregate, report_rows, scaffold_rank
 from labkube.result import GpuUse, RunResult
@@ -68,9 +68,9 @@ def template_env() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters["score"] = fmt_score
-    env.filters["usd"] = fmt_usd
-    # "≥" before a lower bound: a model call of the run broke off before it said its usage (`Spend.at_least`)
-    env.filters["at_least"] = lambda text, bound: f"≥{text}" if bound and text not in ("unknown", "—") else text
+    # with `at_least`, "≥" before a known figure that is a lower bound (a model call broke off before its usage)
+    env.filters["usd"] = lambda usd, at_least=False: lower_bound(fmt_usd(usd), at_least and usd is not None)
+    env.filters["at_least"] = lower_bound
     env.filters["seconds"] = fmt_seconds
     env.filters["thousands"] = lambda n: f"{int(n):,}"
     env.filters["pct"] = lambda x: "—" if x is None else f"{x:.0%}"

@@ -30,6 +30,10 @@ def test_a_spend_written_before_partial_calls_existed_reads_as_exact() -> None:
     assert format_usd(0.25) == "0.25" and format_usd(0.25, at_least=True) == "≥0.25"
     assert format_usd(None, at_least=True) == "unknown"  # unknown stays unknown, bound or not
     assert format_tokens(12_345, at_least=True) == "≥12,345" and format_tokens(12_345) == "12,345"
+    from labkube.results.html_report import template_env
+
+    usd = template_env().filters["usd"]  # the pages' own
+    assert usd(None, True) == "unknown" and usd(0.5, True) == "≥$0.5000" and usd(0.5) == "$0.5000"
 
 
 @pytest.fixture
