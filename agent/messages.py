@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -37,5 +38,17 @@ class ToolSpec(BaseModel):
 class ModelResponse(BaseModel):
     message: Message
     usage: Usage = Field(default_factory=Usage)
+    usage_stated: bool = Field(
+        default=True, description="The provider's answer said its usage; when it did not, `usage` is a lower bound."
+    )
     model: str = ""
     stop_reason: str | None = None
+
+    @classmethod
+    def from_sdk(
+        cls, message: Message, sdk_usage: Any, read_usage: Callable[[Any], Usage], model: str, stop_reason: str | None
+    ) -> ModelResponse:
+        """An SDK's answer, its usage as the SDK parsed it: None where the server left it out, which is counted as
+        none and marked not stated (a lower bound), never an exact 0."""
+        usage, stated = read_usage(sdk_usage), sdk_usage is not None
+        return cls(message=message, usage=usage, usage_stated=stated, model=model, stop_reason=stop_reason)

@@ -100,8 +100,8 @@ class RunTelemetry:
 
     def spend(self, spend: Spend) -> None:
         """What the run's counters cannot say: that its dollars are unknown (a model with no price), or that its
-        tokens and dollars are lower bounds (calls whose answer broke off). Set from the run's whole spend, so a
-        resumed run's pod says so too."""
+        tokens and dollars are lower bounds (calls whose answer did not say its usage). Set from the run's whole
+        spend, so a resumed run's pod says so too."""
         self._l("labkube_run_cost_unknown").set(1 if spend.cost_usd is None else 0)
         self._l("labkube_run_model_calls_partial").set(spend.partial_calls)
 

@@ -425,7 +425,24 @@ def campaign_overview() -> Board:
         "Tokens per second",
         "Model tokens per second (5-minute rate), by kind.",
         [q(f"sum by (kind) (campaign_task_model_kind:labkube_run_tokens:rate5m{{{RUNS}}})", "{{kind}}")],
-        w=7,
+        w=4,
+        h=8,
+    )
+    b.add(
+        b.stat().thresholds(b.thresholds([(None, "green"), (1, "orange")])).color_mode(cm.BigValueColorMode.BACKGROUND),
+        "Runs not fully costed",
+        "Selected runs whose dollars are unknown (a model with no price: the Spend panel leaves their calls out) or"
+        " whose tokens and dollars are lower bounds (a model answer did not say its usage), as status and the"
+        " reports show with 'unknown' and '≥'. 0: every figure here is whole.",
+        [
+            q(
+                f"count(max by (campaign, run_id) (labkube_run_cost_unknown{{{RUNS}}}) > 0"
+                f" or max by (campaign, run_id) (labkube_run_model_calls_partial{{{RUNS}}}) > 0) or vector(0)",
+                "runs",
+                instant=True,
+            )
+        ],
+        w=3,
         h=8,
     )
     b.add(

@@ -68,6 +68,10 @@ class Usage(BaseModel):
         )
 
 
+# A model call's transcript line, where its answer was whole but never said its usage (`Spend.partial_calls`).
+UNSAID_USAGE = "the provider's answer did not say its usage: counted as none, a lower bound"
+
+
 class Spend(BaseModel):
     """What a run has used; carried across resumes."""
 
@@ -81,8 +85,9 @@ class Spend(BaseModel):
     )
     partial_calls: int = Field(
         default=0,
-        description="Model calls whose answer broke off before it said its usage (a stream cut, an answer lost "
-        "mid-body): they count what came, so when this is above 0 the run's tokens and dollars are lower bounds.",
+        description="Model calls whose answer did not say its usage: it broke off before it did (a stream cut, an "
+        "answer lost mid-body), or never says it (an OpenAI-compatible server that ignores include_usage). They count "
+        "what came, so when this is above 0 the run's tokens and dollars are lower bounds.",
     )
     wall_seconds: float = Field(default=0.0, description="Charged wall time (back-off excluded).")
 
@@ -94,7 +99,7 @@ class Spend(BaseModel):
 
     @property
     def at_least(self) -> bool:
-        """The tokens and dollars are lower bounds: a call's answer broke off before it said its usage."""
+        """The tokens and dollars are lower bounds: a call's answer did not say its usage."""
         return self.partial_calls > 0
 
     def add_cost(self, model: str, usd: float | None) -> None:

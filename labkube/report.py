@@ -47,8 +47,7 @@ class ReportRow(BaseModel):
     tokens_total: int = 0
     spend_at_least: bool = Field(
         default=False,
-        description="The tokens and dollars are lower bounds: a model call's answer broke off before it said its "
-        "usage.",
+        description="The tokens and dollars are lower bounds: a model call's answer did not say its usage.",
     )
     wall_seconds: float = 0.0
     gpu_hours: float = Field(default=0.0, description="GPUs the run held times its wall time, as the GPU cap counts.")

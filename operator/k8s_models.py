@@ -273,7 +273,7 @@ class RunStatus(_Status):
     )
     spend_at_least: bool = Field(
         default=False,
-        description="tokens and costUsd are lower bounds: a model call's answer broke off before it said its usage.",
+        description="tokens and costUsd are lower bounds: a model call's answer did not say its usage.",
     )
     gpu_hours: float = Field(default=0.0, ge=0, description="GPU-hours charged to the campaign's cap.")
     stop_reason: StopReason | None = None

@@ -343,7 +343,7 @@ def write_trajectory(run_dir: Path, result: RunResult, path: Path) -> None:
                     "wall_seconds": result.spend.wall_seconds,
                     "agent_steps": result.spend.steps,
                     "model_calls_exported": acc.with_metrics,
-                    # calls whose answer broke off before it said its usage: the totals above are lower bounds
+                    # calls whose answer did not say its usage: the totals above are lower bounds
                     **({"partial_model_calls": result.spend.partial_calls} if result.spend.partial_calls else {}),
                 },
             ),

@@ -68,7 +68,7 @@ def template_env() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters["score"] = fmt_score
-    # with `at_least`, "≥" before a known figure that is a lower bound (a model call broke off before its usage)
+    # with `at_least`, "≥" before a known figure that is a lower bound (a model call's answer did not say its usage)
     env.filters["usd"] = lambda usd, at_least=False: lower_bound(fmt_usd(usd), at_least and usd is not None)
     env.filters["at_least"] = lower_bound
     env.filters["seconds"] = fmt_seconds

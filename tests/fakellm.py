@@ -87,7 +87,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Literal, NamedTuple
@@ -146,6 +146,7 @@ class Reply:
     seconds: float = 0.0
     then: Reply | None = None
     after_events: int = 0
+    says_usage: bool = True
 
     @classmethod
     def text(cls, text: str, *, usage: Usage = DEFAULT_USAGE, thinking: str | None = None) -> Reply:
@@ -184,6 +185,12 @@ class Reply:
     def delay(cls, seconds: float, then: Reply | None = None) -> Reply:
         """Sleep `seconds` before answering with `then` (default: the unscripted "done" reply)."""
         return cls(kind="delay", seconds=seconds, then=then)
+
+    def without_usage(self) -> Reply:
+        """This OpenAI answer saying nothing of its usage, whole or streamed, as an OpenAI-compatible server that
+        ignores `stream_options.include_usage` does (the Responses API's `usage` is null, a Chat Completion has no
+        `usage` field and no usage chunk). The Messages API always says its usage: not served there."""
+        return replace(self, says_usage=False)
 
     @classmethod
     def malformed(cls) -> Reply:
@@ -269,7 +276,9 @@ def _responses_body(reply: Reply, ctx: _Ctx) -> Json:
             "output_tokens": u.output,
             "output_tokens_details": {"reasoning_tokens": u.reasoning},
             "total_tokens": u.input + u.output,
-        },
+        }
+        if reply.says_usage
+        else None,
     }
 
 
@@ -346,13 +355,19 @@ def _chat_body(reply: Reply, ctx: _Ctx) -> Json:
                 "finish_reason": "tool_calls" if reply.calls else "stop",
             }
         ],
-        "usage": {
-            "prompt_tokens": u.input,
-            "completion_tokens": u.output,
-            "total_tokens": u.input + u.output,
-            "prompt_tokens_details": {"cached_tokens": u.cached, "cache_write_tokens": u.cache_write},
-            "completion_tokens_details": {"reasoning_tokens": u.reasoning},
-        },
+        **(
+            {
+                "usage": {
+                    "prompt_tokens": u.input,
+                    "completion_tokens": u.output,
+                    "total_tokens": u.input + u.output,
+                    "prompt_tokens_details": {"cached_tokens": u.cached, "cache_write_tokens": u.cache_write},
+                    "completion_tokens_details": {"reasoning_tokens": u.reasoning},
+                }
+            }
+            if reply.says_usage
+            else {}
+        ),
     }
 
 
@@ -379,12 +394,13 @@ def _chat_events(final: Json, request: Json) -> Iterator[Event]:
         for piece in _pieces(function["arguments"]):
             yield chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
     yield chunk({}, choice["finish_reason"])
-    if include_usage:
+    if include_usage and "usage" in final:  # a server that ignores include_usage sends no usage chunk
         yield None, {**head, "choices": [], "usage": final["usage"]}
     yield None, "[DONE]"
 
 
 def _messages_body(reply: Reply, ctx: _Ctx) -> Json:
+    assert reply.says_usage, "the Messages API always says its usage"
     content: list[Json] = []
     if reply.thinking is not None:
         content.append({"type": "thinking", "thinking": reply.thinking, "signature": ctx.new_id("sig")})

@@ -145,6 +145,36 @@ def test_the_cli_runs_a_task_through_the_gateway_with_no_key_of_its_own(
     assert sft.returncode == 0 and roles[:3] == ["user", "assistant", "tool"] and roles[-1] == "assistant"
 
 
+def test_a_clis_spend_is_a_lower_bound_when_an_answer_did_not_say_its_usage(
+    tmp_path: Path, cli_binaries: dict[str, Path]
+) -> None:
+    """Codex through the gateway, the provider's last answer saying nothing of its usage (`usage: null`, as an
+    OpenAI-compatible server may): Codex takes the answer and the run finishes, and the run's spend, the gateway's
+    counts copied by the CLI scaffold, says its tokens and dollars are lower bounds, as `labkube status` shows."""
+    task = make_tiny_task(tmp_path, [])
+    answer = responder("echo 7 > result.txt")
+
+    def unmetered_last(path: str, body: dict[str, Any]) -> Reply:
+        reply = answer(path, body)
+        return reply.without_usage() if _has_output(body) else reply
+
+    with FakeLLM(responder=unmetered_last) as server:
+        ran = labkube(
+            "run", str(task), "--model", MODELS["codex"], "--agent", "codex", "--out", str(tmp_path / "c"),
+            cwd=tmp_path, env=provider_env("codex", server), timeout=300,
+        )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    rd = run_dir_of(tmp_path / "c")
+    result = RunResult.model_validate_json((rd / "result.json").read_text())
+    assert result.status.value == "Finished" and result.subtasks[0].raw == 7.0
+    calls = [e for e in read_jsonl(rd / "transcript.jsonl") if e["type"] == "model_call"]
+    assert len(calls) >= 2 and [c.get("usage_partial", False) for c in calls][-1] is True
+    assert result.spend.partial_calls == 1 and result.spend.at_least and result.spend.steps == len(calls)
+    assert result.spend.usage.input == 1000 * (len(calls) - 1)  # the unmetered answer counted as none
+    status = labkube("status", str(tmp_path / "c"), cwd=tmp_path)
+    assert status.returncode == 0 and "≥" in status.stdout, status.stdout
+
+
 @pytest.mark.parametrize("agent", ["claude-code", "codex"])
 def test_a_spent_dollar_budget_stops_the_cli_as_usd(tmp_path: Path, cli_binaries: dict[str, Path], agent: str) -> None:
     """The first call costs more than the budget: the next is refused with the provider's final quota error, the

@@ -163,6 +163,35 @@ async def test_an_answer_that_breaks_off_before_its_usage_is_a_lower_bound_never
     assert gw.telemetry.m.registry.get_sample_value("labkube_run_cost_unknown", labels) == 0
 
 
+@pytest.mark.parametrize(("api", "stream", "family", "model"), [c for c in CASES if c[2] == "openai"])
+async def test_an_answer_that_never_says_its_usage_is_a_lower_bound_not_zero_tokens(
+    tmp_path: Path, api: str, stream: bool, family: str, model: str
+) -> None:
+    """An OpenAI-compatible server that ignores `stream_options.include_usage` (the gateway asks for it) ends a
+    streamed Chat Completion without a usage chunk, and may leave `usage` out of a whole body; a Responses answer's
+    `usage` may be null. The answer is whole and the agent gets it, but what it cost was never said: the call is a step
+    counted as no tokens, and the run's spend says that is a lower bound, not an exact 0 (before, such a run read as
+    exactly $0). The answer after it, which says its usage, is counted exactly."""
+    import asyncio
+
+    with FakeLLM() as server:
+        server.script(Reply.text("unmetered").without_usage(), Reply.text("metered", usage=PLANTED))
+        async with gateway_for(server, tmp_path, family) as gw:
+            first, _ = await asyncio.to_thread(call, gw, api, stream, model)
+            unsaid = gw.state.model_copy(deep=True)
+            second, _ = await asyncio.to_thread(call, gw, api, stream, model)
+    assert (first, second) == ("unmetered", "metered")
+    assert unsaid.calls == 1 and unsaid.spend.steps == 1 and unsaid.last_error is None
+    assert unsaid.spend.usage.total == 0 and unsaid.spend.partial_calls == 1 and unsaid.spend.at_least
+    state = GatewayState.model_validate_json((tmp_path / "gateway.json").read_text())
+    assert state.spend.usage == EXPECTED and state.spend.steps == 2 and state.spend.partial_calls == 1
+    unmetered, metered = read_jsonl(tmp_path / "transcript.jsonl")
+    assert unmetered["usage_partial"] is True and "error" not in unmetered
+    assert unmetered["usage_note"] == "the provider's answer did not say its usage: counted as none, a lower bound"
+    assert unmetered["message"]["content"] == "unmetered"
+    assert "usage_partial" not in metered and "usage_note" not in metered
+
+
 async def test_a_wrong_token_is_refused_and_nothing_reaches_the_provider(tmp_path: Path) -> None:
     import asyncio
 
@@ -291,6 +320,7 @@ def test_the_overhead_benchmark_measures_every_case_and_writes_its_table(tmp_pat
     proc = subprocess.run([*argv, "--write-docs", "--doc", str(doc)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     text = doc.read_text()
+    assert "<!-- benchmark:gateway_overhead_own_cpu -->" not in text  # the CPUs shared: the first block only
     rows = [line.strip("| ").split(" | ") for line in text.splitlines() if re.match(r"\| (OpenAI|Anthropic)", line)]
     cases = [
         (api, streamed, calls)
@@ -315,6 +345,30 @@ def test_the_overhead_benchmark_measures_every_case_and_writes_its_table(tmp_pat
     assert "Written by `python benchmarks/gateway_overhead.py --calls 2 --rounds 1 --concurrency 1,2" in text
     assert "--concurrency 1,2 --in-flight 2 --in-flight-pairs 1 --model-ms 5 --think-ms 1 --warmup 0" in text
     assert "--pause-ms 1 --loop asyncio`" in text and "1 ms pause after each side's call or round" in text
+
+
+def test_the_overhead_benchmark_can_give_the_gateway_a_cpu_of_its_own(tmp_path: Path) -> None:
+    """`--gateway-cpus`: the gateway process on those CPUs alone and the client and the provider on the others, as
+    a pod's gateway sidecar has a CPU of its own; its tables go to their own block, and a CPU list that leaves the
+    others none is refused in one line."""
+    import os
+
+    usable = sorted(os.sched_getaffinity(0))
+    script = [sys.executable, str(REPO / "benchmarks" / "gateway_overhead.py")]
+    refused = subprocess.run([*script, "--gateway-cpus", ",".join(map(str, usable))], capture_output=True, text=True)
+    assert refused.returncode == 2 and "--gateway-cpus must leave the client and provider a CPU" in refused.stderr
+    if len(usable) < 2:
+        pytest.skip("one CPU: nothing to give the gateway alone")
+    doc = tmp_path / "doc.md"
+    doc.write_text("<!-- benchmark:gateway_overhead_own_cpu -->\nold\n<!-- /benchmark -->\n")
+    argv = [*script, "--calls", "2", "--concurrency", "1", "--in-flight", "", "--warmup", "0", "--request-kb", "1"]
+    argv += ["--event-interval-ms", "0", "--gateway-cpus", str(usable[-1]), "--write-docs", "--doc", str(doc)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    text = doc.read_text()
+    others = ", ".join(map(str, usable[:-1]))
+    assert f"The gateways on CPU {usable[-1]} alone, the client and the provider on {others}." in text
+    assert f"--gateway-cpus {usable[-1]}`" in text and f"{len(usable)} CPUs" in text  # the machine as it is
 
 
 async def test_a_sidecars_view_asks_the_gateway_for_its_counts_before_reading_its_file(tmp_path: Path) -> None:

@@ -410,8 +410,10 @@ async def test_a_model_calls_answer_that_is_not_a_json_object_leaves_its_cost_un
         assert reply.startswith(b"HTTP/1.1 200 ") and reply.endswith(body)
         assert gw.state.calls == 1 and spend.steps == 0 and "not a JSON object" in (gw.state.last_error or "")
         assert spend.cost_usd is None and spend.unpriced == ["anthropic:claude-sonnet-4-6"]
+        assert spend.partial_calls == 1 and spend.at_least  # and its tokens, counted as none, a lower bound
         (line,) = read_jsonl(tmp_path / "transcript.jsonl")
-        assert line["cost_usd"] is None and "usage and cost are unknown" in line["error"]
+        assert line["cost_usd"] is None and line["error"].endswith("its usage and cost are unknown")
+        assert line["usage_partial"] is True
         assert line["request"]["model"] == "claude-sonnet-4-6"
     finally:
         await provider.stop()

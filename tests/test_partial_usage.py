@@ -1,7 +1,7 @@
-"""A run with a model call whose answer broke off before it said its usage (`Spend.partial_calls`, counted by the
-gateway: tests/test_gateway.py) shows its tokens and dollars as lower bounds ("≥") wherever labkube shows them, never
-as exact figures; a run without one shows them as they are. The run's result is written as the run writes it (a
-`RunResult` through the store), then read by the CLI a user runs."""
+"""A run with a model call whose answer did not say its usage (`Spend.partial_calls`, counted by the gateway:
+tests/test_gateway.py, and rg-agent: tests/test_providers.py) shows its tokens and dollars as lower bounds ("≥")
+wherever labkube shows them, never as exact figures; a run without one shows them as they are. The run's result is
+written as the run writes it (a `RunResult` through the store), then read by the CLI a user runs."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def test_a_runs_broken_off_call_makes_its_dollars_and_tokens_lower_bounds_everyw
     run_dir = campaign / "runs" / "t--m--s0"
     said("view", str(run_dir), "--out", str(tmp_path / "v.html"))
     view = (tmp_path / "v.html").read_text()
-    assert '<div class="v">≥$0.0195</div>' in view and "1 model call broke off before saying its usage" in view
+    assert '<div class="v">≥$0.0195</div>' in view and "1 model answer did not say its usage" in view
     said("view", str(campaign / "runs" / "t--m--s1"), "--out", str(tmp_path / "v1.html"))
     assert "≥" not in (tmp_path / "v1.html").read_text()
 

@@ -199,6 +199,33 @@ async def test_run_usage_and_dollars_match_the_server(server: FakeLLM, tmp_path:
     assert server.remaining == 0
 
 
+@pytest.mark.parametrize("model", ["openai:gpt-5", "openai-chat:gpt-5"])
+async def test_an_answer_that_never_says_its_usage_makes_the_runs_spend_a_lower_bound(
+    server: FakeLLM, tmp_path: Path, monkeypatch, model: str
+) -> None:
+    """rg-agent's own calls: an OpenAI-compatible server that leaves `usage` out (or null) gives the SDK an answer
+    without it. The step is taken and counted as no tokens, and the run's spend is a lower bound (`partial_calls`),
+    never read as exact: the other call's usage is all its total holds."""
+    monkeypatch.setenv("OPENAI_BASE_URL", server.base_url + "/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    server.script(
+        Reply.tool_call("bash", {"command": "echo 7 > result.txt"}).without_usage(),
+        Reply.tool_call("end_task", {"summary": "wrote 7"}, usage=STEP_USAGE[1]),
+    )
+    run_dir = make_run_dir(tmp_path, make_tiny_task(tmp_path, []), model=model, prices={model: (2.0, 8.0, 0.5)})
+    result = await run_agent(run_dir)
+    assert result.status is RunPhase.finished and result.subtasks[0].raw == 7.0
+    said_usage = STEP_USAGE[1]
+    assert result.spend.steps == 2 and result.spend.usage.output == said_usage.output
+    assert result.spend.usage.input == said_usage.input and result.spend.usage.cached == said_usage.cached
+    assert result.spend.partial_calls == 1 and result.spend.at_least
+    calls = [json.loads(x) for x in (run_dir / "transcript.jsonl").read_text().splitlines()]
+    unsaid, said = [c for c in calls if c["type"] == "model_call"]
+    assert unsaid["usage_partial"] is True and unsaid["usage"]["input"] == 0
+    assert unsaid["usage_note"] == "the provider's answer did not say its usage: counted as none, a lower bound"
+    assert "usage_partial" not in said
+
+
 async def test_401_ends_the_run_with_reason_auth_and_it_is_still_graded(
     server: FakeLLM, tmp_path: Path, monkeypatch
 ) -> None:

@@ -48,6 +48,7 @@ class Plant:
     gpus: int = 1
     completion: float = 1.0
     verdict: str = "PASS"
+    partial_calls: int = 0  # model calls whose answer did not say its usage: the tokens and dollars are lower bounds
 
     @property
     def run_id(self) -> str:
@@ -61,7 +62,7 @@ PLANTS = [
     Plant(TASKS[0], GPT, "claude-code", 0, 0.70, 30_000, 0.50, 3600),
     Plant(TASKS[0], GPT, "claude-code", 1, 0.90, 34_000, 0.60, 7200, verdict="SUSPICIOUS"),
     Plant(TASKS[0], GPT, "codex", 0, 0.20, 8_000, 0.05, 900, completion=0.5),
-    Plant(TASKS[0], GPT, "codex", 1, 0.30, 9_000, 0.07, 900),
+    Plant(TASKS[0], GPT, "codex", 1, 0.30, 9_000, 0.07, 900, partial_calls=1),
     Plant(TASKS[0], OPUS, "rg-agent", 0, 0.55, 20_000, 0.80, 3600, gpus=2),
     Plant(TASKS[0], OPUS, "rg-agent", 1, 0.65, 22_000, 0.90, 3600, gpus=2),
     # retrieval-ranking: gpt-5 under rg-agent and codex only
@@ -99,6 +100,7 @@ def expected(task: str, model: str, agent: str) -> dict[str, float | int]:
         "gpu_hours": sum(p.gpus * p.wall_s / 3600 for p in runs),
         "suspicious": sum(p.verdict == "SUSPICIOUS" for p in runs),
         "audited": len(runs),
+        "spend_at_least": any(p.partial_calls for p in runs),
     }
 
 
@@ -143,7 +145,13 @@ def write_campaign(root: Path) -> Path:
             beat_baseline=p.score > BEAT,
             completion=p.completion,
             subtasks=[SubtaskScore(id="primary", raw=p.score, fraction_of_sota=p.score)],
-            spend=Spend(steps=10, usage=Usage(input=p.tokens, output=p.tokens // 5), usd=p.usd, wall_seconds=p.wall_s),
+            spend=Spend(
+                steps=10,
+                usage=Usage(input=p.tokens, output=p.tokens // 5),
+                usd=p.usd,
+                wall_seconds=p.wall_s,
+                partial_calls=p.partial_calls,
+            ),
             integrity_verdict=p.verdict,
         )
         write_run(cdir, s, result, [])
@@ -216,6 +224,7 @@ def test_csv_by_scaffold_has_the_same_columns_for_every_system(campaign: Path) -
         assert float(g["mean_score"]) == pytest.approx(want["mean_score"])
         assert float(g["gpu_hours"]) == pytest.approx(want["gpu_hours"])
         assert int(g["suspicious"]) == want["suspicious"] and int(g["tokens_total"]) == want["tokens_total"]
+        assert g["spend_at_least"] == str(want["spend_at_least"])
 
 
 def test_table_lists_each_system_once_with_its_mean(campaign: Path) -> None:
@@ -294,7 +303,11 @@ def test_html_report_has_a_per_task_comparison_with_the_planted_numbers(campaign
         want = expected(r["task"], r["model"], r["scaffold"])
         assert r["cmp-mean"] == f"{want['mean_score']:.3f}" and r["cmp-best"] == f"{want['best_score']:.3f}"
         assert r["cmp-beat"] == f"{want['beat_baseline']}/{want['finished']}"
-        assert r["cmp-tokens"] == f"{want['tokens_total']:,}" and r["cmp-gpu"] == f"{want['gpu_hours']:.2f}"
+        bound = "≥" if want["spend_at_least"] else ""  # one codex run's answer did not say its usage
+        assert r["cmp-tokens"] == f"{bound}{want['tokens_total']:,}" and r["cmp-gpu"] == f"{want['gpu_hours']:.2f}"
+        assert r["cmp-cost"].startswith(f"{bound}$") and float(r["cmp-cost"].lstrip("≥$")) == pytest.approx(
+            want["cost_usd"], abs=0.005
+        )
         assert r["cmp-completion"] == f"{want['mean_completion']:.0%}"
         assert ("SUSPICIOUS" in r["cmp-integrity"]) == bool(want["suspicious"])
 

@@ -40,8 +40,9 @@ class CallDigest:
         self.stop_reason: str | None = None
         self.backoff_s = 0.0
         self.usage_unknown = False  # an answer that could not be read: its cost is unknown, not $0
-        # The answer said its final usage: a whole body, or a stream's closing usage event. A stream cut before it
-        # has only what came so far (an Anthropic stream's input, without the output the provider generated).
+        # The answer said its final usage: a whole body's `usage`, or a stream's closing usage event. A stream cut
+        # before it has only what came so far (an Anthropic stream's input, without the output the provider
+        # generated); an answer that never says it (a server ignoring `include_usage`) has nothing: not 0 tokens.
         self.usage_final = False
         self._anthropic_usage: dict[str, Any] = {}
         self._blocks: dict[int, dict[str, Any]] = {}
@@ -86,7 +87,7 @@ class CallDigest:
     # -- whole bodies
     def body(self, data: dict[str, Any]) -> None:
         self.model = data.get("model") or self.model
-        self.usage_final = True
+        self.usage_final = isinstance(data.get("usage"), dict)
         if self.family == "anthropic":
             self.usage = anthropic_usage(data.get("usage"))
             self.stop_reason = data.get("stop_reason")

@@ -35,7 +35,7 @@ from labkube.agent.gateway.wire import AgentClosed, HttpServer, Reply, Request, 
 from labkube.agent.pricing import cost_usd
 from labkube.agent.telemetry import RunTelemetry
 from labkube.agent.transcript import JsonlLog, now_iso
-from labkube.budgets import StopReason, Usage
+from labkube.budgets import UNSAID_USAGE, StopReason, Usage
 from labkube.store import write_json_atomic
 
 Hook = Callable[[], Awaitable[None]]
@@ -376,7 +376,8 @@ class ModelGateway(GatewayAddress):
             elif upstream_response.status >= 400:
                 error = f"HTTP {upstream_response.status}: {data[:500].decode(errors='replace')}"
             if digest is not None:
-                self._record(digest, raw, started, backoff, attempt, error=error, path=tail)
+                partial = upstream_response.status < 400 and not digest.usage_final
+                self._record(digest, raw, started, backoff, attempt, error=error, path=tail, partial=partial)
             content_type = upstream_response.headers.get("content-type", "application/json")
             reply.send(upstream_response.status, _passed_back(upstream_response, content_type), data)
         finally:
@@ -424,7 +425,7 @@ class ModelGateway(GatewayAddress):
         finally:
             if digest is not None:
                 digest.stream(b"".join(relayed))
-                partial = error is not None and upstream_response.status < 400 and not digest.usage_final
+                partial = upstream_response.status < 400 and not digest.usage_final
                 self._record(digest, raw, started, backoff, attempt, error=error, path=tail, partial=partial)
         if error is None:
             reply.end()
@@ -443,13 +444,15 @@ class ModelGateway(GatewayAddress):
         """Count one model call (even a failed one: its back-off and attempts are real) at once, before the answer's
         last bytes go out, so that the next call's budget check sees it. Its transcript line, series and state file
         are written once the answer is sent and no other call is in flight (`_defer`): they are no part of what any
-        agent waits for. A `partial` call's answer broke off before it said its usage: it counts what came, and the
-        run's spend says its usage and dollars are lower bounds (`Spend.partial_calls`), never an exact figure."""
+        agent waits for. A `partial` call's answer did not say its usage (it broke off before, or never says it): it
+        counts what came, and the run's spend says its usage and dollars are lower bounds (`Spend.partial_calls`),
+        never an exact figure."""
         if digest is None:
             return
         if partial:
             self.state.spend.partial_calls += 1
-            error = f"{error}; its usage is only what came before (a lower bound)"
+            if error is not None and not digest.usage_unknown:  # an unreadable answer's error says so already
+                error = f"{error}; its usage is only what came before (a lower bound)"
         digest.backoff_s = backoff
         usage = digest.usage or Usage()
         body = None
@@ -487,6 +490,7 @@ class ModelGateway(GatewayAddress):
             "attempts": attempts,
             **({"error": error} if error else {}),
             **({"usage_partial": True} if partial else {}),
+            **({"usage_note": UNSAID_USAGE} if partial and error is None else {}),
         }
         self._defer(lambda: self._log_call(line, digest, raw, path, usage, usd, duration - backoff))
 

@@ -99,7 +99,6 @@ class AnthropicMessages(Provider):
             elif block.type in ("thinking", "redacted_thinking"):
                 thinking.append(getattr(block, "thinking", "") or "")
                 thinking_blocks.append(block.model_dump(exclude_none=True))
-        usage = anthropic_usage(resp.usage)
         message = Message(
             role="assistant",
             content="".join(text),
@@ -107,7 +106,7 @@ class AnthropicMessages(Provider):
             thinking="\n".join(thinking) or None,
             provider_data={"anthropic_thinking": thinking_blocks} if thinking_blocks else None,
         )
-        return ModelResponse(message=message, usage=usage, model=resp.model or self.model, stop_reason=resp.stop_reason)
+        return ModelResponse.from_sdk(message, resp.usage, anthropic_usage, resp.model or self.model, resp.stop_reason)
 
     async def aclose(self) -> None:
         await self.client.close()

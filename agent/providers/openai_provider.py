@@ -108,7 +108,6 @@ class OpenAIResponses(_OpenAIBase):
                 calls.append(ToolCall(id=item.call_id, name=item.name, arguments=_args(item.arguments)))
             elif item.type == "reasoning":
                 thinking.extend(s.text for s in (item.summary or []))
-        usage = responses_usage(resp.usage)
         message = Message(
             role="assistant",
             content="".join(text),
@@ -116,7 +115,7 @@ class OpenAIResponses(_OpenAIBase):
             thinking="\n".join(thinking) or None,
             provider_data={"openai_output": raw},
         )
-        return ModelResponse(message=message, usage=usage, model=resp.model or self.model, stop_reason=resp.status)
+        return ModelResponse.from_sdk(message, resp.usage, responses_usage, resp.model or self.model, resp.status)
 
 
 class OpenAIChat(_OpenAIBase):
@@ -171,9 +170,6 @@ class OpenAIChat(_OpenAIBase):
             for c in (msg.tool_calls or [])
             if getattr(c, "function", None) is not None
         ]
-        usage = chat_usage(resp.usage)
         thinking = getattr(msg, "reasoning_content", None)  # vLLM and llama.cpp expose reasoning here
         message = Message(role="assistant", content=msg.content or "", tool_calls=calls, thinking=thinking)
-        return ModelResponse(
-            message=message, usage=usage, model=resp.model or self.model, stop_reason=choice.finish_reason
-        )
+        return ModelResponse.from_sdk(message, resp.usage, chat_usage, resp.model or self.model, choice.finish_reason)

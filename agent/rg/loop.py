@@ -23,7 +23,7 @@ from labkube.agent.rg.tools import ToolContext
 from labkube.agent.rg.world_errors import WorldFailure
 from labkube.agent.telemetry import RunTelemetry
 from labkube.agent.transcript import JsonlLog, now_iso
-from labkube.budgets import StopReason
+from labkube.budgets import UNSAID_USAGE, StopReason
 
 NUDGE = "No tool was called. Continue working with the tools, or call end_task when you are done."
 HANDOFF_REQUEST = (
@@ -129,6 +129,8 @@ def record_call(run: AgentRun, outcome: CallOutcome, purpose: str = "step") -> N
     response = outcome.response
     run.tracker.exclude(outcome.backoff_s)
     run.tracker.charge_model(response.usage, outcome.cost_usd, run.client.model_name)
+    if not response.usage_stated:  # counted as none: the run's tokens and dollars are lower bounds from here
+        run.tracker.spend.partial_calls += 1
     run.transcript.append(
         {
             "type": "model_call",
@@ -142,6 +144,7 @@ def record_call(run: AgentRun, outcome: CallOutcome, purpose: str = "step") -> N
             "duration_s": round(outcome.duration_s, 4),
             "backoff_s": round(outcome.backoff_s, 4),
             "attempts": outcome.attempts,
+            **({} if response.usage_stated else {"usage_partial": True, "usage_note": UNSAID_USAGE}),
         }
     )
     if run.telemetry is not None:
