@@ -69,7 +69,9 @@ class Usage(BaseModel):
 
 
 # A model call's transcript line, where its answer was whole but never said its usage (`Spend.partial_calls`).
-UNSAID_USAGE = "the provider's answer did not say its usage: counted as none, a lower bound"
+UNSAID_ANSWER = "the provider's answer did not say its usage"
+COUNTED_AS_NONE = "counted as none, a lower bound"
+UNSAID_USAGE = f"{UNSAID_ANSWER}: {COUNTED_AS_NONE}"
 
 
 class Spend(BaseModel):

@@ -193,6 +193,7 @@ async def test_run_usage_and_dollars_match_the_server(server: FakeLLM, tmp_path:
     calls = [json.loads(x) for x in (run_dir / "transcript.jsonl").read_text().splitlines()]
     model_calls = [c for c in calls if c["type"] == "model_call"]
     assert [c["attempts"] for c in model_calls] == [1, 2, 1]
+    assert result.spend.partial_calls == 0  # a 429 is an answer that generated nothing: the spend is exact
     backoff = model_calls[1]["backoff_s"]
     assert backoff >= 0.4
     assert result.spend.wall_seconds < sum(c["duration_s"] for c in model_calls) + 2.0 - backoff + 0.5
@@ -224,6 +225,56 @@ async def test_an_answer_that_never_says_its_usage_makes_the_runs_spend_a_lower_
     assert unsaid["usage_partial"] is True and unsaid["usage"]["input"] == 0
     assert unsaid["usage_note"] == "the provider's answer did not say its usage: counted as none, a lower bound"
     assert "usage_partial" not in said
+
+
+@pytest.mark.parametrize(
+    ("model", "env"),
+    [
+        ("openai:gpt-5", {"OPENAI_BASE_URL": "{url}/v1", "OPENAI_API_KEY": "sk-test"}),
+        ("anthropic:claude-fake", {"ANTHROPIC_BASE_URL": "{url}", "ANTHROPIC_API_KEY": "sk-ant-test"}),
+    ],
+)
+async def test_an_attempt_cut_after_reaching_the_provider_makes_the_runs_spend_a_lower_bound(
+    server: FakeLLM, tmp_path: Path, monkeypatch, model: str, env: dict[str, str]
+) -> None:
+    """rg-agent's own calls: an answer cut mid-body (the Responses API, not streamed) or mid-stream (Messages,
+    which rg-agent streams) is retried. The cut attempt reached the provider, which generated what it sent and may
+    bill it, though its usage was never said: the run's spend counts it as none and says it is a lower bound, as
+    the call's line does. (A 429 is not such an attempt: the test above.)"""
+    for k, v in env.items():
+        monkeypatch.setenv(k, v.format(url=server.base_url))
+    server.script(
+        Reply.cut_stream(after_events=2),
+        Reply.tool_call("bash", {"command": "echo 7 > result.txt"}, usage=STEP_USAGE[0]),
+        Reply.tool_call("end_task", {"summary": "wrote 7"}, usage=STEP_USAGE[1]),
+    )
+    run_dir = make_run_dir(tmp_path, make_tiny_task(tmp_path, []), model=model)
+    result = await run_agent(run_dir)
+    assert result.status is RunPhase.finished and result.subtasks[0].raw == 7.0
+    assert result.spend.steps == 2 and result.spend.usage.output == STEP_USAGE[0].output + STEP_USAGE[1].output
+    assert result.spend.partial_calls == 1 and result.spend.at_least
+    calls = [json.loads(x) for x in (run_dir / "transcript.jsonl").read_text().splitlines()]
+    cut, whole = [c for c in calls if c["type"] == "model_call"]
+    assert cut["attempts"] == 2 and cut["usage_partial"] is True
+    assert cut["usage_note"] == "1 attempt broke off after reaching the provider: counted as none, a lower bound"
+    assert "usage_partial" not in whole
+
+
+async def test_a_refused_connection_is_not_a_lower_bound_and_a_cut_is_even_when_it_ends_the_run(
+    server: FakeLLM,
+) -> None:
+    """Which failed attempts may have cost something: one that never reached the provider (a refused connection)
+    did not; a cut answer did, and a call whose every attempt was cut says how many (`unsaid_attempts`), which the
+    loop adds to the run's spend as it ends the run."""
+    dead = OpenAIResponses("gpt-5", api_key="k", base_url="http://127.0.0.1:9/v1")
+    with pytest.raises(ProviderError) as refused:
+        await ModelClient(dead, "openai:gpt-5", max_attempts=2, base_delay_s=0.01).generate(CONVERSATION, [BASH])
+    assert refused.value.retryable and not refused.value.unsaid_usage and refused.value.unsaid_attempts == 0
+    server.script(Reply.cut_stream(), Reply.cut_stream())
+    client = ModelClient(providers(server)["responses"], "openai:gpt-5", max_attempts=2, base_delay_s=0.01)
+    with pytest.raises(ProviderError) as cut:
+        await client.generate(CONVERSATION, [BASH])
+    assert cut.value.unsaid_usage and cut.value.unsaid_attempts == 2
 
 
 async def test_401_ends_the_run_with_reason_auth_and_it_is_still_graded(

@@ -20,12 +20,19 @@ from labkube.budgets import StopReason
 
 
 class ProviderError(Exception):
-    """A model call that failed. `retryable` errors are retried with back-off; others end the run."""
+    """A model call that failed. `retryable` errors are retried with back-off; others end the run. `unsaid_usage`:
+    the request reached the provider and its answer broke off or could not be read, so the provider may have
+    generated (and billed) tokens whose usage was never said. `unsaid_attempts`, on the error a call finally raises:
+    how many of its attempts were so."""
 
-    def __init__(self, message: str, *, retryable: bool, reason: StopReason = StopReason.model_error) -> None:
+    def __init__(
+        self, message: str, *, retryable: bool, reason: StopReason = StopReason.model_error, unsaid_usage: bool = False
+    ) -> None:
         super().__init__(message)
         self.retryable = retryable
         self.reason = reason
+        self.unsaid_usage = unsaid_usage
+        self.unsaid_attempts = 0
 
 
 class ContextOverflow(ProviderError):
@@ -62,6 +69,9 @@ class CallOutcome:
     duration_s: float
     backoff_s: float
     attempts: int
+    # Attempts before the answer that reached the provider and broke off before their usage was said: counted as
+    # none, so the run's spend is a lower bound from then on (`Spend.partial_calls`).
+    unsaid_attempts: int = 0
 
 
 @dataclass
@@ -78,16 +88,19 @@ class ModelClient:
     async def generate(self, messages: list[Message], tools: list[ToolSpec]) -> CallOutcome:
         backoff = 0.0
         started = time.monotonic()
+        unsaid = 0
         for attempt in range(1, self.max_attempts + 1):
             try:
                 response = await self.provider.generate(messages, tools)
             except ProviderError as exc:
+                unsaid += exc.unsaid_usage
                 if not exc.retryable or attempt == self.max_attempts:
+                    exc.unsaid_attempts = unsaid
                     raise
                 delay = min(self.max_delay_s, self.base_delay_s * 2 ** (attempt - 1)) * (0.5 + random.random() / 2)
                 await asyncio.sleep(delay)
                 backoff += delay
                 continue
             usd = cost_usd(self.model_name, response.usage, self.prices)
-            return CallOutcome(response, usd, time.monotonic() - started, backoff, attempt)
+            return CallOutcome(response, usd, time.monotonic() - started, backoff, attempt, unsaid)
         raise AssertionError("unreachable")

@@ -12,7 +12,7 @@ import json
 from types import ModuleType
 
 from labkube.agent.providers.provider import ContextOverflow, ProviderError
-from labkube.agent.providers.transport_errors import is_transport_error
+from labkube.agent.providers.transport_errors import answer_may_have_begun, is_transport_error
 from labkube.budgets import StopReason
 
 OVERFLOW_HINTS = ("context_length", "maximum context", "too long", "prompt is too long")
@@ -33,13 +33,16 @@ def map_sdk_error(exc: Exception, sdk: ModuleType) -> ProviderError:
         if any(hint in text for hint in OVERFLOW_HINTS):
             return ContextOverflow(text)
         return ProviderError(f"request rejected: {text}", retryable=False)
-    if isinstance(exc, sdk.RateLimitError | sdk.InternalServerError | sdk.APIConnectionError):
+    if isinstance(exc, sdk.RateLimitError | sdk.InternalServerError):
         return ProviderError(f"{type(exc).__name__}: {text}", retryable=True)
+    if isinstance(exc, sdk.APIConnectionError):  # its time-out too
+        return ProviderError(f"{type(exc).__name__}: {text}", retryable=True, unsaid_usage=answer_may_have_begun(exc))
     if isinstance(exc, sdk.APIStatusError):
         retry = exc.status_code >= 500  # includes Anthropic's 529 (overloaded)
         return ProviderError(f"HTTP {exc.status_code}: {text}", retryable=retry)
-    if isinstance(exc, sdk.APIError | json.JSONDecodeError):
-        return ProviderError(f"malformed response: {text}", retryable=True)
-    if is_transport_error(exc):
-        return ProviderError(f"connection failed: {type(exc).__name__}: {text}", retryable=True)
+    if isinstance(exc, sdk.APIError | json.JSONDecodeError):  # an answer came, and could not be read
+        return ProviderError(f"malformed response: {text}", retryable=True, unsaid_usage=True)
+    if is_transport_error(exc):  # a stream cut mid-way
+        message = f"connection failed: {type(exc).__name__}: {text}"
+        return ProviderError(message, retryable=True, unsaid_usage=answer_may_have_begun(exc))
     raise exc

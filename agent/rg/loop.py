@@ -23,7 +23,7 @@ from labkube.agent.rg.tools import ToolContext
 from labkube.agent.rg.world_errors import WorldFailure
 from labkube.agent.telemetry import RunTelemetry
 from labkube.agent.transcript import JsonlLog, now_iso
-from labkube.budgets import UNSAID_USAGE, StopReason
+from labkube.budgets import COUNTED_AS_NONE, UNSAID_ANSWER, StopReason
 
 NUDGE = "No tool was called. Continue working with the tools, or call end_task when you are done."
 HANDOFF_REQUEST = (
@@ -125,12 +125,22 @@ def budget_reminder(run: AgentRun) -> Message | None:
     )
 
 
+def unsaid_note(failed: CallOutcome | ProviderError) -> str:
+    """What a model call's transcript line says of the usage its provider never said (`Spend.partial_calls`)."""
+    n = failed.unsaid_attempts
+    notes = [f"{n} attempt{'s' if n != 1 else ''} broke off after reaching the provider"] if n else []
+    if isinstance(failed, CallOutcome) and not failed.response.usage_stated:
+        notes.append(UNSAID_ANSWER)
+    return f"{'; '.join(notes)}: {COUNTED_AS_NONE}"
+
+
 def record_call(run: AgentRun, outcome: CallOutcome, purpose: str = "step") -> None:
     response = outcome.response
     run.tracker.exclude(outcome.backoff_s)
     run.tracker.charge_model(response.usage, outcome.cost_usd, run.client.model_name)
-    if not response.usage_stated:  # counted as none: the run's tokens and dollars are lower bounds from here
-        run.tracker.spend.partial_calls += 1
+    # What was never said is counted as none: the run's tokens and dollars are lower bounds from here.
+    unsaid = outcome.unsaid_attempts + (not response.usage_stated)
+    run.tracker.spend.partial_calls += unsaid
     run.transcript.append(
         {
             "type": "model_call",
@@ -144,7 +154,7 @@ def record_call(run: AgentRun, outcome: CallOutcome, purpose: str = "step") -> N
             "duration_s": round(outcome.duration_s, 4),
             "backoff_s": round(outcome.backoff_s, 4),
             "attempts": outcome.attempts,
-            **({} if response.usage_stated else {"usage_partial": True, "usage_note": UNSAID_USAGE}),
+            **({"usage_partial": True, "usage_note": unsaid_note(outcome)} if unsaid else {}),
         }
     )
     if run.telemetry is not None:
@@ -263,9 +273,13 @@ async def run_loop(run: AgentRun) -> StopReason:
             run.transcript.append({"type": "world_error", "ts": now_iso(), "error": str(exc)})
             return StopReason.world_error
         except ProviderError as exc:
-            run.transcript.append(
-                {"type": "model_error", "ts": now_iso(), "reason": exc.reason.value, "error": str(exc)}
-            )
+            line = {"type": "model_error", "ts": now_iso(), "reason": exc.reason.value, "error": str(exc)}
+            if exc.unsaid_attempts:  # they reached the provider: what they cost is not known to be 0
+                run.tracker.spend.partial_calls += exc.unsaid_attempts
+                line |= {"usage_partial": True, "usage_note": unsaid_note(exc)}
+                if run.telemetry is not None:
+                    run.telemetry.spend(run.tracker.spend)
+            run.transcript.append(line)
             return exc.reason
         run.tracker.tick()
         run.checkpoint.step += 1
