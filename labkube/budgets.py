@@ -71,7 +71,17 @@ class Usage(BaseModel):
 # A model call's transcript line, where its answer was whole but never said its usage (`Spend.partial_calls`).
 UNSAID_ANSWER = "the provider's answer did not say its usage"
 COUNTED_AS_NONE = "counted as none, a lower bound"
-UNSAID_USAGE = f"{UNSAID_ANSWER}: {COUNTED_AS_NONE}"
+
+
+def unsaid_note(attempts: int, answer_unsaid: bool) -> str:
+    """A model call's transcript note on the usage its provider never said (`Spend.partial_calls`): `attempts` that
+    broke off after reaching the provider, and an answer that did not say its usage."""
+    notes = (
+        [f"{attempts} attempt{'s' if attempts != 1 else ''} broke off after reaching the provider"] if attempts else []
+    )
+    if answer_unsaid:
+        notes.append(UNSAID_ANSWER)
+    return f"{'; '.join(notes)}: {COUNTED_AS_NONE}"
 
 
 class Spend(BaseModel):

@@ -20,6 +20,7 @@ import pytest
 from fakellm import FakeLLM, Reply
 from fakellm import Usage as FakeUsage
 from k8s.tls import make_tls
+from raynodes import free_port
 
 from labkube.agent.gateway import GatewayConfig, ModelGateway, Upstream
 from labkube.agent.gateway.proxy import CLOSE_GRACE_S
@@ -490,8 +491,51 @@ async def test_a_broken_answer_is_a_502_with_what_broke_never_a_result(
         assert raised.value.status_code == 502 and expected in str(raised.value)
         (line,) = read_jsonl(tmp_path / "transcript.jsonl")
         assert expected in line["error"] and line["usage"]["output"] == 0
+        # Either way the request reached the provider, which may have generated an answer: a lower bound, not 0.
+        assert line["usage_partial"] is True and gw.state.spend.at_least
+        if sent.startswith(b"SSH"):  # no answer at all, twice
+            assert gw.state.spend.partial_calls == 2
+            assert line["usage_note"].startswith("2 attempts broke off after reaching the provider: counted as none")
+        else:  # an answer that broke off: its error says so
+            assert gw.state.spend.partial_calls == 1 and "usage_note" not in line
     finally:
         await provider.stop()
+
+
+async def test_an_attempt_the_provider_closed_after_reading_it_is_a_lower_bound_a_refused_one_is_not(
+    tmp_path: Path,
+) -> None:
+    """The provider reads the request and closes the connection without a byte of an answer (a crash, a proxy's
+    time-out): the gateway tries again and the second attempt is answered. The first reached the provider, which may
+    have generated an answer and billed it, so the call is a lower bound and its line says why. A provider that
+    refuses the connection was never sent the request: its failed attempts cost nothing, and the spend stays exact."""
+
+    async def close_the_first(n: int, writer: asyncio.StreamWriter) -> bool:
+        if n == 1:
+            return False  # read, and closed without a byte of an answer
+        writer.write(answer(BODY, f"content-length: {len(BODY)}"))
+        await writer.drain()
+        return True
+
+    provider = RawProvider(close_the_first)
+    base = await provider.start()
+    try:
+        async with gateway(base, tmp_path, max_attempts=2) as gw:
+            assert (await sdk_call(gw)).content[0].text == "done"  # type: ignore[union-attr]
+        (line,) = read_jsonl(tmp_path / "transcript.jsonl")
+        assert line["attempts"] == 2 and line["usage_partial"] is True and "error" not in line
+        assert line["usage_note"] == "1 attempt broke off after reaching the provider: counted as none, a lower bound"
+        spend = gw.state.spend
+        assert spend.partial_calls == 1 and spend.steps == 1 and spend.usage.output == 5
+    finally:
+        await provider.stop()
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: every connection is refused
+    async with gateway(dead, tmp_path / "refused", max_attempts=2) as gw:
+        with pytest.raises(anthropic.InternalServerError):
+            await sdk_call(gw)
+    (line,) = read_jsonl(tmp_path / "refused" / "transcript.jsonl")
+    assert "ConnectionRefusedError" in line["error"] and "usage_partial" not in line
+    assert gw.state.spend.partial_calls == 0 and gw.state.calls == 1
 
 
 async def test_an_https_provider_is_verified_against_the_systems_trusted_cas(

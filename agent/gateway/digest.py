@@ -44,6 +44,9 @@ class CallDigest:
         # before it has only what came so far (an Anthropic stream's input, without the output the provider
         # generated); an answer that never says it (a server ignoring `include_usage`) has nothing: not 0 tokens.
         self.usage_final = False
+        # Attempts before the answer that reached the provider and got none (a close, a time-out): it may have
+        # generated one, whose usage was never said.
+        self.unsaid_attempts = 0
         self._anthropic_usage: dict[str, Any] = {}
         self._blocks: dict[int, dict[str, Any]] = {}
         # A block's deltas, joined once at message_stop: adding each to a growing string copies the answer over

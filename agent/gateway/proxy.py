@@ -31,11 +31,11 @@ from labkube.agent.gateway.state import (
     error_body,
     refusal,
 )
-from labkube.agent.gateway.wire import AgentClosed, HttpServer, Reply, Request, UpstreamPool, UpstreamResponse
+from labkube.agent.gateway.wire import AgentClosed, HttpServer, Reply, Request, Sent, UpstreamPool, UpstreamResponse
 from labkube.agent.pricing import cost_usd
 from labkube.agent.telemetry import RunTelemetry
 from labkube.agent.transcript import JsonlLog, now_iso
-from labkube.budgets import UNSAID_USAGE, StopReason, Usage
+from labkube.budgets import StopReason, Usage, unsaid_note
 from labkube.store import write_json_atomic
 
 Hook = Callable[[], Awaitable[None]]
@@ -322,16 +322,18 @@ class ModelGateway(GatewayAddress):
         attempt = 0
         upstream_response = None
         failure = ""
+        sent, unsaid = Sent(), 0  # attempts that reached the provider and got no answer: it may have generated one
         while True:
             attempt += 1
             wait = None
             try:
                 async with asyncio.timeout(self.config.timeout_s):  # until the provider's answer begins
                     upstream_response = await self._upstream.request(
-                        request.method, url, headers, raw, query=request.query
+                        request.method, url, headers, raw, query=request.query, sent=sent
                     )
             except OSError as exc:  # a refused or broken connection, TLS, a timeout (TimeoutError is one)
                 failure, upstream_response = f"{type(exc).__name__}: {exc}", None
+                unsaid += sent.value
             else:
                 if upstream_response.status not in RETRY_STATUSES or attempt >= self.config.max_attempts:
                     break  # an answer, or the provider's own error once the retries are used up
@@ -344,6 +346,8 @@ class ModelGateway(GatewayAddress):
             wait = self._delay(attempt, None) if wait is None else wait
             await asyncio.sleep(wait)
             backoff += wait
+        if digest is not None:
+            digest.unsaid_attempts = unsaid
         if upstream_response is None:
             message = f"labkube gateway: the provider at {base} failed {attempt} times ({failure})"
             self.state.last_error = message
@@ -449,10 +453,10 @@ class ModelGateway(GatewayAddress):
         never an exact figure."""
         if digest is None:
             return
-        if partial:
-            self.state.spend.partial_calls += 1
-            if error is not None and not digest.usage_unknown:  # an unreadable answer's error says so already
-                error = f"{error}; its usage is only what came before (a lower bound)"
+        unsaid = digest.unsaid_attempts + partial
+        self.state.spend.partial_calls += unsaid
+        if partial and error is not None and not digest.usage_unknown:  # an unreadable answer's error says so already
+            error = f"{error}; its usage is only what came before (a lower bound)"
         digest.backoff_s = backoff
         usage = digest.usage or Usage()
         body = None
@@ -489,10 +493,17 @@ class ModelGateway(GatewayAddress):
             "backoff_s": round(backoff, 4),
             "attempts": attempts,
             **({"error": error} if error else {}),
-            **({"usage_partial": True} if partial else {}),
-            **({"usage_note": UNSAID_USAGE} if partial and error is None else {}),
+            **({"usage_partial": True} if unsaid else {}),
+            **({"usage_note": note} if (note := self._unsaid_note(digest, partial, error)) else {}),
         }
         self._defer(lambda: self._log_call(line, digest, raw, path, usage, usd, duration - backoff))
+
+    @staticmethod
+    def _unsaid_note(digest: CallDigest, partial: bool, error: str | None) -> str | None:
+        """The line's note on usage never said: attempts that broke off after reaching the provider, and a whole
+        answer that did not say its usage (a broken answer's error says so itself)."""
+        answer_unsaid = partial and error is None
+        return unsaid_note(digest.unsaid_attempts, answer_unsaid) if digest.unsaid_attempts or answer_unsaid else None
 
     def _log_call(
         self,

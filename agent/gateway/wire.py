@@ -488,6 +488,13 @@ def _split_url(url: str) -> tuple[tuple[str, str, int], str, str, str]:
     return (scheme, parts.hostname, port), host, parts.path or "/", parts.query
 
 
+@dataclass(slots=True)
+class Sent:
+    """Whether the last try of a `request` wrote the request to the provider (a refused connection did not)."""
+
+    value: bool = False
+
+
 class UpstreamPool:
     """Connections to the providers, kept alive between calls (TLS for https URLs, with the system's CAs)."""
 
@@ -521,20 +528,23 @@ class UpstreamPool:
         return connection
 
     async def request(
-        self, method: str, url: str, headers: Mapping[str, str], body: bytes, query: str = ""
+        self, method: str, url: str, headers: Mapping[str, str], body: bytes, query: str = "", sent: Sent | None = None
     ) -> UpstreamResponse:
         """Send one request and wait for the head of its answer. Raises OSError (`UpstreamBroke`, a refused or
-        timed-out connection, TLS) where no answer came."""
+        timed-out connection, TLS) where no answer came; `sent` says whether the request had reached the provider."""
         key, host, target, url_query = _split_url(url)
         if query or url_query:
             target += "?" + "&".join(q for q in (url_query, query) if q)
         fields = {"host": host, **headers, "accept-encoding": "identity"}
         framing = f"content-length: {len(body)}\r\n" if body or method in ("POST", "PUT", "PATCH") else ""
         head = _head(f"{method} {target} HTTP/1.1\r\n".encode("latin-1"), fields, framing)
+        sent = sent or Sent()
         while True:
+            sent.value = False
             connection = await self._connection(key)
             try:
                 connection.transport.writelines((head, body) if body else (head,))
+                sent.value = True
                 await connection.head
                 if method == "HEAD":  # its answer has no body, whatever its head says; llhttp cannot be told so
                     connection.complete, connection.keep_alive = True, False

@@ -23,7 +23,7 @@ from labkube.agent.rg.tools import ToolContext
 from labkube.agent.rg.world_errors import WorldFailure
 from labkube.agent.telemetry import RunTelemetry
 from labkube.agent.transcript import JsonlLog, now_iso
-from labkube.budgets import COUNTED_AS_NONE, UNSAID_ANSWER, StopReason
+from labkube.budgets import StopReason, unsaid_note
 
 NUDGE = "No tool was called. Continue working with the tools, or call end_task when you are done."
 HANDOFF_REQUEST = (
@@ -125,15 +125,6 @@ def budget_reminder(run: AgentRun) -> Message | None:
     )
 
 
-def unsaid_note(failed: CallOutcome | ProviderError) -> str:
-    """What a model call's transcript line says of the usage its provider never said (`Spend.partial_calls`)."""
-    n = failed.unsaid_attempts
-    notes = [f"{n} attempt{'s' if n != 1 else ''} broke off after reaching the provider"] if n else []
-    if isinstance(failed, CallOutcome) and not failed.response.usage_stated:
-        notes.append(UNSAID_ANSWER)
-    return f"{'; '.join(notes)}: {COUNTED_AS_NONE}"
-
-
 def record_call(run: AgentRun, outcome: CallOutcome, purpose: str = "step") -> None:
     response = outcome.response
     run.tracker.exclude(outcome.backoff_s)
@@ -141,6 +132,7 @@ def record_call(run: AgentRun, outcome: CallOutcome, purpose: str = "step") -> N
     # What was never said is counted as none: the run's tokens and dollars are lower bounds from here.
     unsaid = outcome.unsaid_attempts + (not response.usage_stated)
     run.tracker.spend.partial_calls += unsaid
+    note = unsaid_note(outcome.unsaid_attempts, not response.usage_stated) if unsaid else None
     run.transcript.append(
         {
             "type": "model_call",
@@ -154,7 +146,7 @@ def record_call(run: AgentRun, outcome: CallOutcome, purpose: str = "step") -> N
             "duration_s": round(outcome.duration_s, 4),
             "backoff_s": round(outcome.backoff_s, 4),
             "attempts": outcome.attempts,
-            **({"usage_partial": True, "usage_note": unsaid_note(outcome)} if unsaid else {}),
+            **({"usage_partial": True, "usage_note": note} if note else {}),
         }
     )
     if run.telemetry is not None:
@@ -276,7 +268,7 @@ async def run_loop(run: AgentRun) -> StopReason:
             line = {"type": "model_error", "ts": now_iso(), "reason": exc.reason.value, "error": str(exc)}
             if exc.unsaid_attempts:  # they reached the provider: what they cost is not known to be 0
                 run.tracker.spend.partial_calls += exc.unsaid_attempts
-                line |= {"usage_partial": True, "usage_note": unsaid_note(exc)}
+                line |= {"usage_partial": True, "usage_note": unsaid_note(exc.unsaid_attempts, False)}
                 if run.telemetry is not None:
                     run.telemetry.spend(run.tracker.spend)
             run.transcript.append(line)
