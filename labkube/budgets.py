@@ -97,9 +97,10 @@ class Spend(BaseModel):
     )
     partial_calls: int = Field(
         default=0,
-        description="Model calls whose answer did not say its usage: it broke off before it did (a stream cut, an "
-        "answer lost mid-body), or never says it (an OpenAI-compatible server that ignores include_usage). They count "
-        "what came, so when this is above 0 the run's tokens and dollars are lower bounds.",
+        description="Model calls, and retried attempts of them, whose answer did not say its usage: it broke off "
+        "before it did (a stream cut, an answer lost mid-body, none at all after the request reached the provider), or "
+        "never says it (an OpenAI-compatible server that ignores include_usage). They count what came, so when this "
+        "is above 0 the run's tokens and dollars are lower bounds.",
     )
     wall_seconds: float = Field(default=0.0, description="Charged wall time (back-off excluded).")
 

@@ -33,8 +33,8 @@ RUN_METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     ),
     "labkube_run_model_calls_partial": (
         "gauge",
-        "Model calls whose answer did not say its usage (it broke off before, or never says it); while above 0 the "
-        "run's tokens and dollars are lower bounds.",
+        "Model calls (and retried attempts) whose answer did not say its usage (it broke off before, never came, or "
+        "never says it); while above 0 the run's tokens and dollars are lower bounds.",
         (),
     ),
     "labkube_run_steps_total": ("counter", "Agent steps the run completed.", ()),
