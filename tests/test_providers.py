@@ -260,6 +260,30 @@ async def test_an_attempt_cut_after_reaching_the_provider_makes_the_runs_spend_a
     assert "usage_partial" not in whole
 
 
+async def test_cut_attempts_before_a_context_overflow_still_count_after_the_turns_are_dropped(
+    server: FakeLLM, tmp_path: Path, monkeypatch
+) -> None:
+    """A call's first attempt is cut, its second says the context overflows: the loop drops old turns and calls
+    again, a new call whose outcome alone would not know the cut attempt. The run's spend still counts it."""
+    monkeypatch.setenv("OPENAI_BASE_URL", server.base_url + "/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    server.script(
+        Reply.tool_call("bash", {"command": "echo 1 > a.txt"}, usage=STEP_USAGE[0]),
+        Reply.tool_call("bash", {"command": "echo 7 > result.txt"}, usage=STEP_USAGE[0]),
+        Reply.cut_stream(),
+        Reply.error(400, message="This model's maximum context length is 128000 tokens"),
+        Reply.tool_call("end_task", {"summary": "wrote 7"}, usage=STEP_USAGE[1]),
+    )
+    run_dir = make_run_dir(tmp_path, make_tiny_task(tmp_path, []), model="openai:gpt-5")
+    result = await run_agent(run_dir)
+    assert result.status is RunPhase.finished and result.subtasks[0].raw == 7.0
+    assert result.spend.partial_calls == 1 and result.spend.steps == 3
+    events = [json.loads(x) for x in (run_dir / "transcript.jsonl").read_text().splitlines()]
+    assert any(e["type"] == "context_drop" for e in events)
+    last = [e for e in events if e["type"] == "model_call"][-1]
+    assert last["usage_note"] == "1 attempt broke off after reaching the provider: counted as none, a lower bound"
+
+
 async def test_a_refused_connection_is_not_a_lower_bound_and_a_cut_is_even_when_it_ends_the_run(
     server: FakeLLM,
 ) -> None:

@@ -161,9 +161,15 @@ async def hand_off(run: AgentRun) -> None:
     request = Message(role="user", content=HANDOFF_REQUEST)
     try:
         outcome = await run.client.generate([*run.messages, request], [])
-    except ContextOverflow:
-        drop_oldest_turns(run, keep_tokens=run.context_threshold // 2)
-        outcome = await run.client.generate([*run.messages, request], [])
+    except ContextOverflow as overflow:
+        carried = overflow.unsaid_attempts  # attempts cut before the overflow: the retry below does not see them
+        try:
+            drop_oldest_turns(run, keep_tokens=run.context_threshold // 2)
+            outcome = await run.client.generate([*run.messages, request], [])
+        except ProviderError as exc:
+            exc.unsaid_attempts += carried
+            raise
+        outcome.unsaid_attempts += carried
     record_call(run, outcome, purpose="handoff")
     summary = outcome.response.message.content.strip() or "(the agent wrote no summary)"
     run.checkpoint.summaries.append(summary)
@@ -219,14 +225,21 @@ async def one_step(run: AgentRun) -> None:
     if reminder is not None:
         run.add_message(reminder)
     specs = [t.spec for t in run.tools.values()]
-    for _ in range(8):
-        try:
-            outcome = await generate_in_world(run, specs)
-            break
-        except ContextOverflow:
-            drop_oldest_turns(run, keep_tokens=max(1, run.context_estimate * 3 // 4))
-    else:
-        raise ContextOverflow("the conversation still overflows after dropping turns")
+    carried = 0  # attempts cut before an overflow, which the retry after dropping turns does not see
+    try:
+        for _ in range(8):
+            try:
+                outcome = await generate_in_world(run, specs)
+                break
+            except ContextOverflow as overflow:
+                carried += overflow.unsaid_attempts
+                drop_oldest_turns(run, keep_tokens=max(1, run.context_estimate * 3 // 4))
+        else:
+            raise ContextOverflow("the conversation still overflows after dropping turns")
+    except ProviderError as exc:  # the error that ends the run counts them too
+        exc.unsaid_attempts += carried
+        raise
+    outcome.unsaid_attempts += carried
     record_call(run, outcome)
     response = outcome.response
     run.add_message(response.message)
