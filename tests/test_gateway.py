@@ -178,6 +178,12 @@ async def test_an_answer_that_never_says_its_usage_is_a_lower_bound_not_zero_tok
         server.script(Reply.text("unmetered").without_usage(), Reply.text("metered", usage=PLANTED))
         async with gateway_for(server, tmp_path, family) as gw:
             first, _ = await asyncio.to_thread(call, gw, api, stream, model)
+            # A streamed Chat Completion's SDK returns at `data: [DONE]`, which can reach it before the gateway has
+            # read the end of the provider's stream and counted the call: wait for the count, not for the SDK.
+            for _ in range(100):
+                if gw.state.calls:
+                    break
+                await asyncio.sleep(0.05)
             unsaid = gw.state.model_copy(deep=True)
             second, _ = await asyncio.to_thread(call, gw, api, stream, model)
     assert (first, second) == ("unmetered", "metered")
