@@ -18,7 +18,9 @@ negative tail is noise, not a gain. `--baseline REF` adds another way, the gatew
 agent/gateway.py, or agent/gateway/ since the split, in a process of its own), to the same alternation: a before and
 after measured under the same load. The gateway runs on asyncio's loop, as `labkube agent` runs it beside a
 local run's CLI; `--loop uvloop` runs it on uvloop, as a pod's gateway sidecar does, and `--baseline-loop` sets the
-baseline's, so `--loop uvloop --baseline HEAD` measures the loop alone. `--pause-ms` pauses
+baseline's, so `--loop uvloop --baseline HEAD` measures the loop alone. `--nginx` adds nginx as a bare reverse
+proxy (C, one process, streaming unbuffered, no accounting) to the same alternation: what any proxy hop adds on this
+machine, the floor under the gateway's figures (Debian: `apt-get install nginx-light`). `--pause-ms` pauses
 after each side's call or round, as an agent's own work separates its calls: without it, what a gateway does after
 its answers (the transcript, the state file) runs into the next side's round and is charged to that side. A
 streamed call's latency is to its last event; its first token is its first text delta as the SDK yields it.
@@ -28,7 +30,7 @@ shares the machine with its CLI. The client's heap is kept out of the garbage co
 
     python benchmarks/gateway_overhead.py [--calls 400] [--rounds 100] [--concurrency 1,4,16] [--baseline REF]
                                           [--pause-ms MS] [--loop asyncio] [--baseline-loop asyncio]
-                                          [--gateway-cpus CPUS] [--profile-gateway FILE] [--write-docs]
+                                          [--gateway-cpus CPUS] [--nginx] [--profile-gateway FILE] [--write-docs]
 
 `--write-docs` replaces the table in docs/third-party-agents.md (`<!-- benchmark:gateway_overhead -->`, or
 `<!-- benchmark:gateway_overhead_own_cpu -->` with `--gateway-cpus`).
@@ -43,6 +45,8 @@ import gc
 import json
 import os
 import random
+import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -62,7 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from docs_block import REPO, markdown_table, write_block
 
 Api = Literal["responses", "messages"]
-Side = Literal["direct", "control", "gateway", "baseline"]
+Side = Literal["direct", "control", "gateway", "baseline", "nginx"]
 APIS: tuple[Api, ...] = ("responses", "messages")
 MODELS: dict[Api, str] = {"responses": "gpt-5", "messages": "claude-sonnet-4-6"}
 ANSWER = "The file result.txt now holds the answer, and the tests pass. " * 3
@@ -178,6 +182,66 @@ async def serve_gateways(upstream_url: str, run_dir: Path, source: Path | None) 
     await asyncio.to_thread(sys.stdin.read)
     for gateway in gateways:
         await gateway.close()
+
+
+NGINX_CONF = """daemon off; master_process off; worker_processes 1;
+pid {dir}/nginx.pid; error_log {dir}/error.log;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+  client_body_temp_path {dir}/body; proxy_temp_path {dir}/proxy; fastcgi_temp_path {dir}/fastcgi;
+  uwsgi_temp_path {dir}/uwsgi; scgi_temp_path {dir}/scgi;
+  client_max_body_size 0; client_body_buffer_size 1m;
+  upstream provider {{ server {upstream}; keepalive 64; }}
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      proxy_pass http://provider; proxy_http_version 1.1; proxy_set_header Connection "";
+      proxy_buffering off; proxy_read_timeout 600s;
+    }}
+  }}
+}}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def nginx_relay(upstream_url: str, run_dir: Path) -> Any:
+    """nginx as a bare reverse proxy to the provider: one process (its CPU is the process's), keep-alive both ways,
+    answers relayed as they come (`proxy_buffering off`), nothing counted. Yields its address as a gateway's."""
+    run_dir.mkdir(parents=True)
+    port = free_port()
+    conf = run_dir / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(dir=run_dir, upstream=upstream_url.split("//", 1)[1], port=port))
+    proc = subprocess.Popen(["nginx", "-p", str(run_dir), "-e", str(run_dir / "error.log"), "-c", str(conf)])
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log = run_dir / "error.log"
+                said = log.read_text().strip().splitlines() if log.exists() else []
+                raise SystemExit(f"--nginx: nginx did not listen ({said[-1] if said else f'exit code {proc.poll()}'})")
+            time.sleep(0.02)
+        base = f"http://127.0.0.1:{port}"
+        yield {
+            "pid": proc.pid,
+            "responses": {"base_url": base + "/v1", "token": UPSTREAM_KEY},
+            "messages": {"base_url": base, "token": UPSTREAM_KEY},
+        }
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @contextlib.contextmanager
@@ -559,9 +623,11 @@ COMPARISON_HEADER = (
     "added p50",
     "added p95",
     "added p99",
+    "p95 shift",
     "1st token added p50",
     "1st token added p95",
-    "gateway CPU per call",
+    "1st token p95 shift",
+    "CPU per call",
 )
 API_NAMES: dict[Api, str] = {"responses": "OpenAI Responses", "messages": "Anthropic Messages"}
 
@@ -621,11 +687,12 @@ def cpu(value: float | None) -> str:
     return "unknown" if value is None else f"{value:.2f}"
 
 
-def comparison_rows(case: Case, baseline: str) -> list[tuple[str, ...]]:
-    """The case's added latency through the gateway at `baseline` and through today's."""
+def comparison_rows(case: Case, labels: dict[Side, str]) -> list[tuple[str, ...]]:
+    """The case's added latency, and how far each way moves the p95s, through each of `labels`' ways (the gateway at
+    `--baseline`, nginx, today's gateway), measured in the same alternation."""
     out = []
-    for side, label in (("baseline", f"at {baseline}"), ("gateway", "now")):
-        f = figures(case, side)  # type: ignore[arg-type]
+    for side, label in labels.items():
+        f = figures(case, side)
         out.append(
             (
                 API_NAMES[case.api],
@@ -635,34 +702,41 @@ def comparison_rows(case: Case, baseline: str) -> list[tuple[str, ...]]:
                 ms(f.added_ms.get(50)),
                 ms(f.added_ms.get(95)),
                 ms(f.added_ms.get(99)),
+                ms(f.shift(95)),
                 ms(f.first_added_ms.get(50)),
                 ms(f.first_added_ms.get(95)),
-                cpu(case.cpu_ms_per_call.get(side)),  # type: ignore[call-overload]
+                ms(f.shift(95, first_token=True)),
+                cpu(case.cpu_ms_per_call.get(side)),
             )
         )
     return out
 
 
-def misses(case: Case, f: Figures) -> list[str]:
+def misses(case: Case, f: Figures, relay: Figures | None = None) -> list[str]:
     """The targets a case misses, each with the noise floor beside it: where that floor is itself above the target,
-    this machine could not have shown the target met."""
+    this machine could not have shown the target met. With `relay` (nginx's figures, `--nginx`), what a bare proxy
+    hop showed beside it: where that too misses, the machine leaves no proxy the target."""
     calls = calls_label(case)
     how = "one at a time" if calls == "1" else calls
     name = f"{API_NAMES[case.api]}, {'streamed' if case.stream else 'not streamed'}, {how}"
-    checks = [("p95 added", f.added_ms.get(95), f.noise_ms.get(95), TARGET_ADDED_P95_MS)]
-    checks.append(("p95 shift", f.shift(95), f.shift(95, noise=True), TARGET_ADDED_P95_MS))
+    r = relay
+    checks = [("p95 added", f.added_ms.get(95), f.noise_ms.get(95), r and r.added_ms.get(95), TARGET_ADDED_P95_MS)]
+    checks.append(("p95 shift", f.shift(95), f.shift(95, noise=True), r and r.shift(95), TARGET_ADDED_P95_MS))
     if case.stream:
         for q in FIRST_TOKEN_PERCENTILES:
             added, noise = f.first_added_ms.get(q), f.first_noise_ms.get(q)
-            checks.append((f"first token p{q} added", added, noise, TARGET_FIRST_TOKEN_MS))
+            checks.append(
+                (f"first token p{q} added", added, noise, r and r.first_added_ms.get(q), TARGET_FIRST_TOKEN_MS)
+            )
         shift, noise = f.shift(95, first_token=True), f.shift(95, first_token=True, noise=True)
-        checks.append(("first token p95 shift", shift, noise, TARGET_FIRST_TOKEN_MS))
+        checks.append(("first token p95 shift", shift, noise, r and r.shift(95, True), TARGET_FIRST_TOKEN_MS))
     out = []
-    for what, value, noise, target in checks:
+    for what, value, noise, bare, target in checks:
         if value is None:
             out.append(f"{name}: {what} unknown (no calls to measure it)")
         elif value >= target:
             floor = "" if noise is None else f"; the control's {noise:.2f} ms"
+            floor += "" if bare is None else f"; nginx's {bare:.2f} ms"
             out.append(f"{name}: {what} {value:.2f} ms (target under {target:g} ms{floor})")
     return out
 
@@ -798,6 +872,11 @@ def main() -> None:
         help="CPUs for the gateways alone, e.g. 1 (the client and the provider get the others), as a pod's gateway"
         " sidecar has a CPU of its own beside the agent's container; by default all share every CPU",
     )
+    parser.add_argument(
+        "--nginx",
+        action="store_true",
+        help="also measure nginx as a bare reverse proxy (no accounting): what any proxy hop adds on this machine",
+    )
     parser.add_argument("--serve-upstream", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--serve-gateways", metavar="UPSTREAM_URL", help=argparse.SUPPRESS)
     parser.add_argument("--gateway-source", type=Path, help=argparse.SUPPRESS)
@@ -831,6 +910,8 @@ def main() -> None:
         parser.error("--calls, --rounds, --in-flight-pairs, --concurrency and --in-flight must be at least 1")
     if min(args.warmup, args.pause_ms, args.model_ms, args.think_ms) < 0:
         parser.error("--warmup, --pause-ms, --model-ms and --think-ms must be at least 0")
+    if args.nginx and shutil.which("nginx") is None:
+        parser.error("--nginx needs nginx on PATH (Debian: apt-get install nginx-light)")
     profiling = ["--profile-gateway", str(args.profile_gateway.resolve())] if args.profile_gateway else []
     usable = os.sched_getaffinity(0)
     try:
@@ -861,6 +942,8 @@ def main() -> None:
             gateways["baseline"] = json.loads(
                 stack.enter_context(server_process("--serve-gateways", upstream_url, *baseline_args))
             )
+        if args.nginx:
+            gateways["nginx"] = stack.enter_context(nginx_relay(upstream_url, tmp / "nginx"))
         for address in gateways.values() if gateway_cpus else ():
             pin(address["pid"], gateway_cpus)
         cases = asyncio.run(run_cases(args, upstream_url, gateways))
@@ -871,7 +954,7 @@ def main() -> None:
         f = figures(case)
         rows.append(row(case, f))
         shifts.append(shift_row(case, f))
-        missed += misses(case, f)
+        missed += misses(case, f, figures(case, "nginx") if args.nginx else None)
     command = (
         f"python benchmarks/gateway_overhead.py --calls {args.calls} --rounds {args.rounds}"
         f" --concurrency {','.join(map(str, args.concurrency))} --in-flight {','.join(map(str, args.in_flight))}"
@@ -887,6 +970,7 @@ def main() -> None:
         + f" --loop {args.loop}"
         + (f" --baseline-loop {args.baseline_loop}" if baseline else "")
         + (f" --gateway-cpus {args.gateway_cpus}" if gateway_cpus else "")
+        + (" --nginx" if args.nginx else "")
     )
     warmups = ", ".join(
         f"{warmup_pairs(args.warmup, c)} {'pairs' if c == 1 else 'rounds'} at {c} at once" for c in args.concurrency
@@ -916,16 +1000,25 @@ def main() -> None:
             if gateway_cpus
             else ""
         )
+        + (
+            " Last table: each way measured in the same alternation; nginx is a bare reverse proxy (one process,"
+            " keep-alive both ways, answers relayed unbuffered, nothing counted): what any proxy hop adds here."
+            if args.nginx
+            else ""
+        )
     )
     console = Console(width=max(Console().width, 170))
     console.print(table("The model gateway's added latency (ms)", HEADER, rows))
     console.print(table("Each side's own percentiles, and how far the gateway moves them (ms)", SHIFT_HEADER, shifts))
     body = markdown_table(HEADER, rows, [False] * 2 + [True] * (len(HEADER) - 2))
     body += "\n\n" + markdown_table(SHIFT_HEADER, shifts, [False] * 2 + [True] * (len(SHIFT_HEADER) - 2))
-    if baseline:
-        compared = [r for case in cases for r in comparison_rows(case, baseline)]
-        console.print(table(f"Before ({baseline}) and after, measured together (ms)", COMPARISON_HEADER, compared))
-        body += "\n\n" + markdown_table(COMPARISON_HEADER, compared, [False] * 4 + [True] * 6)
+    labels: dict[Side, str] = {"baseline": f"at {baseline}"} if baseline else {}
+    labels |= {"nginx": "nginx, a bare relay"} if args.nginx else {}
+    if labels:
+        compared = [r for case in cases for r in comparison_rows(case, labels | {"gateway": "now"})]
+        title = f"Before ({baseline}) and after" if baseline else "The gateway beside nginx, a bare relay"
+        console.print(table(f"{title}, measured together (ms)", COMPARISON_HEADER, compared))
+        body += "\n\n" + markdown_table(COMPARISON_HEADER, compared, [False] * 4 + [True] * 8)
     console.print(
         f"{footer} Load average (1 min) {load_before[0]:.2f} before, {load_after[0]:.2f} after, on"
         f" {os.cpu_count()} CPUs."

@@ -4,17 +4,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# System packages the tests use: a real Prometheus and promtool, headless Chromium and its driver.
-if ! command -v promtool >/dev/null || ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+# System packages the tests use: a real Prometheus and promtool, headless Chromium and its driver, and nginx (the
+# gateway benchmark's bare relay, benchmarks/gateway_overhead.py --nginx).
+if ! command -v promtool >/dev/null || ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null \
+  || ! command -v nginx >/dev/null; then
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
   had_package=no
   dpkg-query -W -f='${Status}' prometheus 2>/dev/null | grep -q "ok installed" && had_package=yes
   # shellcheck source=scripts/prometheus_pids.sh
   . scripts/prometheus_pids.sh
   running_before=$(prometheus_pids)
+  nginx_before=$(prometheus_pids nginx)
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
-    prometheus chromium chromium-driver >/dev/null
+    prometheus chromium chromium-driver nginx-light >/dev/null
   # Debian's package starts a Prometheus service where it can; the tests start their own. Stop only what this
   # install started: the packaged unit (when this script installed the package), and new processes by pid;
   # a Prometheus that was running before is the user's and is left alone.
@@ -22,6 +25,11 @@ if ! command -v promtool >/dev/null || ! command -v chromium >/dev/null || ! com
     $SUDO systemctl stop prometheus || true
   fi
   stop_new_prometheus "$running_before"
+  # Debian's nginx package starts its service where it can, as Prometheus's does: the same care.
+  if command -v systemctl >/dev/null && systemctl is-active --quiet nginx 2>/dev/null && [ -z "$nginx_before" ]; then
+    $SUDO systemctl stop nginx || true
+  fi
+  stop_new_prometheus "$nginx_before" nginx
 fi
 
 VENV=${LABKUBE_TEST_VENV:-.venv-test}

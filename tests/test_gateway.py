@@ -377,6 +377,61 @@ def test_the_overhead_benchmark_can_give_the_gateway_a_cpu_of_its_own(tmp_path: 
     assert f"--gateway-cpus {usable[-1]}`" in text and f"{len(usable)} CPUs" in text  # the machine as it is
 
 
+def nginx_pids() -> set[int]:
+    return {int(p.parent.name) for p in Path("/proc").glob("[0-9]*/comm") if _read(p) == "nginx\n"}
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:  # a process that ended meanwhile
+        return ""
+
+
+def test_the_overhead_benchmark_measures_a_bare_nginx_relay_beside_the_gateway(tmp_path: Path) -> None:
+    """`--nginx`: the real nginx (Debian's, installed by scripts/test.sh) as a bare reverse proxy in the same
+    alternation, the floor any proxy hop adds on the machine. Its calls must come back whole through it (the
+    benchmark checks every answer's text), its rows sit beside the gateway's in the last table with their shifts,
+    each miss names nginx's figure, and the nginx process is stopped. Without nginx on PATH: one line saying what to
+    install."""
+    import os
+
+    script = [sys.executable, str(REPO / "benchmarks" / "gateway_overhead.py")]
+    no_nginx = {**os.environ, "PATH": str(Path(sys.executable).parent)}
+    refused = subprocess.run([*script, "--nginx"], capture_output=True, text=True, env=no_nginx)
+    assert (
+        refused.returncode == 2
+        and "--nginx needs nginx on PATH (Debian: apt-get install nginx-light)" in refused.stderr
+    )
+    before = nginx_pids()
+    doc = tmp_path / "doc.md"
+    doc.write_text("<!-- benchmark:gateway_overhead -->\nold\n<!-- /benchmark -->\n")
+    argv = [*script, "--calls", "3", "--rounds", "1", "--concurrency", "1,2", "--in-flight", "", "--warmup", "1"]
+    argv += ["--request-kb", "1", "--event-interval-ms", "0", "--nginx", "--write-docs", "--doc", str(doc)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert nginx_pids() <= before, "the benchmark left its nginx running"
+    text = doc.read_text()
+    compared = [line.strip("| ").split(" | ") for line in text.splitlines() if re.match(r"\| (OpenAI|Anthropic)", line)]
+    compared = [r for r in compared if len(r) == 12]  # the last table's rows
+    cases = [
+        (api, s, c)
+        for c in ("1", "2 at once")
+        for api in ("OpenAI Responses", "Anthropic Messages")
+        for s in ("no", "yes")
+    ]
+    assert [tuple(r[:4]) for r in compared] == [
+        (*case, way) for case in cases for way in ("nginx, a bare relay", "now")
+    ]
+    number = r"-?\d+\.\d\d"
+    for r in compared:
+        assert all(re.fullmatch(number, cell) for cell in r[4:8] + r[11:]), r
+        assert all(re.fullmatch(number, cell) if r[1] == "yes" else cell == "" for cell in r[8:11]), r
+    assert "--nginx`" in text and "nginx is a bare reverse proxy" in text
+    missed = [line for line in proc.stdout.splitlines() if line.startswith("missed:")]
+    assert all("nginx's " in line for line in missed), missed
+
+
 async def test_a_sidecars_view_asks_the_gateway_for_its_counts_before_reading_its_file(tmp_path: Path) -> None:
     """In a pod the agent's container reads the gateway sidecar's totals. The gateway rewrites `gateway.json` a moment
     after each answer, off the call's path, so the view asks the gateway itself (`POST /checkpoint`) and reads the
