@@ -12,6 +12,7 @@ import http.client
 import json
 import socket
 import time
+import zlib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -243,6 +244,86 @@ async def test_an_agent_that_leaves_mid_stream_is_recorded_as_such(tmp_path: Pat
         # it left before the answer said its usage: what the provider generated may be billed, and is not known
         assert line["error"] == "the agent closed the stream; its usage is only what came before (a lower bound)"
         assert line["usage_partial"] is True and gw.state.spend.partial_calls == 1
+    finally:
+        await provider.stop()
+
+
+STREAM_EVENTS = [
+    {"type": "message_start", "message": {**MESSAGE, "content": [], "usage": {"input_tokens": 10, "output_tokens": 1}}},
+    {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+    {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "done"}},
+    {"type": "content_block_stop", "index": 0},
+    {
+        "type": "message_delta",
+        "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+        "usage": {"output_tokens": 5},
+    },
+    {"type": "message_stop"},
+]
+
+
+@pytest.mark.parametrize("how", ["gzip", "cut", "corrupt"])
+async def test_a_stream_is_handed_on_piece_by_piece_whole_uncompressed_or_broken_as_it_came(
+    tmp_path: Path, how: str
+) -> None:
+    """The gateway hands a stream's pieces to the agent from the provider connection's own callback
+    (`UpstreamResponse.relay`). A provider's gzip stream, sent event by event with pauses between, reaches the real
+    SDK uncompressed and whole, and is counted. A stream the provider cuts after the text (no last chunk), and one
+    whose compressed bytes turn to garbage, reach the agent as far as they came, then end without their last chunk,
+    and the line says what broke, never a whole answer."""
+    compressor = zlib.compressobj(wbits=zlib.MAX_WBITS | 16)  # gzip
+
+    async def stream(_n: int, writer: asyncio.StreamWriter) -> bool:
+        framing = "content-encoding: gzip\r\n" if how != "cut" else ""
+        head = f"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n{framing}transfer-encoding: chunked\r\n\r\n"
+        writer.write(head.encode())
+        for i, event in enumerate(STREAM_EVENTS):
+            data = f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
+            if how != "cut":
+                data = compressor.compress(data) + compressor.flush(zlib.Z_SYNC_FLUSH)
+            if how == "corrupt" and i == 3:
+                data = b"\x00garbage, not deflate\xff" * 4
+            writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+            await writer.drain()
+            await asyncio.sleep(0.02)
+            if how == "cut" and i == 2:
+                return False  # closed mid-body: no last chunk
+        if how == "gzip":
+            tail = compressor.flush()
+            writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(tail), tail))
+        return how == "gzip"
+
+    provider = RawProvider(stream)
+    base = await provider.start()
+    try:
+        async with gateway(base, tmp_path) as gw:
+            if how == "gzip":
+                client = anthropic.AsyncAnthropic(
+                    api_key=gw.config.token, base_url=gw.anthropic_base_url, max_retries=0
+                )
+                async with client, client.messages.stream(**CALL) as events:  # type: ignore[arg-type]
+                    message = await events.get_final_message()
+                assert message.content[0].text == "done" and message.usage.output_tokens == 5  # type: ignore[union-attr]
+            else:
+                request = json.dumps({**CALL, "stream": True}).encode()
+                head = (
+                    f"POST /anthropic/v1/messages HTTP/1.1\r\nhost: x\r\nx-api-key: {gw.config.token}\r\n"
+                    f"content-length: {len(request)}\r\n\r\n"
+                ).encode()
+                out = await raw_exchange(gw.url, head + request)  # until the gateway closes the connection
+                head_out, _, body = out.partition(b"\r\n\r\n")
+                assert b"200 OK" in head_out and b"content-encoding" not in head_out.lower()
+                events, ended = unchunk(body)
+                assert not ended, "a broken stream must not end as a whole one does"
+                assert b'"text_delta"' in events and b"message_stop" not in events  # as far as it came, decoded
+        (line,) = read_jsonl(tmp_path / "transcript.jsonl")
+        if how == "gzip":
+            assert "error" not in line and line["usage"]["input"] == 10 and line["usage"]["output"] == 5
+            assert gw.state.spend.partial_calls == 0
+        else:
+            broke = "UpstreamBroke: the provider closed the connection mid-answer" if how == "cut" else "is corrupt"
+            assert line["error"].startswith("the provider's stream broke: ") and broke in line["error"], line
+            assert line["usage_partial"] is True and gw.state.spend.partial_calls == 1
     finally:
         await provider.stop()
 

@@ -409,19 +409,10 @@ class ModelGateway(GatewayAddress):
         reply.start(upstream_response.status, _passed_back(upstream_response, content_type))
         relayed: list[bytes] = []  # read once the stream ends (`CallDigest.stream`), not chunk by chunk
         error = None
-        loop = asyncio.get_running_loop()
-        timeout_s = self.config.timeout_s
         try:
-            # The stream is cut once the provider has sent nothing for timeout_s: the deadline moves on with the
-            # chunks, re-armed at most once a second rather than on each of them.
-            async with asyncio.timeout_at(loop.time() + timeout_s) as silence:
-                armed = loop.time()
-                async for chunk in upstream_response.chunks():
-                    relayed.append(chunk)
-                    await reply.write(chunk)
-                    if (now := loop.time()) - armed > 1.0:
-                        silence.reschedule(now + timeout_s)
-                        armed = now
+            # Each chunk goes to the agent from the provider connection's own callback; the stream is cut once the
+            # provider has sent nothing for timeout_s.
+            await upstream_response.relay(reply, relayed.append, self.config.timeout_s)
         except AgentClosed:
             error = "the agent closed the stream"
         except OSError as exc:  # the provider's connection broke, or fell silent (TimeoutError)

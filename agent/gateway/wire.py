@@ -7,7 +7,8 @@ are worked through one after another, and each waits for the CPU of those before
 (the application, router and request objects, the client's session, connector, request and response objects,
 their timers) cost 1.3-1.9 ms of CPU a call, most of what the gateway added at 16 calls at once
 (docs/third-party-agents.md, "Against the target"). Here a call costs the parsing and a few writes. A streamed
-answer is passed on as its chunks arrive, re-framed for the agent's connection.
+answer is passed on as its chunks arrive, re-framed for the agent's connection, from the provider connection's own
+callback (`UpstreamResponse.relay`): a chunk wakes no task.
 
 What it does not do, because neither side needs it: HTTP/2, proxies, cookies, redirects, trailers, upgrades. The
 provider is asked for an uncompressed answer (a server that compresses anyway is decompressed for gzip and
@@ -25,7 +26,7 @@ import logging
 import ssl
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -121,13 +122,20 @@ class Reply:
             self._connection.transport.write(head)
 
     async def write(self, data: bytes) -> None:
+        if self.push(data):
+            await self._connection.drained()
+
+    def push(self, data: bytes) -> bool:
+        """`write` without waiting: True when the agent's socket is full (wait for `drained` before more)."""
         connection = self._connection
         if connection.closed:
             raise AgentClosed("the agent closed the connection")
         if data:
             connection.transport.writelines((b"%x\r\n" % len(data), data, b"\r\n"))
-            if connection.write_paused:
-                await connection.drained()
+        return connection.write_paused
+
+    async def drained(self) -> None:
+        await self._connection.drained()
 
     def end(self) -> None:
         if not self.ended and not self._connection.closed:
@@ -339,6 +347,7 @@ class _UpstreamConnection(asyncio.Protocol):
         self.error: Exception | None = None
         self._wake: asyncio.Future[None] | None = None
         self._reading_paused = False
+        self.sink: Callable[[bytes], None] | None = None  # the body handed on as it arrives (`UpstreamResponse.relay`)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -389,6 +398,8 @@ class _UpstreamConnection(asyncio.Protocol):
             self.head.set_result(None)
 
     def on_body(self, body: bytes) -> None:
+        if self.sink is not None:
+            return self.sink(body)
         self.body.append(body)
         self.buffered += len(body)
         if self.buffered > UPSTREAM_BUFFER_BYTES and not self._reading_paused:
@@ -424,8 +435,8 @@ class _UpstreamConnection(asyncio.Protocol):
 
 
 class UpstreamResponse:
-    """The provider's answer: `status`, `headers` (names lower-cased), then `read()` the body or iterate `chunks()`.
-    `release()` (always) keeps the connection for the next call if the answer was read to its end."""
+    """The provider's answer: `status`, `headers` (names lower-cased), then `read()` the body or `relay` it to the
+    agent. `release()` (always) keeps the connection for the next call if the answer was read to its end."""
 
     def __init__(self, connection: _UpstreamConnection, pool: UpstreamPool, key: tuple[str, str, int]) -> None:
         self._connection, self._pool, self._key = connection, pool, key
@@ -451,10 +462,68 @@ class UpstreamResponse:
         except zlib.error as exc:
             raise UpstreamBroke(f"the provider's compressed answer is corrupt: {exc}") from None
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        while (data := await self._connection.next_chunk()) is not None:
-            if data := self._decoded(data):
-                yield data
+    async def relay(self, reply: Reply, seen: Callable[[bytes], None], silence_s: float) -> None:
+        """The body to the agent as it arrives, each piece passed to `seen` first, from the connection's own callback:
+        no task is woken, no future made, a piece. Returns once the body is whole; raises `AgentClosed` once the
+        agent has gone, the provider's error if it broke off, and `TimeoutError` once it has sent nothing for
+        `silence_s`. Reading from the provider waits while the agent's socket is full."""
+        connection = self._connection
+        loop = asyncio.get_running_loop()
+        last = [loop.time()]  # when the last piece came
+        stopped: list[BaseException] = []  # what ended the relay from inside the callback
+        full = [False]
+
+        def hand_on(data: bytes) -> None:
+            if stopped:
+                return
+            last[0] = loop.time()
+            try:
+                if data := self._decoded(data):
+                    seen(data)
+                    full[0] = reply.push(data)
+            except (AgentClosed, UpstreamBroke) as exc:
+                stopped.append(exc)
+                full[0] = True
+            if full[0]:  # nothing more from the provider until the relay's task has dealt with it
+                if not connection.closed:
+                    connection.transport.pause_reading()
+                    connection._reading_paused = True
+                connection._notify()
+
+        if connection.body:  # what came before the relay began
+            pending = b"".join(connection.body)
+            connection.body.clear()
+            connection.buffered = 0
+            hand_on(pending)
+        connection.sink = hand_on
+        try:
+            while True:
+                if stopped:
+                    raise stopped[0]
+                if full[0]:
+                    await reply.drained()
+                    full[0] = False
+                    continue
+                if connection._reading_paused:  # by the agent's full socket, or a buffer filled before the relay
+                    connection._reading_paused = False
+                    if not connection.closed:
+                        connection.transport.resume_reading()
+                if connection.error is not None:
+                    raise connection.error
+                if connection.complete:
+                    return
+                remaining = last[0] + silence_s - loop.time()
+                if remaining <= 0:
+                    raise TimeoutError(f"the provider sent nothing for {silence_s:g} s")
+                connection._wake = wake = loop.create_future()
+                timer = loop.call_later(remaining, connection._notify)  # one timer a wait, not a piece
+                try:
+                    await wake
+                finally:
+                    timer.cancel()
+                    connection._wake = None
+        finally:
+            connection.sink = None
 
     async def read(self) -> bytes:
         # Not over `chunks()`: an async generator costs its creation, the loop's registration and its closing.
