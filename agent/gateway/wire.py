@@ -123,7 +123,7 @@ class Reply:
 
     async def write(self, data: bytes) -> None:
         if self.push(data):
-            await self._connection.drained()
+            await self.drained()
 
     def push(self, data: bytes) -> bool:
         """`write` without waiting: True when the agent's socket is full (wait for `drained` before more)."""
@@ -135,7 +135,12 @@ class Reply:
         return connection.write_paused
 
     async def drained(self) -> None:
-        await self._connection.drained()
+        """Once the agent's socket has room (at once if it has); `AgentClosed` if the agent has gone."""
+        connection = self._connection
+        if connection.closed:
+            raise AgentClosed("the agent closed the connection")
+        if connection.write_paused:
+            await connection.drained()
 
     def end(self) -> None:
         if not self.ended and not self._connection.closed:
