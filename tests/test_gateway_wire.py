@@ -330,14 +330,14 @@ async def test_a_stream_is_handed_on_piece_by_piece_whole_uncompressed_or_broken
 
 def unchunk(data: bytes) -> tuple[bytes, bool]:
     """A chunked body's content, and whether its terminating chunk came."""
-    out, rest = [], data
-    while rest:
-        size_line, _, rest = rest.partition(b"\r\n")
-        size = int(size_line, 16)
+    out, at = [], 0  # an offset, not slices of the rest: a 64 MB body comes in thousands of chunks
+    while at < len(data):
+        end = data.index(b"\r\n", at)
+        size = int(data[at:end], 16)
         if size == 0:
             return b"".join(out), True
-        out.append(rest[:size])
-        rest = rest[size + 2 :]
+        out.append(data[end + 2 : end + 2 + size])
+        at = end + 2 + size + 2
     return b"".join(out), False
 
 
@@ -399,6 +399,59 @@ async def test_an_agent_that_reads_slowly_holds_the_providers_stream_back_and_ge
         assert held_back < total_mb * 2**20 / 2, f"{held_back / 2**20:.1f} MB read from the provider by a stalled agent"
         state = gw.state
         assert state.calls == 1 and state.spend.usage.output == 7 and state.spend.partial_calls == 0
+    finally:
+        await provider.stop()
+
+
+async def test_an_agent_that_reads_nothing_for_the_calls_time_out_has_its_stream_given_up(tmp_path: Path) -> None:
+    """An agent that stops reading (its socket full) for the call's time-out: the gateway gives the stream up, closes
+    both connections, and the line says the agent read nothing, its spend a lower bound; it is never a whole answer,
+    nor an error of the provider's, and the call does not hang for as long as the agent lives."""
+    delta = json.dumps(
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "x" * 65536}}
+    )
+    event = b"event: content_block_delta\ndata: " + delta.encode() + b"\n\n"
+    provider_cut = asyncio.Event()
+
+    async def endless(_n: int, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        start = b'event: message_start\ndata: {"type":"message_start","message":' + BODY + b"}\n\n"
+        try:
+            for piece in [start] + [event] * 4096:  # 256 MB: more than any socket buffers hold
+                writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                await writer.drain()
+        except ConnectionError:
+            provider_cut.set()
+        return False
+
+    provider = RawProvider(endless)
+    base = await provider.start()
+    try:
+        async with gateway(base, tmp_path, timeout_s=1.0) as gw:
+            host, port = gw.url.removeprefix("http://").split(":")
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+            sock.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+            request = json.dumps({**CALL, "stream": True}).encode()
+            head = (
+                f"POST /anthropic/v1/messages HTTP/1.1\r\nhost: x\r\nx-api-key: {gw.config.token}\r\n"
+                f"content-length: {len(request)}\r\n\r\n"
+            ).encode()
+            await asyncio.get_running_loop().sock_sendall(sock, head + request)
+            try:  # the agent reads nothing from here on
+                for _ in range(300):
+                    if gw.state.calls:
+                        break
+                    await asyncio.sleep(0.1)
+                assert gw.state.calls == 1, "the gateway still waits on an agent that reads nothing"
+                await asyncio.wait_for(provider_cut.wait(), 10)  # the provider's connection closed too
+            finally:
+                sock.close()
+        (line,) = read_jsonl(tmp_path / "transcript.jsonl")
+        said = "the agent read nothing of the stream for 1 s; its usage is only what came before (a lower bound)"
+        assert line["error"] == said and line["usage_partial"] is True
+        assert gw.state.spend.partial_calls == 1 and gw.state.spend.steps == 0
     finally:
         await provider.stop()
 

@@ -31,7 +31,16 @@ from labkube.agent.gateway.state import (
     error_body,
     refusal,
 )
-from labkube.agent.gateway.wire import AgentClosed, HttpServer, Reply, Request, Sent, UpstreamPool, UpstreamResponse
+from labkube.agent.gateway.wire import (
+    AgentClosed,
+    AgentStalled,
+    HttpServer,
+    Reply,
+    Request,
+    Sent,
+    UpstreamPool,
+    UpstreamResponse,
+)
 from labkube.agent.pricing import cost_usd
 from labkube.agent.telemetry import RunTelemetry
 from labkube.agent.transcript import JsonlLog, now_iso
@@ -413,6 +422,8 @@ class ModelGateway(GatewayAddress):
             # Each chunk goes to the agent from the provider connection's own callback; the stream is cut once the
             # provider has sent nothing for timeout_s.
             await upstream_response.relay(reply, relayed.append, self.config.timeout_s)
+        except AgentStalled as exc:
+            error = str(exc)
         except AgentClosed:
             error = "the agent closed the stream"
         except OSError as exc:  # the provider's connection broke, or fell silent (TimeoutError)

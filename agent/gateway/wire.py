@@ -48,6 +48,10 @@ class AgentClosed(ConnectionResetError):
     """The agent closed its connection before its answer was sent."""
 
 
+class AgentStalled(AgentClosed):
+    """The agent read nothing of a stream for the call's time-out: the gateway gives the stream up."""
+
+
 @dataclass(slots=True)
 class Request:
     """One request from an agent: header names lower-cased (a repeated header's values joined by ", "), the query as
@@ -469,50 +473,65 @@ class UpstreamResponse:
 
     async def relay(self, reply: Reply, seen: Callable[[bytes], None], silence_s: float) -> None:
         """The body to the agent as it arrives, each piece passed to `seen` first, from the connection's own callback:
-        no task is woken, no future made, a piece. Returns once the body is whole; raises `AgentClosed` once the
-        agent has gone, the provider's error if it broke off, and `TimeoutError` once it has sent nothing for
-        `silence_s`. Reading from the provider waits while the agent's socket is full."""
+        no task is woken, no future made, a piece. Returns once the body is whole. Raises `AgentClosed` once the
+        agent has gone, `AgentStalled` once its socket has stayed full for `silence_s`, the provider's error if it
+        broke off, and `TimeoutError` once the provider has sent nothing for `silence_s`. While the agent's socket
+        is full, what arrives is held here (up to `UPSTREAM_BUFFER_BYTES`, then reading from the provider waits)
+        and handed on at once when the socket has room."""
         connection = self._connection
         loop = asyncio.get_running_loop()
         last = [loop.time()]  # when the last piece came
         stopped: list[BaseException] = []  # what ended the relay from inside the callback
-        full = [False]
+        full = [False]  # the agent's socket is: pieces wait in `connection.body` for the relay's task
 
         def hand_on(data: bytes) -> None:
             if stopped:
                 return
             last[0] = loop.time()
+            if full[0]:
+                connection.body.append(data)
+                connection.buffered += len(data)
+                if connection.buffered > UPSTREAM_BUFFER_BYTES and not connection._reading_paused:
+                    connection._reading_paused = True
+                    connection.transport.pause_reading()
+                return
             try:
                 if data := self._decoded(data):
                     seen(data)
                     full[0] = reply.push(data)
             except (AgentClosed, UpstreamBroke) as exc:
                 stopped.append(exc)
-                full[0] = True
-            if full[0]:  # nothing more from the provider until the relay's task has dealt with it
-                if not connection.closed:
-                    connection.transport.pause_reading()
-                    connection._reading_paused = True
+            if full[0] or stopped:
                 connection._notify()
 
-        if connection.body:  # what came before the relay began
+        def held() -> bytes:
+            """What is held here, taken to hand on; the provider is read again while the agent takes it."""
             pending = b"".join(connection.body)
             connection.body.clear()
             connection.buffered = 0
-            hand_on(pending)
+            if connection._reading_paused:
+                connection._reading_paused = False
+                if not connection.closed:
+                    connection.transport.resume_reading()
+            return pending
+
+        if connection.body or connection._reading_paused:  # what came before the relay began
+            hand_on(held())
         connection.sink = hand_on
         try:
             while True:
                 if stopped:
                     raise stopped[0]
                 if full[0]:
-                    await reply.drained()
+                    try:
+                        async with asyncio.timeout(silence_s):
+                            await reply.drained()
+                    except TimeoutError:
+                        raise AgentStalled(f"the agent read nothing of the stream for {silence_s:g} s") from None
                     full[0] = False
+                    if connection.body:
+                        hand_on(held())
                     continue
-                if connection._reading_paused:  # by the agent's full socket, or a buffer filled before the relay
-                    connection._reading_paused = False
-                    if not connection.closed:
-                        connection.transport.resume_reading()
                 if connection.error is not None:
                     raise connection.error
                 if connection.complete:
