@@ -911,7 +911,7 @@ def main() -> None:
     if min(args.warmup, args.pause_ms, args.model_ms, args.think_ms) < 0:
         parser.error("--warmup, --pause-ms, --model-ms and --think-ms must be at least 0")
     if args.nginx and shutil.which("nginx") is None:
-        parser.error("--nginx needs nginx on PATH (Debian: apt-get install nginx-light)")
+        parser.error("--nginx needs nginx on PATH (Debian: apt-get install nginx-light, into /usr/sbin)")
     profiling = ["--profile-gateway", str(args.profile_gateway.resolve())] if args.profile_gateway else []
     usable = os.sched_getaffinity(0)
     try:

@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 
 # System packages the tests use: a real Prometheus and promtool, headless Chromium and its driver, and nginx (the
 # gateway benchmark's bare relay, benchmarks/gateway_overhead.py --nginx).
+# Debian installs nginx to /usr/sbin, which a user's PATH may lack.
+export PATH="$PATH:/usr/sbin"
 if ! command -v promtool >/dev/null || ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null \
   || ! command -v nginx >/dev/null; then
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi

@@ -401,7 +401,7 @@ def test_the_overhead_benchmark_measures_a_bare_nginx_relay_beside_the_gateway(t
     refused = subprocess.run([*script, "--nginx"], capture_output=True, text=True, env=no_nginx)
     assert (
         refused.returncode == 2
-        and "--nginx needs nginx on PATH (Debian: apt-get install nginx-light)" in refused.stderr
+        and "--nginx needs nginx on PATH (Debian: apt-get install nginx-light, into /usr/sbin)" in refused.stderr
     )
     before = nginx_pids()
     doc = tmp_path / "doc.md"
