@@ -64,6 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from docs_block import REPO, markdown_table, write_block
+from raynodes import free_port
 
 Api = Literal["responses", "messages"]
 Side = Literal["direct", "control", "gateway", "baseline", "nginx"]
@@ -202,12 +203,6 @@ http {{
   }}
 }}
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

@@ -96,8 +96,9 @@ def _head(first_line: bytes, headers: Mapping[str, str], framing: str) -> bytes:
 
 
 class Reply:
-    """The answer to one request: `send` a whole one, or `start` a streamed one, `write` its chunks and `end` it.
-    `write` waits while the agent's socket is full and raises `AgentClosed` once the agent has gone."""
+    """The answer to one request: `send` a whole one, or `start` a streamed one, `push` its chunks and `end` it.
+    `push` says when the agent's socket is full (then wait for `drained`) and raises `AgentClosed` once the agent has
+    gone."""
 
     __slots__ = ("_connection", "_keep_alive", "ended", "started")
 
@@ -125,12 +126,9 @@ class Reply:
             head = _head(_status_line(status), headers, self._framing("transfer-encoding: chunked\r\n"))
             self._connection.transport.write(head)
 
-    async def write(self, data: bytes) -> None:
-        if self.push(data):
-            await self.drained()
-
     def push(self, data: bytes) -> bool:
-        """`write` without waiting: True when the agent's socket is full (wait for `drained` before more)."""
+        """One chunk of a streamed answer, written at once: True when the agent's socket is full (wait for `drained`
+        before more)."""
         connection = self._connection
         if connection.closed:
             raise AgentClosed("the agent closed the connection")
@@ -409,12 +407,27 @@ class _UpstreamConnection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         if self.sink is not None:
             return self.sink(body)
+        self.hold(body)
+        self._notify()
+
+    def hold(self, body: bytes) -> None:
+        """Keep a piece of the body until it is taken; past `UPSTREAM_BUFFER_BYTES`, read no more until then."""
         self.body.append(body)
         self.buffered += len(body)
         if self.buffered > UPSTREAM_BUFFER_BYTES and not self._reading_paused:
             self._reading_paused = True
             self.transport.pause_reading()
-        self._notify()
+
+    def take(self) -> bytes:
+        """What is held of the body (b"" if nothing), and the provider read again while it is handed on."""
+        data = b"".join(self.body)
+        self.body.clear()
+        self.buffered = 0
+        if self._reading_paused:
+            self._reading_paused = False
+            if not self.closed:
+                self.transport.resume_reading()
+        return data
 
     def on_message_complete(self) -> None:
         self.complete = True
@@ -425,13 +438,7 @@ class _UpstreamConnection(asyncio.Protocol):
         """What has arrived of the body since the last call (None: the body is whole); waits for more."""
         while True:
             if self.body:
-                data = b"".join(self.body)
-                self.body.clear()
-                self.buffered = 0
-                if self._reading_paused:
-                    self._reading_paused = False
-                    self.transport.resume_reading()
-                return data
+                return self.take()
             if self.error is not None:
                 raise self.error
             if self.complete:
@@ -485,16 +492,11 @@ class UpstreamResponse:
         full = [False]  # the agent's socket is: pieces wait in `connection.body` for the relay's task
 
         def hand_on(data: bytes) -> None:
-            if stopped:
+            if stopped or not data:
                 return
             last[0] = loop.time()
             if full[0]:
-                connection.body.append(data)
-                connection.buffered += len(data)
-                if connection.buffered > UPSTREAM_BUFFER_BYTES and not connection._reading_paused:
-                    connection._reading_paused = True
-                    connection.transport.pause_reading()
-                return
+                return connection.hold(data)
             try:
                 if data := self._decoded(data):
                     seen(data)
@@ -504,19 +506,7 @@ class UpstreamResponse:
             if full[0] or stopped:
                 connection._notify()
 
-        def held() -> bytes:
-            """What is held here, taken to hand on; the provider is read again while the agent takes it."""
-            pending = b"".join(connection.body)
-            connection.body.clear()
-            connection.buffered = 0
-            if connection._reading_paused:
-                connection._reading_paused = False
-                if not connection.closed:
-                    connection.transport.resume_reading()
-            return pending
-
-        if connection.body or connection._reading_paused:  # what came before the relay began
-            hand_on(held())
+        hand_on(connection.take())  # what came before the relay began
         connection.sink = hand_on
         try:
             while True:
@@ -529,8 +519,7 @@ class UpstreamResponse:
                     except TimeoutError:
                         raise AgentStalled(f"the agent read nothing of the stream for {silence_s:g} s") from None
                     full[0] = False
-                    if connection.body:
-                        hand_on(held())
+                    hand_on(connection.take())
                     continue
                 if connection.error is not None:
                     raise connection.error
@@ -550,7 +539,6 @@ class UpstreamResponse:
             connection.sink = None
 
     async def read(self) -> bytes:
-        # Not over `chunks()`: an async generator costs its creation, the loop's registration and its closing.
         pieces = []
         while (data := await self._connection.next_chunk()) is not None:
             pieces.append(self._decoded(data))
