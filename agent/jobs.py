@@ -33,13 +33,14 @@ class JobManager:
     jobs: dict[str, JobRecord] = field(default_factory=dict)
     _procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
-    def start(self, command: str, cwd: Path, env: dict[str, str]) -> JobRecord:
+    def start(self, command: str, argv: list[str], cwd: Path, env: dict[str, str]) -> JobRecord:
+        """Start `argv` (which runs `command`, in the run's sandbox where it has one) as a job."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         job_id = f"job{len(self.jobs) + 1}"
         log = self.log_dir / f"{job_id}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                ["bash", "-c", command],
+                argv,
                 cwd=cwd,
                 env=env,
                 stdin=subprocess.DEVNULL,

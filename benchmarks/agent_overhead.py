@@ -6,7 +6,12 @@ checkpoint and status after every step, context hand-offs as they come. The
 harness time per step is read from the transcript's timestamps around step 10
 and around step 10,000. Target: the late figure is at most 1.5x the early one.
 
-    python benchmarks/agent_overhead.py [--steps 10020]
+Then the cost of the run's sandbox per command: the same loop calls `bash true`
+for `--commands` steps, once in the local sandbox (bubblewrap, docs/sandbox.md)
+and once with `--sandbox none`; the difference of the medians is what starting a
+sandbox adds to each command.
+
+    python benchmarks/agent_overhead.py [--steps 10020] [--commands 200]
 """
 
 from __future__ import annotations
@@ -26,11 +31,12 @@ from rich.table import Table
 
 from labkube.agent.harness.entrypoint import run_agent
 from labkube.run_spec import RunSpec
+from labkube.sandbox import SandboxMode
 from labkube.store import write_model
 
 
-def make_task(root: Path, steps: int) -> Path:
-    task = root / "bench-task"
+def make_task(root: Path, steps: int, step: dict | None = None, name: str = "bench-task") -> Path:
+    task = root / name
     (task / "grading").mkdir(parents=True)
     (task / "oracle").mkdir()
     (task / "task_description.md").write_text(
@@ -39,7 +45,7 @@ def make_task(root: Path, steps: int) -> Path:
     (task / "grading" / "grade.sh").write_text("echo no grading\n")
     (task / "notes.txt").write_text("one line\n")
     (task / "labkube.yaml").write_text(yaml.safe_dump({"oracle": "oracle/plan.yaml"}))
-    plan = {"steps": [{"tool": "read_file", "args": {"path": "notes.txt"}}] * steps}
+    plan = {"steps": [step or {"tool": "read_file", "args": {"path": "notes.txt"}}] * steps}
     (task / "oracle" / "plan.yaml").write_text(yaml.safe_dump(plan))
     return task
 
@@ -58,9 +64,22 @@ def window(durations: dict[int, float], center: int, half: int = 10) -> float:
     return statistics.median(durations[s] for s in range(center - half, center + half) if s in durations)
 
 
+def command_seconds(root: Path, commands: int, sandbox: SandboxMode) -> float:
+    """The median seconds a step takes when each step runs `bash true`, in the run's sandbox or not."""
+    task = make_task(root, commands, {"tool": "bash", "args": {"command": "true"}}, f"commands-{sandbox.value}")
+    run_dir = root / f"run-{sandbox.value}"
+    spec = RunSpec(
+        run_id="bench", campaign="bench", task=str(task), task_path=str(task), model="oracle", seed=0, sandbox=sandbox
+    )
+    write_model(run_dir / "run.json", spec)
+    asyncio.run(run_agent(run_dir))
+    return statistics.median(per_step_seconds(run_dir / "transcript.jsonl").values())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10_020)
+    parser.add_argument("--commands", type=int, default=200, help="bash steps in and out of the sandbox")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -89,6 +108,17 @@ def main() -> None:
         f"overall), {handoffs} context hand-offs; target: ratio <= 1.5 -> "
         f"{'met' if late / early <= 1.5 else 'NOT met'}"
     )
+    with tempfile.TemporaryDirectory() as tmp:
+        sandboxed = command_seconds(Path(tmp), args.commands, SandboxMode.bwrap)
+        bare = command_seconds(Path(tmp), args.commands, SandboxMode.none)
+    sandbox_table = Table(title=f"a `bash true` step, median of {args.commands}")
+    for col in ("agent's commands", "median seconds/step", "sandbox start per command"):
+        sandbox_table.add_column(col, justify="right")
+    sandbox_table.add_row("unsandboxed (--sandbox none)", f"{bare * 1000:.2f} ms", "")
+    sandbox_table.add_row(
+        "in the run's sandbox (bwrap)", f"{sandboxed * 1000:.2f} ms", f"{(sandboxed - bare) * 1000:.2f} ms"
+    )
+    console.print(sandbox_table)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,10 @@ When each changed file was last written comes from `workspace-files.json`, which
 the run ends (`record_workspace_files`): every changed file's content id and its modification time then. A file's
 own mtime is not evidence after that: `cp -r` of a campaign, a restore from a backup or a sync to another machine
 resets it, and a re-audit would see logs "written" long after every command ended.
+
+The changes are taken against labkube's own record of the pristine task (`<run>/workspace.git`, tasks/workspace.py),
+never with the agent's `.git`: its config could run the agent's code in labkube's `git`, and its tag could be moved to
+the agent's last commit, leaving nothing to see. A run without that record says so (`MissingRecord`).
 """
 
 from __future__ import annotations
@@ -13,7 +17,6 @@ import contextlib
 import json
 import os
 import re
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -25,7 +28,7 @@ from pydantic import BaseModel, Field
 from labkube.result import RunResult
 from labkube.store import read_model, utcnow, write_model
 from labkube.task_card import TaskCard
-from labkube.tasks.workspace import GIT, PRISTINE_TAG, pristine_is_empty
+from labkube.tasks.workspace import PRISTINE_REF, SAFE_DIFF, pristine_is_empty, record_git
 
 PATCH_PATHS = re.compile(r"^\*\*\* (?:Add File|Update File|Delete File|Move to): (.+?)\s*$", re.MULTILINE)
 # Compiled as the module is imported (in the agent zygote, once for every run it forks), not on each run's audit.
@@ -145,11 +148,9 @@ def normpath(path: str) -> str:
 
 
 def _git(workspace: Path, index: Path, *args: str) -> str:
-    env = {**os.environ, "GIT_INDEX_FILE": str(index)}
-    proc = subprocess.run([*GIT, *args], cwd=workspace, env=env, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"git {' '.join(args)}: {proc.stderr.strip()[:200]}")
-    return proc.stdout
+    """`git args` on labkube's record of `workspace` (never the agent's `.git`), in the scratch `index`: a
+    `RuntimeError` when it fails, `MissingRecord` (one) when the run has no record."""
+    return record_git(workspace, *args, index=index)
 
 
 @dataclass
@@ -163,32 +164,37 @@ class WorkspaceChanges:
 
 
 def workspace_changes(workspace: Path) -> WorkspaceChanges:
-    """Every file added, modified or deleted since the pristine commit, ignored files included,
-    computed in a scratch index so the workspace's own index is untouched. A workspace that holds nothing but its
+    """Every file added, modified or deleted since the pristine commit in labkube's record, ignored files included,
+    computed in a scratch index (the record's own index and the agent's repository are untouched). The agent's `.git`
+    is not among them: git skips it, as any `.git` in a work tree. A workspace that holds nothing but the agent's
     repository, whose pristine commit is the empty tree, has no change: known without running `git`."""
-    if _holds_only_its_repository(workspace) and pristine_is_empty(workspace):
+    if _holds_nothing_but_its_repository(workspace) and pristine_is_empty(workspace):
         return WorkspaceChanges([], "")
     with tempfile.TemporaryDirectory() as tmp:
         index = Path(tmp) / "index"
-        _git(workspace, index, "read-tree", PRISTINE_TAG)
-        _git(workspace, index, "add", "-A", "-f", ".")
-        raw = _git(workspace, index, "diff", "--cached", "--no-renames", "--raw", "--no-abbrev", "-z", PRISTINE_TAG)
-        diff = _git(workspace, index, "diff", "--cached", "--no-renames", "--no-color", PRISTINE_TAG)
+        _git(workspace, index, "read-tree", PRISTINE_REF)
+        _git(workspace, index, "add", "-A", "-f", "--", ".")
+        diff_args = ("diff", "--cached", "--no-renames", *SAFE_DIFF)
+        raw = _git(workspace, index, *diff_args, "--raw", "--no-abbrev", "-z", PRISTINE_REF, "--")
+        diff = _git(workspace, index, *diff_args, PRISTINE_REF, "--")
     changes = []
     fields = raw.split("\0")
     # -z: ":<old mode> <new mode> <old id> <new id> <status>" NUL <path> NUL, per file
     for meta, path in zip(fields[0::2], fields[1::2], strict=False):
         if not meta.startswith(":") or "__pycache__" in path or path.endswith(".pyc"):
             continue
+        if path == ".git" or path.startswith(".git/"):  # the agent's repository, which git never adds anyway
+            continue
         _, _, _, new_id, status = meta[1:].split(" ")
         changes.append(FileChange(path=path, status=status[:1], blob=None if status.startswith("D") else new_id))
     return WorkspaceChanges(changes, diff)
 
 
-def _holds_only_its_repository(workspace: Path) -> bool:
+def _holds_nothing_but_its_repository(workspace: Path) -> bool:
+    """Nothing in `workspace` but (if anything) the agent's `.git`, which labkube's record never looks at."""
     try:
         with os.scandir(workspace) as entries:
-            return [e.name for e in entries] == [".git"]
+            return all(e.name == ".git" for e in entries)
     except OSError:
         return False
 

@@ -6,7 +6,7 @@ import math
 import os
 from itertools import product
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -23,6 +23,7 @@ from labkube.run_spec import (
     before_judge_split,
     make_run_id,
 )
+from labkube.sandbox import SandboxMode
 from labkube.task_card import TaskCard, TaskFamily
 
 MAX_SEEDS = 10_000
@@ -49,6 +50,11 @@ class CampaignSpec(BaseModel):
     grade_interval_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     prices: dict[str, tuple[float, ...]] = Field(default_factory=dict)
     backend: str = Field(default="local", pattern="^(local|k8s)$")
+    sandbox: Literal["bwrap", "none"] = Field(
+        default="bwrap",
+        description="Local backend: bwrap runs each run's agent and grader in a bubblewrap sandbox (the default); "
+        "none runs them unsandboxed, marked so in every report. On a cluster the pod is the room.",
+    )
     context_threshold: int | None = Field(
         default=None,
         gt=0,
@@ -154,6 +160,14 @@ class CampaignSpec(BaseModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _sandbox_on_local_backend(self) -> CampaignSpec:
+        if self.sandbox == "none" and self.backend == "k8s":
+            raise ValueError(
+                "sandbox: none is for the local backend; on a cluster each run's pod is its room (leave sandbox out)"
+            )
+        return self
+
     @field_validator("seeds")
     @classmethod
     def _valid_seeds(cls, seeds: int | list[int]) -> int | list[int]:
@@ -244,6 +258,7 @@ def expand_runs(spec: CampaignSpec, cards: dict[str, list[TaskCard]]) -> list[Ru
                     model_timeout_s=spec.model_timeout_s,
                     gpus=card.resources.gpus,
                     task_overlay=spec.task_overlays.get(card.folder) if card.family is TaskFamily.researchgym else None,
+                    sandbox=SandboxMode.pod if spec.backend == "k8s" else SandboxMode(spec.sandbox),
                 )
             )
     ids = [r.run_id for r in runs]

@@ -17,6 +17,7 @@ from labkube.budgets import Spend, total_cost
 from labkube.integrity_report import Verdict
 from labkube.result import GPU_USE_FILE, GpuUse, Outcome, RunResult
 from labkube.run_spec import DEFAULT_AGENT, AgentName, RunPhase, RunSpec, scaffold_label
+from labkube.sandbox import SandboxMode
 from labkube.store import CampaignDir, read_model
 
 # rg-agent first, then the others in the order `--agent` lists them; an unknown name sorts last.
@@ -58,8 +59,19 @@ class ReportRow(BaseModel):
     steps: int = 0
     resumes: int = Field(default=0, description="Times the run was resumed from its checkpoint so far.")
     integrity_verdict: str | None = None
+    unsandboxed: bool = Field(
+        default=False,
+        description="The run's agent ran outside labkube's sandbox (`--sandbox none`): it could reach "
+        "the referee, so its numbers are the agent's word.",
+    )
     error: str | None = None
     message: str = Field(default="", description="What the run is waiting on, or why it failed.")
+
+    @property
+    def integrity_label(self) -> str:
+        """The audit's verdict as reports show it, marked where the run was not sandboxed."""
+        verdict = self.integrity_verdict or "—"
+        return f"{verdict} · unsandboxed" if self.unsandboxed else verdict
 
     @property
     def label(self) -> str:
@@ -152,6 +164,7 @@ def run_row(cdir: CampaignDir, run_id: str, spec: RunSpec, result: RunResult | N
             steps=result.spend.steps,
             resumes=result.resumes,
             integrity_verdict=result.integrity_verdict,
+            unsandboxed=spec.sandbox is SandboxMode.none,
             error=result.error,
             message=result.error or result.message or "",
         )
@@ -178,6 +191,7 @@ def run_row(cdir: CampaignDir, run_id: str, spec: RunSpec, result: RunResult | N
         **gpu_fields,
         steps=status.spend.steps if status else 0,
         resumes=max(status.attempts - 1, 0) if status else 0,
+        unsandboxed=spec.sandbox is SandboxMode.none,
         message=status.message if status else "",
     )
 

@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from labkube.budgets import Spend, StopReason
 from labkube.run_spec import DEFAULT_AGENT, AgentName, RunPhase, RunSpec
+from labkube.sandbox import SandboxMode
 
 
 class SubtaskScore(BaseModel):
@@ -45,7 +46,8 @@ class Outcome(StrEnum):
     grader_error = "grader_error"  # the task's grader exited non-zero or timed out
     judge_error = "judge_error"  # ARE's judge raised (an unreachable judge model, ...)
     world_error = "world_error"  # the Gaia2 world broke
-    setup_error = "setup_error"  # the task environment could not be built
+    setup_error = "setup_error"  # the task environment could not be built, or the pristine task changed since
+    # the campaign started (its grader is not the one the campaign pinned)
     model_error = "model_error"  # the model API refused the run (credentials, unknown model, ...)
     harness_error = "harness_error"  # labkube itself failed
 
@@ -67,7 +69,16 @@ class Grade(BaseModel):
     subtasks: list[SubtaskScore] = Field(default_factory=list)
     score: float | None = Field(default=None, description="Headline number (primary subtask).")
     error: str | None = Field(default=None, description="Why this grading failed: the grader's exit and last lines.")
-    note: str | None = Field(default=None, description="Why a clean grading left the headline subtask without a value.")
+    note: str | None = Field(
+        default=None,
+        description="Why a clean grading left the headline subtask without a value, and any output it ignored (a "
+        "summary this grading did not write).",
+    )
+    task_changed: bool = Field(
+        default=False,
+        description="The pristine task's files changed since the campaign started: nothing was graded (`error` "
+        "names the files).",
+    )
 
 
 GPU_USE_FILE = "gpu.json"  # a run's `GpuUse` while it runs, kept up to date by the agent's GPU meter
@@ -129,6 +140,9 @@ class RunResult(BaseModel):
     spend: Spend = Field(default_factory=Spend)
     score_curve: list[Grade] = Field(default_factory=list)
     integrity_verdict: str | None = None
+    sandbox: SandboxMode | None = Field(
+        default=None, description="Where the agent's processes ran: bwrap, none (unsandboxed) or pod; None: unknown."
+    )
     capabilities: list[str] = Field(default_factory=list, description="Gaia2 capability tags.")
     details: dict[str, Any] = Field(default_factory=dict, description="Family-specific outcome (Gaia2 judge).")
     started_at: datetime | None = None
@@ -145,7 +159,8 @@ class RunResult(BaseModel):
     @classmethod
     def of_run(cls, spec: RunSpec, **fields: Any) -> RunResult:
         """A result of run `spec`: its identity (id, task, model, agent, seed) from the spec, the rest given."""
-        return cls(run_id=spec.run_id, task=spec.task, model=spec.model, agent=spec.agent, seed=spec.seed, **fields)
+        identity = {"run_id": spec.run_id, "task": spec.task, "model": spec.model, "agent": spec.agent}
+        return cls(**identity, seed=spec.seed, sandbox=spec.sandbox, **fields)
 
     @property
     def final(self) -> bool:
@@ -181,9 +196,12 @@ def outcome_for(
     grader_failed: bool,
     score: float | None,
     judge_failed: bool = False,
+    task_changed: bool = False,
 ) -> Outcome:
     """The one outcome of a run: the failure that makes its numbers meaningless first, then whether the grading
-    gave a value."""
+    gave a value. A pristine task that changed since the campaign started voids the run whatever else happened."""
+    if task_changed:
+        return Outcome.setup_error
     if stop_reason in _STOP_OUTCOMES:
         return _STOP_OUTCOMES[stop_reason]
     if grader_failed:

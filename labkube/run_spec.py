@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from labkube.budgets import Budgets, Spend, StopReason
+from labkube.sandbox import SandboxMode
 from labkube.task_card import TaskFamily
 
 JUDGE_MODEL_HELP = (
@@ -91,10 +92,20 @@ class RunSpec(BaseModel):
     api_key_env: dict[str, str] = Field(
         default_factory=dict, description="Model string -> environment variable holding its API key."
     )
+    sandbox: SandboxMode = Field(
+        default=SandboxMode.bwrap,
+        description="Where the agent's processes run: bwrap (a local sandbox per run), none (unsandboxed, the "
+        "user's choice: marked in every report), pod (a cluster: the agent's container is the room).",
+    )
     task_overlay: dict[str, Any] | None = Field(
         default=None,
         description="The labkube.yaml mapping the campaign merges over the task's own (its `task_overlays` "
         "entry): the planner, the agent, the grader and the audit all load the task card with it.",
+    )
+    task_digest: str | None = Field(
+        default=None,
+        description="Digest of the pristine task's files (sha256 of its manifest: each file's path, mode and sha256), "
+        "pinned when the campaign started; a grading that finds the task changed fails, naming the files.",
     )
 
     @model_validator(mode="before")

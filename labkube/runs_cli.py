@@ -192,6 +192,14 @@ def budgets_from(hours: float | None, usd: float | None, tokens: int | None, ste
 )
 @click.option("--name", default=None, help="Campaign name (default from the tasks).")
 @click.option(
+    "--sandbox",
+    type=click.Choice(["bwrap", "none"]),
+    default="bwrap",
+    show_default=True,
+    help="local: bwrap runs each run's agent and grader in a bubblewrap sandbox; none runs them unsandboxed "
+    "(marked so in every report; docs/sandbox.md says what that gives up).",
+)
+@click.option(
     "--backend",
     type=click.Choice(["local", "k8s"]),
     default="local",
@@ -281,6 +289,7 @@ def run(
     kube_context: str | None = None,
     namespace: str | None = None,
     overlay: Path | None = None,
+    sandbox: str = "bwrap",
 ) -> None:
     """Run TASK... (bundled names like researchgym/NAME, or task directories) as one campaign."""
     task_overlays = read_overlays(overlay, list(tasks))
@@ -307,6 +316,7 @@ def run(
             gaia2_a2a_model=gaia2_a2a_model,
             think_time_s=think_time,
             backend=backend,
+            sandbox=sandbox,
             overlay=str(overlay.resolve()) if overlay is not None and backend == "local" else None,
             task_overlays=task_overlays,
         )

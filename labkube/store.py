@@ -8,7 +8,8 @@
     <campaign>/runs/<run-id>/result.json       RunResult, once final
     <campaign>/runs/<run-id>/workspace-files.json  changed files' content ids and times at run end (the audit's)
     <campaign>/runs/<run-id>/logs/             agent stdout/stderr, grader output
-    <campaign>/runs/<run-id>/workspace/        the agent's working copy (a git repository)
+    <campaign>/runs/<run-id>/workspace/        the agent's working copy (a git repository, the agent's own)
+    <campaign>/runs/<run-id>/workspace.git/    labkube's own git record of the workspace's pristine commit
 
 Every JSON file is written atomically (temporary file, then rename), so a
 reader never sees half a file and a crash never leaves one.
@@ -243,6 +244,8 @@ class RunDir:
     result_json = property(lambda self: self.root / "result.json")
     logs = property(lambda self: self.root / "logs")
     workspace = property(lambda self: self.root / "workspace")
+    # labkube's own git directory of the workspace (tasks/workspace.py `workspace_record`), out of the agent's reach
+    workspace_record = property(lambda self: self.root / "workspace.git")
 
     def spec(self) -> RunSpec:
         spec = read_model(self.run_json, RunSpec)

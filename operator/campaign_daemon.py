@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from labkube.campaign import CampaignSpec, expand_runs
 from labkube.model_ref import UnknownModel, parse_model
-from labkube.operator.admission import admission_violations, write_admitted
+from labkube.operator.admission import admission_violations, read_admitted, write_admitted
 from labkube.operator.cluster_api import ClusterApi
 from labkube.operator.crds import SchemaError, build_run_resource, campaign_resource_spec, run_name, run_resource_spec
 from labkube.operator.driver import HELD, DriverError, RayContext, drive
@@ -44,6 +46,7 @@ from labkube.operator.k8s_record import restore_from_statuses
 from labkube.operator.telemetry import OperatorMetrics
 from labkube.result import RunResult
 from labkube.run_spec import RunPhase, RunSpec
+from labkube.sandbox import SandboxMode
 from labkube.store import CampaignDir, StoreError, read_model
 from labkube.task_card import TaskCard
 
@@ -94,7 +97,8 @@ def plan_resource_campaign(body: Mapping[str, Any]) -> tuple[CampaignSpec, list[
                     f"Campaign {name}: model oracle: task {missing[0]} ships no reference solution",
                 )
     try:
-        runs = expand_runs(spec, cards)
+        # On a cluster each run's pod is its room, whatever the resource says of a local sandbox.
+        runs = [r.model_copy(update={"sandbox": SandboxMode.pod}) for r in expand_runs(spec, cards)]
     except ValueError as exc:
         raise CampaignSpecError("InvalidSpec", f"Campaign {name}: {exc}") from None
     by_ref = {c.ref: c for cs in cards.values() for c in cs}
@@ -188,6 +192,15 @@ async def run_campaign(
     except CampaignSpecError as exc:
         await fail(exc.reason, str(exc))
         return
+    from labkube.tasks import TaskError
+    from labkube.tasks.manifest import keep_task_manifests, pin_task_digests
+
+    try:  # the digest admitted when the campaign first started, else the task hashed now
+        pinned_before = functools.partial(_admitted_digest, runtime.campaign_root(namespace, name))
+        runs = await asyncio.to_thread(pin_task_digests, runs, cards.values(), pinned_before)
+    except TaskError as exc:
+        await fail("UnknownTask", f"Campaign {name}: {exc}")
+        return
     admitted = [run_resource_spec(r, cards[r.run_id], body) for r in runs]
     refused = admission_violations(admitted, runtime.config.runs, runtime.config.tenancy)
     if refused:
@@ -201,6 +214,7 @@ async def run_campaign(
         finished = restore_from_statuses(cdir, runs, recorded, shared=shared)
         cdir.write_campaign(spec, runs, keep=frozenset(i for i in finished if cdir.run_spec(i) is not None))
         write_admitted(cdir.root, admitted)
+        keep_task_manifests(cdir.root, [r for r in runs if r.run_id not in finished], cards.values())
     except (StoreError, OSError) as exc:
         await fail("ResultsStoreConflict", f"Campaign {name}: {exc}")
         return
@@ -290,6 +304,13 @@ async def run_campaign(
         await _publish_final_results(api, namespace, name, runs, cdir)
     final = await refresh(done=True)
     logger.info(f"campaign {name}: finished ({final.progress} runs final); results in {cdir.root}")
+
+
+def _admitted_digest(campaign_root: Path, run_id: str) -> str | None:
+    """The task digest the operator admitted for a run when its campaign first started (the campaign directory's
+    `admitted/`, which no tenant or agent writes; a Run's own spec is a tenant's to edit)."""
+    admitted = read_admitted(campaign_root, run_id)
+    return admitted.task_digest if admitted is not None else None
 
 
 async def _either(stopped: kopf.DaemonStopped, fenced: threading.Event | None, every_s: float = 0.5) -> None:

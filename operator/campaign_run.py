@@ -21,9 +21,11 @@ from labkube.operator.zygote_handoff import EarlyZygote
 from labkube.report import LiveRows
 from labkube.result import RunResult
 from labkube.run_spec import RunSpec
+from labkube.sandbox import sandbox_problem
 from labkube.store import CampaignDir, mark_stopped
 from labkube.task_card import TaskCard
 from labkube.tasks import resolve_campaign_tasks
+from labkube.tasks.manifest import keep_task_manifests, pin_task_digests
 
 if TYPE_CHECKING:
     from labkube.operator.driver import RayContext
@@ -67,6 +69,10 @@ def plan_campaign(spec: CampaignSpec, out: Path) -> tuple[CampaignDir, list[RunS
         backend_from_env()
     except ValueError as exc:
         raise CampaignError(str(exc)) from None
+    if spec.sandbox == "bwrap":
+        problem = sandbox_problem()
+        if problem is not None:
+            raise CampaignError(f"no local sandbox: {problem}")
     for m in spec.models:
         if parse_model(m).provider == "oracle":
             missing = [c.ref for cs in cards.values() for c in cs if not (c.oracle or c.gaia or c.gaia2)]
@@ -84,7 +90,15 @@ def plan_campaign(spec: CampaignSpec, out: Path) -> tuple[CampaignDir, list[RunS
     check_dollar_budgets(runs, spec.prices)
     cdir = CampaignDir(out)
     cdir.check_compatible(spec)
+    every_card = [c for cs in cards.values() for c in cs]
+    runs = pin_task_digests(runs, every_card, lambda run_id: _pinned_digest(cdir, run_id))
     return cdir, runs, cards
+
+
+def _pinned_digest(cdir: CampaignDir, run_id: str) -> str | None:
+    """The task digest a resumed campaign pinned when it first started (its run.json, outside every agent's reach)."""
+    recorded = cdir.run_spec(run_id)
+    return recorded.task_digest if recorded is not None else None
 
 
 def check_dollar_budgets(runs: list[RunSpec], prices: dict[str, tuple[float, ...]]) -> None:
@@ -143,12 +157,13 @@ def launch(
     the campaign runs. `on_end` is called once every run is final (not when the campaign is interrupted or fails),
     while the Ray this started shuts down: `labkube run` draws its final table meanwhile.
     """
-    cdir, runs, _ = plan_campaign(spec, out)
+    cdir, runs, cards = plan_campaign(spec, out)
     with cdir.lock():  # one writer per campaign directory: no run is driven (and graded) twice
         cdir.check_compatible(spec)  # another writer may have written it while we planned
         todo = pending_runs(cdir, runs)
         done_ids = frozenset(r.run_id for r in runs) - {r.run_id for r in todo}
         cdir.write_campaign(spec, runs, keep=done_ids)
+        keep_task_manifests(cdir.root, todo, [c for cs in cards.values() for c in cs])
         if on_start is not None:
             on_start(cdir, runs, todo)
         if not todo:

@@ -73,6 +73,7 @@ from labkube.results.analysis_transcript import (
 )
 from labkube.results.passk import Attempt, capability_scores, pass_at_k, pass_hat_k
 from labkube.run_spec import RunSpec, scaffold_label
+from labkube.sandbox import SandboxMode
 from labkube.store import CampaignDir, StoreError
 
 __all__ = ["Analysis", "AnalysisError", "analyze_campaigns", "phase_of", "read_transcript"]
@@ -404,10 +405,12 @@ def gaia2_capabilities(rows: list[Gaia2Row]) -> list[Gaia2Capability]:
 # -- putting it together -----------------------------------------------------------------------------------------
 
 
-def analyze_campaigns(paths: list[Path], progress: bool = False, exclude_suspicious: bool = False) -> Analysis:
+def analyze_campaigns(
+    paths: list[Path], progress: bool = False, exclude_suspicious: bool = False, exclude_unsandboxed: bool = False
+) -> Analysis:
     """Every analysis over the finished runs of `paths`, pooled. Runs that ended in an error outcome are left out
     and listed; with `exclude_suspicious`, so are runs the integrity audit found SUSPICIOUS (as `labkube report
-    --exclude-suspicious`).
+    --exclude-suspicious`); with `exclude_unsandboxed`, runs whose agent ran outside labkube's sandbox.
 
     Raises:
         AnalysisError: a path is not a campaign directory, or no run has a final result.
@@ -435,7 +438,8 @@ def analyze_campaigns(paths: list[Path], progress: bool = False, exclude_suspici
             f"{', '.join(map(str, paths))}: no run has finished yet; check `labkube status DIR` and analyse it then"
         )
     suspicious = [r.result.run_id for r in runs if exclude_suspicious and r.result.integrity_verdict == "SUSPICIOUS"]
-    kept = [r for r in runs if r.result.run_id not in suspicious]
+    unsandboxed = [r.result.run_id for r in runs if exclude_unsandboxed and r.spec.sandbox is SandboxMode.none]
+    kept = [r for r in runs if r.result.run_id not in suspicious and r.result.run_id not in unsandboxed]
     errors = [r for r in kept if not r.measured]
     runs = [r for r in kept if r.measured]
     paper = [r for r in runs if not r.is_gaia2]
@@ -455,6 +459,7 @@ def analyze_campaigns(paths: list[Path], progress: bool = False, exclude_suspici
         skipped=skipped,
         errors=[excluded_run(r) for r in errors],
         excluded_suspicious=suspicious,
+        excluded_unsandboxed=unsandboxed,
         rules={
             "phases": PHASE_RULE,
             "plateau": PLATEAU_RULE,

@@ -28,14 +28,26 @@ class BadInput(click.ClickException):
 @click.option(
     "--exclude-suspicious", is_flag=True, help="Leave out runs the integrity audit found SUSPICIOUS (as `report`)."
 )
-def analyze(campaigns: tuple[Path, ...], fmt: str, out_file: Path | None, exclude_suspicious: bool) -> None:
+@click.option(
+    "--exclude-unsandboxed",
+    is_flag=True,
+    help="Leave out runs whose agent ran outside labkube's sandbox (--sandbox none).",
+)
+def analyze(
+    campaigns: tuple[Path, ...], fmt: str, out_file: Path | None, exclude_suspicious: bool, exclude_unsandboxed: bool
+) -> None:
     """Capability, reliability, efficiency, behaviour and failure-mode analysis of campaigns (pooled). Runs that
     ended in an error outcome are left out of every number and counted."""
     from labkube.results.analysis import AnalysisError, analyze_campaigns  # numpy and friends: only when analysing
     from labkube.results.analysis_md import render_markdown
 
     try:
-        analysis = analyze_campaigns(list(campaigns), progress=True, exclude_suspicious=exclude_suspicious)
+        analysis = analyze_campaigns(
+            list(campaigns),
+            progress=True,
+            exclude_suspicious=exclude_suspicious,
+            exclude_unsandboxed=exclude_unsandboxed,
+        )
     except AnalysisError as exc:
         raise BadInput(str(exc)) from None
     out = out_file or Path(campaigns[0]) / f"analysis.{SUFFIX[fmt]}"
@@ -56,4 +68,6 @@ def analyze(campaigns: tuple[Path, ...], fmt: str, out_file: Path | None, exclud
         click.echo(f"left out: {len(analysis.errors)} runs that ended in an error outcome ({what})")
     if analysis.excluded_suspicious:
         click.echo(f"left out: {len(analysis.excluded_suspicious)} SUSPICIOUS runs (--exclude-suspicious)")
+    if analysis.excluded_unsandboxed:
+        click.echo(f"left out: {len(analysis.excluded_unsandboxed)} unsandboxed runs (--exclude-unsandboxed)")
     click.echo(f"written: {out}")

@@ -54,10 +54,11 @@ def render_markdown(a: Analysis) -> str:
             f"{_f(p1.pass_at_k if p1 else None, 2)} | "
             f"{'—' if pn is None else f'{pn.pass_hat_k:.2f} (k={pn.k})'} |"
         )
-    if a.errors or a.excluded_suspicious:
+    if a.errors or a.excluded_suspicious or a.excluded_unsandboxed:
         lines += ["", "Left out of every analysis:", ""]
         lines += [f"- {e.run_id}: `{e.outcome}`" + (f": {e.error}" if e.error else "") for e in a.errors]
         lines += [f"- {rid}: integrity verdict SUSPICIOUS (--exclude-suspicious)" for rid in a.excluded_suspicious]
+        lines += [f"- {rid}: ran unsandboxed (--exclude-unsandboxed)" for rid in a.excluded_unsandboxed]
     lines += ["", "## Efficiency", "", f"- {PLATEAU_RULE}", f"- {SHARE_RULE}", ""]
     lines += ["| run | final | time to best | since last improvement | plateaued | wall share at 25/50/75% |"]
     lines += ["|---|---|---|---|---|---|"]

@@ -211,6 +211,9 @@ class Analysis(BaseModel):
     excluded_suspicious: list[str] = Field(
         default_factory=list, description="Runs left out by --exclude-suspicious (integrity verdict SUSPICIOUS)."
     )
+    excluded_unsandboxed: list[str] = Field(
+        default_factory=list, description="Runs left out by --exclude-unsandboxed (run with --sandbox none)."
+    )
     rules: dict[str, str]
     groups: list[GroupStats]
     efficiency: list[EfficiencyRow]

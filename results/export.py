@@ -358,6 +358,7 @@ def write_trajectory(run_dir: Path, result: RunResult, path: Path) -> None:
                     "error": result.error,
                     "message": result.message,
                     "integrity_verdict": result.integrity_verdict,
+                    "sandbox": result.sandbox.value if result.sandbox else None,
                     "score": result.score,
                     "beat_baseline": result.beat_baseline,
                     "completion": result.completion,

@@ -399,6 +399,7 @@ def render_report_html(
             totals=totals,
             excluded=excluded,
             exclude_suspicious=exclude_suspicious,
+            unsandboxed=sum(r.unsandboxed for r in rows),
         )
     )
 

@@ -92,7 +92,7 @@ def status_table(rows: list[ReportRow], title: str) -> Table:
             format_usd(r.cost_usd, at_least=r.spend_at_least),
             fmt_seconds(r.wall_seconds),
             gpu_text(r.gpu_utilization, r.gpu_memory_peak_bytes),
-            r.integrity_verdict or "—",
+            r.integrity_label,
             Text(message_cell(r.message), style="yellow" if r.status not in ("Finished", "Failed") else "red"),
         )
     return table
@@ -151,7 +151,7 @@ def report_table(rows: list[ReportRow], title: str) -> Group:
             format_usd(r.cost_usd, at_least=r.spend_at_least),
             fmt_seconds(r.wall_seconds),
             gpu_text(r.gpu_utilization, r.gpu_memory_peak_bytes),
-            r.integrity_verdict or "—",
+            r.integrity_label,
         )
     notes = [
         Text.assemble(

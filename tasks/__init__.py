@@ -10,6 +10,7 @@ from typing import Any
 
 from labkube.task_card import TaskCard, TaskFamily
 from labkube.tasks.grading import GradeOutcome, grade_workspace
+from labkube.tasks.manifest import PinnedTask
 from labkube.tasks.researchgym import (
     OverlayError,
     TaskError,
@@ -23,6 +24,7 @@ from labkube.tasks.workspace import (
     prepare_workspace,
     remove_empty_pristine,
     workspace_diff,
+    workspace_prepared,
 )
 
 BUNDLED = Path(__file__).parent / "bundled"
@@ -31,6 +33,7 @@ __all__ = [
     "BUNDLED",
     "GradeOutcome",
     "OverlayError",
+    "PinnedTask",
     "TaskError",
     "bundled_tasks",
     "card_for_run",
@@ -170,13 +173,13 @@ def card_for_run(
 def prepare_run_workspace(card: TaskCard, dest: Path, idea_hint: bool = False) -> Path:
     """The agent's working copy for any task family; an existing one is kept (resume, retry)."""
     if card.gaia2 is not None:  # the world holds the state; the workspace stays empty
-        if not (dest / ".git").is_dir():
+        if not workspace_prepared(dest):
             dest.mkdir(parents=True, exist_ok=True)
             commit_pristine(dest)
         return dest
     if card.gaia is None:
         return prepare_workspace(card, dest, idea_hint)
-    if not (dest / ".git").is_dir():
+    if not workspace_prepared(dest):
         from labkube.tasks.gaia import prepare_gaia_workspace
 
         prepare_gaia_workspace(card, dest)
@@ -190,8 +193,19 @@ def grade_runs_in_workspace(card: TaskCard) -> bool:
     return card.gaia is None and card.gaia2 is None
 
 
-def grade_run(card: TaskCard, workspace: Path, scratch: Path, log_file: Path, answer: str | None) -> GradeOutcome:
-    """Grade a run by its family's rules: the pristine grader for paper tasks, the answer for GAIA."""
+def grade_run(
+    card: TaskCard,
+    workspace: Path,
+    scratch: Path,
+    log_file: Path,
+    answer: str | None,
+    pinned: PinnedTask | None = None,
+) -> GradeOutcome:
+    """Grade a run by its family's rules: the pristine grader for paper tasks, the answer for GAIA. With `pinned`,
+    only from the pristine task the campaign pinned: a task that changed since is not graded (`task_changed`)."""
+    changed = pinned.changes(card) if pinned is not None else None
+    if changed is not None:
+        return GradeOutcome.not_graded(card, changed, task_changed=True)
     if card.gaia is not None:
         from labkube.tasks.gaia import grade_answer
 

@@ -353,13 +353,13 @@ def _make_writable(root: Path) -> None:
         del dirnames
 
 
-def link_setup_outputs(env: TaskEnv, task_dir: Path, workspace: Path) -> list[str]:
-    """Link what install.sh created in its copy of the task (a marker, downloaded data) into `workspace`, at the same
-    relative paths; returns them. Existing workspace paths are never replaced."""
+def setup_outputs(env: TaskEnv, task_dir: Path) -> list[Path]:
+    """What install.sh created in its copy of the task (a marker, downloaded data): the paths in the copy that the
+    task itself does not have, a new directory whole."""
     copy = env.task_copy
     if not copy.is_dir():
         return []
-    linked: list[str] = []
+    found: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(copy):
         rel_dir = Path(dirpath).relative_to(copy)
         for name in list(dirnames) + filenames:
@@ -368,9 +368,19 @@ def link_setup_outputs(env: TaskEnv, task_dir: Path, workspace: Path) -> list[st
                 continue
             if name in dirnames:
                 dirnames.remove(name)  # a new directory is linked whole
-            target = workspace / rel
-            if target.exists() or target.is_symlink() or not target.parent.is_dir():
-                continue
-            target.symlink_to(copy / rel)
-            linked.append(str(rel))
+            found.append(copy / rel)
+    return found
+
+
+def link_setup_outputs(env: TaskEnv, task_dir: Path, workspace: Path) -> list[str]:
+    """Link what install.sh created in its copy of the task (`setup_outputs`) into `workspace`, at the same
+    relative paths; returns them. Existing workspace paths are never replaced."""
+    linked: list[str] = []
+    for made in setup_outputs(env, task_dir):
+        rel = made.relative_to(env.task_copy)
+        target = workspace / rel
+        if target.exists() or target.is_symlink() or not target.parent.is_dir():
+            continue
+        target.symlink_to(made)
+        linked.append(str(rel))
     return sorted(linked)

@@ -11,12 +11,14 @@ Edits the agent made to grading files never change a score.
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import math
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from labkube.result import SubtaskScore
@@ -25,18 +27,32 @@ from labkube.tasks._markdown import YOUR_METHOD, cell_numbers, first_number, par
 from labkube.tasks.scoring import headline, score_subtask
 from labkube.tasks.workspace import matches
 
+DESCRIPTION = "task_description.md"
+
 
 class GradeOutcome:
     """One grading: the subtasks' scores and the headline; `error` when the grader itself failed (exit status,
-    time-out: its last lines); `note` when it ran cleanly but left the headline subtask without a value."""
+    time-out: its last lines) or was not run (`task_changed`: the pristine task is not the one the campaign pinned);
+    `note` when it ran cleanly but left the headline subtask without a value, or ignored output it did not write."""
 
     def __init__(
-        self, subtasks: list[SubtaskScore], score: float | None, error: str | None, note: str | None = None
+        self,
+        subtasks: list[SubtaskScore],
+        score: float | None,
+        error: str | None,
+        note: str | None = None,
+        task_changed: bool = False,
     ) -> None:
         self.subtasks = subtasks
         self.score = score
         self.error = error
         self.note = note
+        self.task_changed = task_changed
+
+    @classmethod
+    def not_graded(cls, card: TaskCard, error: str, task_changed: bool = False) -> GradeOutcome:
+        """A grading that never produced values: every subtask without one."""
+        return cls([score_subtask(None, s) for s in card.subtasks], None, error, task_changed=task_changed)
 
 
 def last_lines(text: str, lines: int = 8, max_chars: int = 1200) -> str:
@@ -106,30 +122,89 @@ def as_number(value: object) -> float | None:
     return None
 
 
-def summary_file(view: Path, pattern: str) -> Path | None:
+FileState = tuple[int, int, int, str]  # inode, size, mtime_ns, sha256
+
+
+def file_state(path: Path) -> FileState | None:
+    """What tells whether a file was written: a rewrite with other content changes the digest, one with the same
+    content its times (or, written beside and renamed, its inode). None for no regular file there."""
+    try:
+        st = path.stat()
+        if not path.is_file():
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns, hashlib.sha256(path.read_bytes()).hexdigest())
+    except OSError:
+        return None
+
+
+def outputs_before(card: TaskCard, view: Path) -> dict[str, FileState]:
+    """The grader's outputs as the grading view holds them before the grader runs (the description and the JSON
+    summary, copies from the pristine task or what earlier gradings left), by path relative to the view."""
+    rels = [DESCRIPTION]
+    pattern = card.grading.summary
+    if pattern:
+        rels += [p.relative_to(view).as_posix() for p in view.glob(pattern)] if glob.has_magic(pattern) else [pattern]
+    return {rel: state for rel in rels if (state := file_state(view / rel)) is not None}
+
+
+def summary_file(view: Path, pattern: str, written: Callable[[Path], bool] | None = None) -> Path | None:
     """The grader's JSON summary: `pattern` relative to the task root, or the newest file it matches when it is
-    a glob (`grading/runs/*/grading_summary.json`: a grader that writes one per timestamped run)."""
+    a glob (`grading/runs/*/grading_summary.json`: a grader that writes one per timestamped run). With `written`,
+    only a file this grading wrote."""
     if not glob.has_magic(pattern):
-        return view / pattern
-    found = [p for p in view.glob(pattern) if p.is_file()]
+        path = view / pattern
+        return path if written is None or written(path) else None
+    found = [p for p in view.glob(pattern) if p.is_file() and (written is None or written(p))]
     return max(found, key=lambda p: (p.stat().st_mtime, p.as_posix()), default=None)
 
 
 def read_values(card: TaskCard, view: Path) -> dict[str, float | None]:
     """Each subtask's raw value, from the JSON summary first, then the filled `Your Method` rows."""
+    return graded_values(card, view, None)[0]
+
+
+def graded_values(
+    card: TaskCard, view: Path, before: Mapping[str, FileState] | None
+) -> tuple[dict[str, float | None], list[str]]:
+    """Each subtask's raw value, from the JSON summary first, then the filled `Your Method` rows; and what was
+    ignored. With `before` (`outputs_before`), a summary or a description counts only if this grading wrote it: a
+    task that ships a `results.json` or a filled row, or a grader that wrote nothing this time, scores nothing."""
+
+    def written(path: Path) -> bool:
+        return before is None or file_state(path) != before.get(path.relative_to(view).as_posix())
+
+    ignored: list[str] = []
     summary: object = None
-    path = summary_file(view, card.grading.summary) if card.grading.summary else None
+    pattern = card.grading.summary
+    path = summary_file(view, pattern, written) if pattern else None
     if path is not None:
         try:
             summary = json.loads(path.read_text())
         except (OSError, ValueError):
             summary = None
-    md = view / "task_description.md"
-    tables = parse_tables(md.read_text(errors="replace"))[0] if md.exists() else []
-    values: dict[str, float | None] = {}
-    for s in card.subtasks:
-        values[s.id] = _value_for(s, summary, tables)
-    return values
+    stale = summary_file(view, pattern) if pattern and (path is None or not path.is_file()) else None
+    if stale is not None and stale.is_file():
+        ignored.append(f"{_origin(view, stale)} and this grading did not rewrite it; ignored")
+    md = view / DESCRIPTION
+    text = md.read_text(errors="replace") if md.is_file() else ""
+    fresh_tables = written(md)
+    tables = parse_tables(text)[0] if text and fresh_tables else []
+    values = {s.id: _value_for(s, summary, tables) for s in card.subtasks}
+    if text and not fresh_tables:
+        shipped = parse_tables(text)[0]
+        if any(values[s.id] is None and _value_for(s, None, shipped) is not None for s in card.subtasks):
+            ignored.append(
+                f"{_origin(view, md)} with a filled Your Method row and this grading did not rewrite it; "
+                "its values ignored"
+            )
+    return values, ignored
+
+
+def _origin(view: Path, path: Path) -> str:
+    """Where a file in the grading view came from: a copy from the pristine task, or the workspace (a symlink)."""
+    rel = path.relative_to(view).as_posix()
+    linked = path.is_symlink() or (view / rel.split("/")[0]).is_symlink()
+    return f"{rel} was there before this grading" if linked else f"{rel} was shipped with the task"
 
 
 def _value_for(s: Subtask, summary: object, tables: list) -> float | None:
@@ -154,8 +229,9 @@ def grade_workspace(card: TaskCard, workspace: Path, scratch: Path, log_file: Pa
     view = scratch / "grading-view"
     try:
         build_grading_view(card, workspace, view)
+        before = outputs_before(card, view)
     except OSError as exc:
-        return GradeOutcome([score_subtask(None, s) for s in card.subtasks], None, f"grading view: {exc}")
+        return GradeOutcome.not_graded(card, f"grading view: {exc}")
     from labkube.tasks.environment import activate, current_env
 
     env = dict(os.environ)
@@ -192,14 +268,16 @@ def grade_workspace(card: TaskCard, workspace: Path, scratch: Path, log_file: Pa
         log_file.parent.mkdir(parents=True, exist_ok=True)
         with log_file.open("a") as fh:
             fh.write(output)
-    values = read_values(card, view)
+    values, ignored = graded_values(card, view, before)
     scores = [score_subtask(values.get(s.id), s) for s in card.subtasks]
     primary = card.primary
     score = None
     if primary is not None:
         p = next(x for x in scores if x.id == primary.id)
         score = headline(p)
-    return GradeOutcome(scores, score, error, None if error else no_value_note(card, scores, printed))
+    notes = [*ignored, no_value_note(card, scores, printed)]
+    note = "; ".join(n for n in notes if n) or None
+    return GradeOutcome(scores, score, error, None if error else note)
 
 
 def _text(data: bytes | str | None) -> str:

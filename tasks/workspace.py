@@ -1,4 +1,15 @@
-"""The agent's working copy of a task: a git repository with the pristine task committed."""
+"""The agent's working copy of a task, and labkube's own record of it.
+
+The workspace is a git repository whose first commit, tagged `labkube-pristine`, is the task as the agent received
+it. That repository (`workspace/.git`: config, hooks, attributes, refs, objects, index) is the agent's to use and to
+change, so labkube never runs `git` in it: a `git add` that read its config would run the agent's clean filter or
+fsmonitor with labkube's environment (API keys), and a diff against its tag would compare with whatever commit the
+agent moved the tag to. labkube keeps its own record of the pristine commit in a git directory beside the workspace,
+`<run>/workspace.git` (`workspace_record`), made before the agent starts and outside anything the agent can write,
+and runs every `git` of its own there (`record_git`): `git --git-dir=<record> --work-tree=<workspace>`, with no
+configuration but its own (`SAFE_CONFIG`, `git_env`). A `.git` in the work tree is never read by that git: git skips
+the entry `.git` wherever it is, and takes a nested repository (`sub/.git`) as one entry, its commit id.
+"""
 
 from __future__ import annotations
 
@@ -14,9 +25,52 @@ from pathlib import Path
 
 from labkube.task_card import TaskCard
 
-GIT = ["git", "-c", "user.name=labkube", "-c", "user.email=labkube@localhost", "-c", "commit.gpgsign=false"]
 PRISTINE_TAG = "labkube-pristine"
+# The tag in full: a file of the workspace named `labkube-pristine` would make the short name ambiguous to git.
+PRISTINE_REF = f"refs/tags/{PRISTINE_TAG}"
 EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"  # git's object id of the tree with nothing in it
+RECORD_SUFFIX = ".git"  # labkube's record of the workspace `<dir>/<name>` is `<dir>/<name>.git`: `<run>/workspace.git`
+
+# The configuration of every `git` labkube runs, over the record's own `config` (which labkube wrote) and nothing
+# else (`git_env`: no system or global file). Each line turns off something that could run a program or read a file
+# the agent chose, or pins a setting the record's own config could otherwise hold.
+SAFE_CONFIG = (
+    "user.name=labkube",
+    "user.email=labkube@localhost",
+    "commit.gpgsign=false",
+    "tag.gpgsign=false",
+    "core.hooksPath=/dev/null",  # no hook runs
+    "core.fsmonitor=false",  # no fsmonitor program
+    "core.untrackedCache=false",
+    "core.splitIndex=false",
+    "core.attributesFile=/dev/null",  # not ~/.config/git/attributes
+    "core.excludesFile=/dev/null",  # not ~/.config/git/ignore
+    "core.autocrlf=false",
+    "core.safecrlf=false",
+    "core.pager=cat",
+    "protocol.allow=never",  # no transport at all: no core.sshCommand, no remote helper
+    "gc.auto=0",  # no `gc --auto` after a commit: no background process, the pristine objects stay loose
+    "maintenance.auto=false",
+    # A nested repository of the agent's (`sub/.git`) is recorded as its commit id; its work tree is never examined,
+    # which would run `git status` inside it, with its config (and its fsmonitor).
+    "diff.ignoreSubmodules=dirty",
+    "status.submoduleSummary=false",
+    "submodule.recurse=false",
+)
+GIT = ["git", "--no-pager", *(arg for setting in SAFE_CONFIG for arg in ("-c", setting))]
+# What each diff of labkube's is given: no external diff program and no textconv (both come only from configuration,
+# which the agent never wrote here; this keeps it so), no colour codes, no look into a nested repository's work tree.
+SAFE_DIFF = ("--no-color", "--no-ext-diff", "--no-textconv", "--ignore-submodules=dirty")
+# The record's `info/attributes`, which takes precedence over every `.gitattributes` in the work tree (the agent's):
+# each file is recorded as its bytes on disk (no end-of-line conversion, no `$Id$`, no re-encoding) and diffed as its
+# content reads (no `-diff` to hide it as binary). A `filter=x` or `diff=x` there would run nothing even without
+# this: a driver's command comes only from configuration, and labkube's git reads none the agent wrote.
+RECORD_ATTRIBUTES = "* !text !eol !ident !filter !working-tree-encoding !diff !merge\n"
+# The dates of the commits labkube makes may come from this process's environment (a test fixes them to compare two
+# pristine commits); they change what a commit says, not what git reads or runs. Every other GIT_* variable is
+# dropped, as are the programs git could be told to start.
+COMMIT_DATES = frozenset({"GIT_AUTHOR_DATE", "GIT_COMMITTER_DATE"})
+PROGRAM_VARIABLES = frozenset({"PAGER", "EDITOR", "VISUAL", "SSH_ASKPASS"})
 
 
 def matches(rel: str, patterns: list[str]) -> bool:
@@ -58,9 +112,9 @@ def links_outside(task_dir: Path, hidden: list[str]) -> list[tuple[str, str]]:
 def prepare_workspace(card: TaskCard, dest: Path, idea_hint: bool = False) -> Path:
     """Copy what the agent may see into `dest` and commit it as the pristine state.
 
-    An existing workspace (a retried or resumed run) is left as it is.
+    An existing workspace (a retried or resumed run) is left as it is (`workspace_prepared`).
     """
-    if (dest / ".git").is_dir():
+    if workspace_prepared(dest):
         return dest
     src = Path(card.path)
     hidden = hidden_patterns(card, idea_hint)
@@ -87,65 +141,145 @@ def prepare_workspace(card: TaskCard, dest: Path, idea_hint: bool = False) -> Pa
     return dest
 
 
-def commit_pristine(dest: Path) -> None:
-    """Make `dest` a git repository whose first commit (tagged) is the task as the agent received it.
+def workspace_record(workspace: Path) -> Path:
+    """labkube's own git directory of `workspace`: its sibling `<name>.git` (a run's `<run>/workspace.git`), which
+    holds the pristine commit under `PRISTINE_TAG` and which the agent can neither read nor write."""
+    return workspace.parent / f"{workspace.name}{RECORD_SUFFIX}"
 
-    An empty workspace (every Gaia2 scenario, a GAIA question without a file) gets the files of this process's
-    empty pristine repository when it has them (`make_empty_pristine`, made by the agent zygote before it forks):
-    the same commit of the empty tree, without four `git` processes per run."""
+
+def workspace_prepared(workspace: Path) -> bool:
+    """Whether `workspace` has been committed as the pristine task already (a resumed or retried run keeps it as it
+    is): labkube's record of it exists, so an agent that deleted its own `.git` keeps its work; or, in a run directory
+    of a labkube from before the record, the agent's repository exists (its audit then says the record is missing)."""
+    return workspace_record(workspace).is_dir() or (workspace / ".git").is_dir()
+
+
+class MissingRecord(RuntimeError):
+    """A workspace without labkube's record of its pristine commit (a run directory of an older labkube, or a record
+    removed since): its changes are not known, and are not taken from the agent's own `.git` either."""
+
+    def __init__(self, workspace: Path) -> None:
+        super().__init__(
+            f"labkube's record of the workspace is missing ({workspace_record(workspace)}): the run directory was made "
+            "by a labkube from before the record, or the record was removed; the workspace's changes are not read "
+            "from the agent's own .git, which the agent can rewrite"
+        )
+
+
+def commit_pristine(dest: Path) -> None:
+    """Commit `dest` as the task as the agent received it, twice: in labkube's record (`workspace_record`), which every
+    diff of labkube's is taken against, and in the agent's own repository `dest/.git`, which the agent may use as it
+    likes. The two hold the same pristine commit, tagged `PRISTINE_TAG`, and share no file (through a hard link the
+    agent could rewrite the record's objects). The record is written under a temporary name beside it and renamed
+    into place last: where it exists, it is whole.
+
+    An empty workspace (every Gaia2 scenario, a GAIA question without a file) gets both from this process's empty
+    pristine template when it has one (`make_empty_pristine`, made by the agent zygote before it forks): the same
+    commit of the empty tree, without five `git` processes per run."""
+    record = workspace_record(dest)
     if _empty_pristine is not None and not any(dest.iterdir()):
+        partial = record.with_name(f".{record.name}.{os.getpid()}.partial")
         try:
-            _empty_pristine.write_into(dest)
+            _empty_pristine.write_into(dest, partial)
+            os.rename(partial, record)
             return
         except OSError:  # a workspace it cannot write as it is: git makes this one (and says why when it fails too)
             shutil.rmtree(dest / ".git", ignore_errors=True)
-    run_git(dest, "init", "-q", "-b", "main")
-    run_git(dest, "add", "-A")
-    run_git(dest, "commit", "-q", "--allow-empty", "-m", "pristine task")
-    run_git(dest, "tag", PRISTINE_TAG)
+            shutil.rmtree(partial, ignore_errors=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{record.name}.", suffix=".partial", dir=dest.parent))
+    try:
+        _commit_record(partial, dest)
+        _copy_into_agent_repository(partial, dest)
+        os.rename(partial, record)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.rmtree(dest / ".git", ignore_errors=True)
+        raise
+
+
+def _commit_record(record: Path, workspace: Path) -> None:
+    """Make `record` (an empty directory) labkube's git directory of `workspace`, with the workspace's files committed
+    and tagged. A bare repository without git's templates (no hooks, no sample files): used only with an explicit
+    work tree."""
+    _run_git(["init", "-q", "--bare", "--template=", "-b", "main", str(record.absolute())], workspace)
+    (record / "info").mkdir(exist_ok=True)
+    (record / "info" / "attributes").write_text(RECORD_ATTRIBUTES)
+    _record_git(record, workspace, "add", "-A", "--", ".")
+    _record_git(record, workspace, "commit", "-q", "--allow-empty", "-m", "pristine task")
+    _record_git(record, workspace, "tag", PRISTINE_TAG)
+
+
+def _copy_into_agent_repository(record: Path, workspace: Path) -> None:
+    """The agent's own repository `workspace/.git`: one `git init` makes, holding copies (never links) of the record's
+    objects, refs and index, so its HEAD is the pristine commit with nothing to commit."""
+    _run_git(["init", "-q", "-b", "main"], workspace)
+    repository = workspace / ".git"
+    for part in ("objects", "refs"):
+        shutil.copytree(record / part, repository / part, dirs_exist_ok=True)
+    shutil.copy2(record / "index", repository / "index")
+
+
+@dataclass(frozen=True)
+class _HeldTree:
+    """A directory held in memory: its directories (each as the suffix of its path after the root's, the root's own
+    first as "", in os.walk's order, with its permission bits) and its files (path suffix, permission bits, content)."""
+
+    directories: tuple[tuple[str, int], ...]
+    files: tuple[tuple[str, int, bytes], ...]
+
+    @classmethod
+    def read(cls, root: Path) -> _HeldTree:
+        directories, files = [], []
+        for directory, subdirs, names in os.walk(root):
+            subdirs.sort()
+            here = Path(directory)
+            rel = here.relative_to(root).as_posix()
+            directories.append(("" if rel == "." else f"/{rel}", stat.S_IMODE(here.stat().st_mode)))
+            for name in sorted(names):
+                path = here / name
+                mode = stat.S_IMODE(path.stat().st_mode)
+                files.append((f"/{path.relative_to(root).as_posix()}", mode, path.read_bytes()))
+        return cls(tuple(directories), tuple(files))
+
+    def write_into(self, root: Path, umask: int) -> None:
+        """Write the tree at `root`, which must not exist."""
+        base = str(root)
+        for rel, mode in self.directories:  # os.walk's order: each directory before what it holds
+            path = f"{base}{rel}"
+            os.mkdir(path, mode)
+            if mode & umask:  # the bits the template had, whatever the umask
+                os.chmod(path, mode)
+        for rel, mode, content in self.files:
+            fd = os.open(f"{base}{rel}", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+            try:
+                if mode & umask:
+                    os.fchmod(fd, mode)
+                if os.write(fd, content) != len(content):  # a few hundred bytes: one write, or git makes the repository
+                    raise OSError(f"a short write of {path}")
+            finally:
+                os.close(fd)
 
 
 @dataclass(frozen=True)
 class EmptyPristine:
-    """The `.git` of an empty workspace committed as the pristine task, held in memory: its directories and its
-    files (path relative to the workspace, permission bits, content). Written out with one `mkdir` per directory and
-    one `open`/`write` per file, where copying a template directory (`shutil.copytree`: a copy and a `copystat` per
-    entry) cost a forked run 3 ms."""
+    """An empty workspace committed as the pristine task, held in memory: the agent's `.git` and labkube's record,
+    each as its directories and files. Written out with one `mkdir` per directory and one `open`/`write` per file,
+    where copying a template directory (`shutil.copytree`: a copy and a `copystat` per entry) cost a forked run 3 ms."""
 
     made_by: int  # the process that made it; its forked children write it too, each into its own workspace
-    directories: tuple[tuple[str, int], ...]
-    files: tuple[tuple[str, int, bytes], ...]
+    repository: _HeldTree  # the agent's `.git`
+    record: _HeldTree  # labkube's record (`workspace_record`)
     umask: int  # its maker's, which the runs it forks inherit: only bits it would clear need a chmod of their own
 
     @classmethod
     def read(cls, workspace: Path) -> EmptyPristine:
-        directories, files = [], []
-        for directory, subdirs, names in os.walk(workspace / ".git"):
-            subdirs.sort()
-            here = Path(directory)
-            directories.append((here.relative_to(workspace).as_posix(), stat.S_IMODE(here.stat().st_mode)))
-            for name in sorted(names):
-                path = here / name
-                mode = stat.S_IMODE(path.stat().st_mode)
-                files.append((path.relative_to(workspace).as_posix(), mode, path.read_bytes()))
-        return cls(os.getpid(), tuple(directories), tuple(files), _umask())
+        repository = _HeldTree.read(workspace / ".git")
+        return cls(os.getpid(), repository, _HeldTree.read(workspace_record(workspace)), _umask())
 
-    def write_into(self, dest: Path) -> None:
-        root = str(dest)
-        for rel, mode in self.directories:  # os.walk's order: each directory before what it holds
-            path = f"{root}/{rel}"
-            os.mkdir(path, mode)
-            if mode & self.umask:  # the bits the template had, whatever the umask
-                os.chmod(path, mode)
-        for rel, mode, content in self.files:
-            fd = os.open(f"{root}/{rel}", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
-            try:
-                if mode & self.umask:
-                    os.fchmod(fd, mode)
-                if os.write(fd, content) != len(content):  # a few hundred bytes: one write, or git makes the repository
-                    raise OSError(f"a short write of {rel}")
-            finally:
-                os.close(fd)
+    def write_into(self, dest: Path, record: Path) -> None:
+        """The record at `record` (not there yet), then the agent's repository in the empty workspace `dest`."""
+        self.record.write_into(record, self.umask)
+        self.repository.write_into(dest / ".git", self.umask)
 
 
 def _umask() -> int:
@@ -164,19 +298,22 @@ _empty_pristine: EmptyPristine | None = None  # set in the agent zygote; the run
 
 
 def make_empty_pristine() -> None:
-    """An empty workspace committed as the pristine task, read into memory for `commit_pristine` to write out in
-    this process and in the processes it forks; `remove_empty_pristine` forgets it."""
+    """An empty workspace committed as the pristine task (the agent's repository and labkube's record), read into
+    memory for `commit_pristine` to write out in this process and in the processes it forks; `remove_empty_pristine`
+    forgets it."""
     global _empty_pristine
     with tempfile.TemporaryDirectory(prefix="labkube-empty-pristine-") as tmp:
-        path = Path(tmp)
+        path = Path(tmp) / "workspace"  # its record is `workspace.git` beside it, in the temporary directory too
+        path.mkdir()
         commit_pristine(path)
-        # What git reads is HEAD, config, the index, objects and refs; the rest `git init` writes (sample hooks, the
-        # reflogs, a description for gitweb, the commit message file) is inert, and leaving it out halves each copy.
+        # What git reads is HEAD, config, the index, objects and refs (and the record's info/attributes); the rest
+        # `git init` writes (sample hooks, the reflogs, a description for gitweb, the commit message file) is inert,
+        # and leaving it out halves each copy.
         git = path / ".git"
         for inert in ("hooks", "logs", "info", "branches"):
             shutil.rmtree(git / inert, ignore_errors=True)
-        for inert in ("description", "COMMIT_EDITMSG"):
-            (git / inert).unlink(missing_ok=True)
+        for inert in (git / "description", git / "COMMIT_EDITMSG", workspace_record(path) / "COMMIT_EDITMSG"):
+            inert.unlink(missing_ok=True)
         _empty_pristine = EmptyPristine.read(path)
 
 
@@ -187,27 +324,84 @@ def remove_empty_pristine() -> None:
 
 
 def pristine_is_empty(workspace: Path) -> bool:
-    """Whether the pristine commit is the empty tree, read from git's own files (a loose tag and commit, as
-    `commit_pristine` leaves them); False whenever that cannot be read, so callers fall back to `git`."""
+    """Whether the pristine commit in labkube's record is the empty tree, read from git's own files (a loose tag and
+    commit, as `commit_pristine` leaves them); False whenever that cannot be read (no record among them), so callers
+    fall back to `git`."""
+    record = workspace_record(workspace)
     try:
-        commit = (workspace / ".git" / "refs" / "tags" / PRISTINE_TAG).read_text().strip()
+        commit = (record / "refs" / "tags" / PRISTINE_TAG).read_text().strip()
         if len(commit) != 40 or not all(c in "0123456789abcdef" for c in commit):
             return False
-        raw = zlib.decompress((workspace / ".git" / "objects" / commit[:2] / commit[2:]).read_bytes())
+        raw = zlib.decompress((record / "objects" / commit[:2] / commit[2:]).read_bytes())
     except (OSError, zlib.error):
         return False
     header, _, body = raw.partition(b"\0")
     return header.startswith(b"commit ") and body.startswith(f"tree {EMPTY_TREE}\n".encode())
 
 
-def run_git(cwd: Path, *args: str) -> str:
-    proc = subprocess.run([*GIT, *args], cwd=cwd, capture_output=True, text=True, check=False)
+def git_env(index: Path | None = None) -> dict[str, str]:
+    """The environment of labkube's `git`: this process's without any GIT_* variable (GIT_DIR, GIT_CONFIG_PARAMETERS,
+    GIT_EXTERNAL_DIFF, GIT_SSH_COMMAND, ...; the commit dates excepted) or program to start, and with no system or
+    global configuration: the settings on the command line (`SAFE_CONFIG`) over the repository's own config are all
+    there is (so no `include`/`includeIf` of someone else's file either). `index`: a scratch index to use."""
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if (not name.startswith("GIT_") or name in COMMIT_DATES) and name not in PROGRAM_VARIABLES
+    }
+    env.update(
+        GIT_CONFIG_NOSYSTEM="1",
+        GIT_CONFIG_SYSTEM=os.devnull,
+        GIT_CONFIG_GLOBAL=os.devnull,
+        GIT_ATTR_NOSYSTEM="1",
+        GIT_TERMINAL_PROMPT="0",
+        GIT_NO_REPLACE_OBJECTS="1",
+    )
+    if index is not None:
+        env["GIT_INDEX_FILE"] = str(index)
+    return env
+
+
+def _run_git(args: list[str], cwd: Path, index: Path | None = None) -> str:
+    proc = subprocess.run(
+        [*GIT, *args],
+        cwd=cwd,
+        env=git_env(index),
+        capture_output=True,
+        # A file's content in a diff is whatever bytes the agent wrote: undecodable ones must not fail the audit.
+        encoding="utf-8",
+        errors="replace",
+        check=False,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"git {' '.join(args)} failed in {cwd}: {proc.stderr.strip()[:300]}")
     return proc.stdout
 
 
+def _record_git(record: Path, workspace: Path, *args: str, index: Path | None = None) -> str:
+    return _run_git([f"--git-dir={record.absolute()}", f"--work-tree={workspace.absolute()}", *args], workspace, index)
+
+
+def record_git(workspace: Path, *args: str, index: Path | None = None) -> str:
+    """`git args` on labkube's record of `workspace` with the workspace as its work tree (paths relative to it), in
+    the scratch `index` when one is given; never on the agent's `.git`. `MissingRecord` without a record."""
+    record = workspace_record(workspace)
+    if not record.is_dir():
+        raise MissingRecord(workspace)
+    return _record_git(record, workspace, *args, index=index)
+
+
+def run_git(cwd: Path, *args: str) -> str:
+    """`git args` in the repository at `cwd`, with labkube's configuration and environment. Not for a workspace an
+    agent has had: its `.git` is the agent's (`record_git` is labkube's git of a workspace)."""
+    return _run_git(list(args), cwd)
+
+
 def workspace_diff(workspace: Path) -> str:
-    """The agent's changes against the pristine commit, untracked files included."""
-    run_git(workspace, "add", "-A", "--intent-to-add")
-    return run_git(workspace, "diff", PRISTINE_TAG, "--no-color", "--no-ext-diff")
+    """The agent's changes against the pristine commit, untracked files included (ignored ones not), from labkube's
+    record, in a scratch index: neither the record's index nor the agent's repository is changed."""
+    with tempfile.TemporaryDirectory(prefix="labkube-diff-") as tmp:
+        index = Path(tmp) / "index"
+        record_git(workspace, "read-tree", PRISTINE_REF, index=index)
+        record_git(workspace, "add", "-A", "--intent-to-add", "--", ".", index=index)
+        return record_git(workspace, "diff", *SAFE_DIFF, PRISTINE_REF, "--", index=index)

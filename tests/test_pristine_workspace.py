@@ -12,7 +12,14 @@ import pytest
 
 from labkube.integrity.evidence import workspace_changes
 from labkube.tasks import make_empty_pristine, remove_empty_pristine
-from labkube.tasks.workspace import EMPTY_TREE, PRISTINE_TAG, commit_pristine, pristine_is_empty, run_git
+from labkube.tasks.workspace import (
+    EMPTY_TREE,
+    PRISTINE_TAG,
+    commit_pristine,
+    pristine_is_empty,
+    run_git,
+    workspace_record,
+)
 
 
 def git(workspace: Path, *args: str) -> str:
@@ -88,7 +95,9 @@ def test_the_diff_without_git_is_only_for_an_empty_pristine_and_an_empty_workspa
 
 def test_an_unreadable_pristine_tag_falls_back_to_git(tmp_path: Path, empty_pristine: None) -> None:
     commit_pristine(tmp_path)
-    tag = tmp_path / ".git" / "refs" / "tags" / PRISTINE_TAG
+    # The tag read is labkube's record's (tests/test_workspace_record.py); the one in the agent's `.git` is the
+    # agent's to move, and no longer decides anything (this test used to damage that one).
+    tag = workspace_record(tmp_path) / "refs" / "tags" / PRISTINE_TAG
     tag.write_text("../../../../etc/passwd\n")
     assert not pristine_is_empty(tmp_path)
     tag.unlink()
@@ -109,7 +118,11 @@ def test_each_workspace_gets_a_repository_of_its_own_from_the_template_held_in_m
     run_git(first, "add", "-A")
     run_git(first, "commit", "-q", "-m", "the agent's work")
     run_git(first, "tag", "-f", PRISTINE_TAG)
-    assert not pristine_is_empty(first)
+    assert git(first, "rev-parse", PRISTINE_TAG) != git(second, "rev-parse", PRISTINE_TAG)
+    # The agent's moved tag is its own: labkube's record of `first` still holds the empty pristine commit (this test
+    # used to assert the opposite, the unsafe contract of reading the pristine commit from the agent's `.git`).
+    assert pristine_is_empty(first)
+    assert [c.path for c in workspace_changes(first).changes] == ["notes.txt"]
     assert pristine_is_empty(second)
     assert git(second, "log", "--format=%s") == "pristine task"
     assert git(second, "fsck", "--strict") == ""

@@ -1319,7 +1319,7 @@ def test_tool_arguments_give_output_or_tool_error(name: str, data: st.DataObject
         _ws, ctx, tools = make_tool_base(base)
         assert ctx.jobs is not None
         if name in ("check_async", "cancel_async"):
-            ctx.jobs.start("true", ctx.workspace.root, ctx.env())  # job1 exists
+            ctx.jobs.start("true", ["bash", "-c", "true"], ctx.workspace.root, ctx.env())  # job1 exists
         try:
             call(tools[name], fill_paths(args, base))
         finally:

@@ -40,6 +40,7 @@ from labkube.agent.gateway.wire import (
     Sent,
     UpstreamPool,
     UpstreamResponse,
+    unix_listener,
 )
 from labkube.agent.pricing import cost_usd
 from labkube.agent.telemetry import RunTelemetry
@@ -107,6 +108,7 @@ class ModelGateway(GatewayAddress):
         self._in_flight = 0
         self._deferred: deque[tuple[float, Callable[[], None]]] = deque()
         self._deferred_handle: asyncio.Handle | None = None
+        self._unix_paths: list[Path] = []
         self.url = ""
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> ModelGateway:
@@ -117,10 +119,20 @@ class ModelGateway(GatewayAddress):
         self.url = f"http://{host}:{bound}"
         return self
 
+    async def listen_unix(self, path: Path) -> None:
+        """Serve on a unix socket at `path` too (after `start`), with the same routes and token check: the way in
+        for an agent in the run's sandbox, whose network has no host loopback. Removed again by `close`."""
+        assert self._server is not None, "start the gateway first"
+        await self._server.start_unix(unix_listener(path))
+        self._unix_paths.append(path)
+
     async def close(self) -> None:
         if self._server is not None:
             await self._server.close(CLOSE_GRACE_S)
             self._server = None
+        for path in self._unix_paths:
+            path.unlink(missing_ok=True)
+        self._unix_paths = []
         self.flush()  # the last calls' transcript lines, series and state file
         if self._state_writer is not None:
             await self._state_writer

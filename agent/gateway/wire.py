@@ -23,11 +23,15 @@ import functools
 import http
 import json
 import logging
+import os
+import socket
 import ssl
+import stat
 import zlib
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import httptools
@@ -293,25 +297,59 @@ class _AgentConnection(asyncio.Protocol):
             self.task = None
 
 
+def unix_listener(path: Path) -> socket.socket:
+    """A listening unix socket at `path`, whatever its length: bound through the folder's descriptor
+    (`/proc/self/fd/N/name`) where the path is over the 107 bytes of `sun_path` (a run folder deep in a campaign's).
+    A stale socket left there by an earlier attempt is replaced."""
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISSOCK(os.lstat(path).st_mode):
+            path.unlink()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        if len(os.fsencode(path)) < 108:
+            sock.bind(str(path))
+        else:
+            folder = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
+            try:
+                sock.bind(f"/proc/self/fd/{folder}/{path.name}")
+            finally:
+                os.close(folder)
+        sock.listen(64)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 class HttpServer:
-    """Serves `handler` on host:port (`start` answers the port it bound). `close` stops listening, closes idle
-    connections, gives the requests being answered `grace_s` to finish, then cuts them."""
+    """Serves `handler` on host:port (`start` answers the port it bound) and on any unix sockets (`start_unix`: a
+    sandboxed agent's way in). `close` stops listening, closes idle connections, gives the requests being answered
+    `grace_s` to finish, then cuts them."""
 
     def __init__(self, handler: Handler, max_body: int) -> None:
         self.handler = handler
         self.max_body = max_body
         self.connections: set[_AgentConnection] = set()
-        self._server: asyncio.Server | None = None
+        self._servers: list[asyncio.Server] = []
 
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _AgentConnection(self), host, port)
-        return int(self._server.sockets[0].getsockname()[1])
+        server = await loop.create_server(lambda: _AgentConnection(self), host, port)
+        self._servers.append(server)
+        return int(server.sockets[0].getsockname()[1])
+
+    async def start_unix(self, sock: socket.socket) -> None:
+        """Serve on a unix socket already bound and listening (its path may be longer than `sun_path` allows, so the
+        caller binds it)."""
+        loop = asyncio.get_running_loop()
+        self._servers.append(await loop.create_unix_server(lambda: _AgentConnection(self), sock=sock))
 
     async def close(self, grace_s: float) -> None:
-        if self._server is None:
+        if not self._servers:
             return
-        self._server.close()
+        for server in self._servers:
+            server.close()
         for connection in list(self.connections):
             if connection.task is None:
                 connection.transport.close()
@@ -322,9 +360,10 @@ class HttpServer:
             connection.transport.abort()
             if connection.task is not None:
                 connection.task.cancel()
-        with contextlib.suppress(Exception):
-            await self._server.wait_closed()
-        self._server = None
+        for server in self._servers:
+            with contextlib.suppress(Exception):
+                await server.wait_closed()
+        self._servers = []
 
 
 # -- the provider's side

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from labkube.agent.budget import BudgetTracker
 from labkube.agent.checkpoint import Checkpoint
 from labkube.agent.containment import adopt_run_processes, end_run_processes
-from labkube.agent.harness.gpu import read_gpu_use, start_gpu_meter
+from labkube.agent.harness.gpu import gpu_minor_numbers, read_gpu_use, start_gpu_meter
 from labkube.agent.jobs import JobManager
 from labkube.agent.messages import Message
 from labkube.agent.prompts import initial_messages
@@ -34,6 +34,7 @@ from labkube.agent.rg.loop import AgentRun, estimate_tokens, run_loop
 from labkube.agent.rg.tools import ToolContext, tools_for
 from labkube.agent.rg.web import web_tools
 from labkube.agent.rg.workspace import Workspace
+from labkube.agent.run_sandbox import run_room
 from labkube.agent.rg.world_errors import WorldFailure
 from labkube.agent.rg.world_session import WorldSession, open_world, world_tools
 from labkube.agent.scaffolds.are_default import run_are_default
@@ -45,11 +46,19 @@ from labkube.result import Grade, Outcome, RunResult, SubtaskScore, completion_o
 from labkube.run_spec import CLI_AGENTS, RunPhase, RunSpec, RunStatus
 from labkube.store import RunDir, read_model, utcnow, write_model
 from labkube.task_card import TaskCard
-from labkube.tasks import card_for_run, grade_run, grade_runs_in_workspace, prepare_run_workspace
+from labkube.tasks import (
+    GradeOutcome,
+    PinnedTask,
+    card_for_run,
+    grade_run,
+    grade_runs_in_workspace,
+    prepare_run_workspace,
+)
 from labkube.tasks.gaia2 import WorldError, WorldLLMError, world_llm
 from labkube.tasks.gaia2.verdict_message import WORLD_VERDICT_SOURCE, WORLD_VERDICT_VARIABLE, verdict_from_report
+from labkube.tasks.manifest import record_if_intact
 from labkube.tasks.scoring import primary_scores
-from labkube.tasks.workspace import run_git
+from labkube.tasks.workspace import record_git
 
 if TYPE_CHECKING:
     from labkube.integrity import WorkspaceChanges
@@ -86,10 +95,17 @@ def save_checkpoint(rd: RunDir, ckpt: Checkpoint) -> None:
     write_model(rd.checkpoint_json, ckpt)
 
 
-def take_grade(rd: RunDir, card: TaskCard, ckpt: Checkpoint) -> Grade:
+def take_grade(rd: RunDir, card: TaskCard, ckpt: Checkpoint, final: bool = False) -> Grade:
+    """Grade the run now, from the pristine task its campaign pinned (the grader's files at every grading, every
+    file at the `final` one): a task that changed since is not graded."""
+    pinned = PinnedTask(rd.spec().task_digest, rd.root, whole=final)
     if card.gaia2 is not None:
-        return gaia2_grade(ckpt)
-    outcome = grade_run(card, rd.workspace, rd.root / "scratch", rd.logs / "grader.log", ckpt.end_summary)
+        changed = pinned.changes(card)
+        if changed is None:
+            return gaia2_grade(ckpt)
+        outcome = GradeOutcome.not_graded(card, changed, task_changed=True)
+    else:
+        outcome = grade_run(card, rd.workspace, rd.root / "scratch", rd.logs / "grader.log", ckpt.end_summary, pinned)
     return Grade(
         at_seconds=round(ckpt.spend.wall_seconds, 3),
         step=ckpt.step,
@@ -99,6 +115,7 @@ def take_grade(rd: RunDir, card: TaskCard, ckpt: Checkpoint) -> Grade:
         score=outcome.score,
         error=outcome.error,
         note=outcome.note,
+        task_changed=outcome.task_changed,
     )
 
 
@@ -205,10 +222,11 @@ def agent2agent_config(spec: RunSpec) -> dict[str, Any] | None:
 
 
 def latest_state(workspace: Path, jobs: JobManager) -> str:
-    """What the agent's successor needs besides the summaries: changed files and jobs."""
+    """What the agent's successor needs besides the summaries: changed files and jobs. The changes are labkube's
+    record's (against the pristine commit), never git's of the agent's own `.git`, which would run its config."""
     try:
-        changed = run_git(workspace, "status", "--short").strip() or "(no changes)"
-    except RuntimeError:
+        changed = record_git(workspace, "status", "--short", "--ignore-submodules=dirty").strip() or "(no changes)"
+    except RuntimeError:  # no record (a run directory of an older labkube) among them
         changed = "(unknown)"
     lines = ["## Latest state", "Files changed since the start (git status --short):", changed[:4000]]
     for record in jobs.jobs.values():
@@ -243,6 +261,7 @@ async def run_agent(run_dir: Path, resume: bool = False) -> RunResult:
     rd = RunDir(run_dir)
     spec = rd.spec()
     card = card_for_run(spec.task, spec.task_path, spec.task_id, spec.family, spec.task_overlay)
+    record_if_intact(card, spec.task_digest, rd.root)  # so that a change from here on is named
     use_task_environment(rd, card)
     prepare_run_workspace(card, rd.workspace, spec.idea_hint)
     rd.logs.mkdir(parents=True, exist_ok=True)
@@ -332,6 +351,7 @@ async def run_agent(run_dir: Path, resume: bool = False) -> RunResult:
         jobs=jobs,
         time_left=time_left,
         secret_vars=frozenset(spec.api_key_env.values()),
+        room=run_room(spec, rd.root, rd.workspace, gpu_minors=gpu_minor_numbers(spec.gpus)),
     )
     tools = await world_tools(world, ctx) if world else [*tools_for(card, ctx), *web_tools(ctx)]
     telemetry.declare_tools(t.name for t in tools)
@@ -491,7 +511,7 @@ def finalize(
         return hand_over_to_grading(rd, spec, ckpt, error, telemetry)
     recorded = record_workspace(rd)
     write_status(rd, spec, ckpt, RunPhase.grading)
-    final = take_grade(rd, card, ckpt)
+    final = take_grade(rd, card, ckpt, final=True)
     ckpt.score_curve.append(final)
     primary = card.primary
     p = next((s for s in final.subtasks if primary and s.id == primary.id), None)
@@ -511,9 +531,10 @@ def finalize(
         grader_failed=grader_error is not None,
         score=final.score,
         judge_failed=judge_error is not None,
+        task_changed=final.task_changed,
     )
-    if outcome is Outcome.grader_error:
-        error = grader_error if error is None else f"{error}; {grader_error}"
+    if outcome is Outcome.grader_error or final.task_changed:
+        error = final.error if error is None else f"{error}; {final.error}"
     elif outcome is Outcome.judge_error:
         error = judge_error
     elif outcome.is_error and error is None:

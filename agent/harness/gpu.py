@@ -62,6 +62,19 @@ def run_devices(cuda_visible: str | None, gpus: int) -> list[str] | None:
     return devices or None  # "" or "-1": CUDA sees no GPU
 
 
+def gpu_minor_numbers(gpus: int) -> list[int] | None:
+    """The device minor numbers (`/dev/nvidia<minor>`) of the GPUs `CUDA_VISIBLE_DEVICES` names, for the run's
+    sandbox to bind those nodes only; None where NVML cannot say (the sandbox then binds every GPU node)."""
+    devices = run_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), gpus)
+    if not devices:
+        return None
+    try:
+        source = NvmlSource(devices)
+        return [int(source.nvml.nvmlDeviceGetMinorNumber(handle)) for handle in source.handles]
+    except Exception:  # no driver, no pynvml, a name NVML does not know: not told apart
+        return None
+
+
 class NvmlSource:
     """The run's GPUs through NVML. Raises `pynvml.NVMLError` where there is no driver or no such GPU."""
 

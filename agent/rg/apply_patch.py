@@ -13,7 +13,8 @@
 This is our own parser: OpenAI's `openai-agents` ships a maintained applier (`agents.apply_diff`),
 but installing it pulls in mcp, starlette and websockets, which the agent process does not need.
 
-Paths are relative to the workspace root and may not leave it. A hunk is located by its context
+Paths are relative to the workspace root and may not leave it nor pass through a symbolic link
+(agent/rg/workspace.py walks them by file descriptor, at planning and again at writing). A hunk is located by its context
 and removed lines, searched forward from the end of the previous hunk (and from its `@@` line),
 matching exactly, then ignoring trailing whitespace, then ignoring surrounding whitespace.
 Every new file content is computed before anything is written, so a patch that fails changes
@@ -24,12 +25,16 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Callable
+import stat
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, cast
 
 from pydantic import BaseModel
+
+from labkube.agent.rg.tool import ToolError
+from labkube.agent.rg.workspace import PathError, Workspace
 
 __all__ = [
     "AddFile",
@@ -268,7 +273,7 @@ def apply_patch(patch: str, root: Path) -> PatchResult:
             exists, or a hunk's context is not found. No file was changed.
     """
     parsed = parse_patch(patch)
-    workspace = _Workspace(Path(root).resolve())
+    workspace = _Workspace(Workspace(root))
     result = PatchResult()
     try:
         for op in parsed.ops:
@@ -338,81 +343,100 @@ def _summarize(result: PatchResult) -> str:
 
 @dataclass
 class _Workspace:
-    """The files under `root` plus the changes the patch has made so far, not yet written."""
+    """The files under `root` plus the changes the patch has made so far, not yet written.
 
-    root: Path
-    pending: dict[Path, str | None] = field(default_factory=dict)  # None: deleted
+    Files are named by their normalised path below the root ("" never: "." is the root itself); every read and
+    write goes through `Workspace`'s descriptor walk, so no symbolic link is followed, at planning or at commit."""
 
-    def resolve(self, path: str, where: str) -> Path:
+    files: Workspace
+    pending: dict[str, str | None] = field(default_factory=dict)  # None: deleted
+
+    def resolve(self, path: str, where: str) -> str:
         if Path(path).is_absolute():
             raise PatchError(f"{where}: absolute paths are not allowed; use a path relative to the workspace")
-        target = (self.root / path).resolve()
-        if not target.is_relative_to(self.root):
-            raise PatchError(f"{where}: the path leads outside the workspace")
+        with _refused(where):
+            target = self.files.rel(path)
+            self.files.lstat(target)  # a symbolic link on the way, or at the end, is refused now
         return target
 
-    def relative(self, target: Path) -> str:
-        return target.relative_to(self.root).as_posix()
+    def relative(self, target: str) -> str:
+        return target
 
-    def exists(self, target: Path) -> bool:
+    def exists(self, target: str) -> bool:
         if target in self.pending:
             return self.pending[target] is not None
-        return target.exists()
+        with _refused(target):
+            return self.files.lstat(target) is not None
 
-    def read(self, target: Path, where: str) -> str:
+    def read(self, target: str, where: str) -> str:
         if target in self.pending:
             text = self.pending[target]
             if text is None:
                 raise PatchError(f"{where}: no such file (deleted or moved earlier in this patch)")
             return text
-        if target.is_dir():
-            raise PatchError(f"{where}: that is a directory, not a file")
-        if not target.is_file():
-            raise PatchError(f"{where}: no such file (use Add File to create it)")
+        with _refused(where):
+            st = self.files.lstat(target)
+            if st is None:
+                raise PatchError(f"{where}: no such file (use Add File to create it)")
+            if stat.S_ISDIR(st.st_mode):
+                raise PatchError(f"{where}: that is a directory, not a file")
+            if not stat.S_ISREG(st.st_mode):
+                raise PatchError(f"{where}: not a regular file")
+            data = self.files.read_bytes(target)
         try:
-            return target.read_bytes().decode("utf-8")
+            return data.decode("utf-8")
         except UnicodeDecodeError:
             raise PatchError(f"{where}: not a UTF-8 text file") from None
 
-    def write(self, target: Path, text: str) -> None:
+    def write(self, target: str, text: str) -> None:
         self.pending[target] = text
 
-    def delete(self, target: Path) -> None:
+    def delete(self, target: str) -> None:
         self.pending[target] = None
+
+    def _before(self, target: str) -> bytes | None:
+        st = self.files.lstat(target)
+        return self.files.read_bytes(target) if st is not None and stat.S_ISREG(st.st_mode) else None
 
     def commit(self) -> None:
         """Write every change; if one write fails, put back what was written before it (all or nothing)."""
-        encoded: dict[Path, bytes | None] = {}
+        encoded: dict[str, bytes | None] = {}
         for target, text in self.pending.items():
             try:
                 encoded[target] = None if text is None else text.encode("utf-8")
             except UnicodeEncodeError:
                 raise PatchError(f"{self.relative(target)}: the new text is not valid UTF-8") from None
-        done: list[tuple[Path, bytes | None]] = []
-        created_dirs: list[Path] = []
+        done: list[tuple[str, bytes | None]] = []
+        created_dirs: list[str] = []
         try:
             for target, data in encoded.items():
-                before = target.read_bytes() if target.is_file() else None
+                before = self._before(target)
                 if data is None:
-                    target.unlink(missing_ok=True)
+                    self.files.unlink(target, missing_ok=True)
                 else:
-                    missing = [d for d in [target.parent, *target.parent.parents] if not d.exists()]
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    created_dirs.extend(reversed(missing))
-                    target.write_bytes(data)
+                    self.files.write_bytes(target, data, created=created_dirs)
                 done.append((target, before))
-        except OSError as error:
+        except (OSError, ToolError) as error:
             for path, before in reversed(done):
-                if before is None:
-                    path.unlink(missing_ok=True)
-                else:
-                    path.write_bytes(before)
+                with contextlib.suppress(OSError, ToolError):
+                    if before is None:
+                        self.files.unlink(path, missing_ok=True)
+                    else:
+                        self.files.write_bytes(path, before)
             for d in reversed(created_dirs):
-                with contextlib.suppress(OSError):
-                    d.rmdir()
-            raise PatchError(
-                f"could not write {self.relative(target)}: {error.strerror}; nothing was changed"
-            ) from None
+                with contextlib.suppress(OSError, ToolError):
+                    self.files.rmdir(d)
+            why = error.reason if isinstance(error, PathError) else error.strerror or str(error)
+            raise PatchError(f"could not write {self.relative(target)}: {why}; nothing was changed") from None
+
+
+@contextlib.contextmanager
+def _refused(where: str) -> Iterator[None]:
+    """A path the workspace refuses (a symbolic link, outside, not a directory) as a PatchError about `where`."""
+    try:
+        yield
+    except PathError as error:
+        raise PatchError(f"{where}: {error.reason}") from None
 
 
 # --- hunks -----------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from labkube.agent.messages import ToolSpec
+from labkube.sandbox import SandboxFailed
 
 Access = Literal["read", "write"]
 
@@ -53,7 +54,9 @@ class Tool:
         try:
             return await self.execute(**arguments)
         except (ValueError, OverflowError, UnicodeError, OSError, RuntimeError) as exc:
-            if isinstance(exc, ToolError) or (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)):
+            if isinstance(exc, ToolError | SandboxFailed):  # a sandbox that could not be made is the harness's failure
+                raise
+            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise
             raise ToolError(f"{self.name}: {type(exc).__name__}: {str(exc)[:300]}") from None
 

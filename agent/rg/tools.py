@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import stat
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,7 +19,9 @@ from labkube.agent.containment import TOKEN_VARIABLE
 from labkube.agent.jobs import JobManager, kill_group, tail
 from labkube.agent.rg.output_cap import cap_output
 from labkube.agent.rg.tool import Tool, ToolError, tool
-from labkube.agent.rg.workspace import Workspace
+from labkube.agent.rg.workspace import Workspace, read_fd, rewrite_fd
+from labkube.agent.run_sandbox import RunRoom
+from labkube.sandbox import SandboxFailed, sandbox_started
 from labkube.task_card import TaskCard
 
 
@@ -42,6 +45,13 @@ class ToolContext:
         return max(1.0, min(value, left)) if left is not None else value
 
     secret_vars: frozenset[str] = frozenset()  # the run's own key variables (api_key_env)
+    room: RunRoom = field(default_factory=RunRoom)  # the run's sandbox (agent/run_sandbox.py), or none
+
+    def start(
+        self, argv: list[str], cwd: Path | None = None, status_fd: int | None = None
+    ) -> tuple[list[str], dict[str, str]]:
+        """What starts `argv` for the agent: the command line (inside the run's sandbox) and its environment."""
+        return self.room.command(argv, cwd or self.workspace.root, self.env(), status_fd)
 
     def env(self) -> dict[str, str]:
         """The environment for the agent's commands: the task's environment active when it has one (else our
@@ -70,16 +80,24 @@ class ToolContext:
 
 
 async def run_process(argv: list[str], ctx: ToolContext, timeout: float, stdin: bytes | None = None) -> str:
-    """Run `argv` in the workspace in its own process group; on timeout, kill the whole group."""
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        cwd=ctx.workspace.root,
-        env=ctx.env(),
-        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        start_new_session=True,
-    )
+    """Run `argv` in the workspace (in the run's sandbox where it has one) in its own process group; on timeout,
+    kill the whole group. A sandbox that could not be made is the harness's failure (`SandboxFailed`), not output."""
+    status_read, status_write = os.pipe() if ctx.room.sandboxed else (None, None)
+    try:
+        argv, env = ctx.start(argv, status_fd=status_write)
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            cwd=ctx.workspace.root,
+            env=env,
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+            pass_fds=() if status_write is None else (status_write,),
+        )
+    finally:
+        if status_write is not None:
+            os.close(status_write)
     try:
         out, _ = await asyncio.wait_for(proc.communicate(stdin), timeout=timeout)
     except (TimeoutError, asyncio.CancelledError) as exc:
@@ -90,8 +108,19 @@ async def run_process(argv: list[str], ctx: ToolContext, timeout: float, stdin: 
         raise ToolError(f"timed out after {timeout:g}s; the process group was killed") from None
     finally:
         kill_group(proc.pid)  # background children the command left behind
+        status = b""
+        if status_read is not None:
+            with os.fdopen(status_read, "rb") as fh:
+                status = fh.read()
     text = out.decode(errors="replace")
+    if status_read is not None and not sandbox_started(status):
+        raise SandboxFailed(f"the run's sandbox could not start a command: {last_line(text)}")
     return cap_output(f"{text}[exit code {proc.returncode}]", ctx.output_limit)
+
+
+def last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "(bubblewrap said nothing)"
 
 
 def refuse_blocked(ctx: ToolContext, command: str) -> None:
@@ -139,16 +168,16 @@ MAX_TEXT_BYTES = 64_000_000  # read_file and search_file load the whole file to 
 
 def read_text(ctx: ToolContext, path: str) -> tuple[str, list[str]]:
     """A workspace file's relative path and lines; directories, binary and huge files are refused."""
-    real = ctx.workspace.resolve(path, must_exist=True)
-    if real.is_dir():
-        raise ToolError(f"{path} is a directory; use bash `ls` to list it or `search` to search it")
-    size = real.stat().st_size
-    if size > MAX_TEXT_BYTES:
-        raise ToolError(f"{path} is {size:,} bytes, too large to read whole; use bash (head, sed -n, grep) on it")
-    data = real.read_bytes()
+    with ctx.workspace.open(path) as (fd, st):  # no symbolic link followed (agent/rg/workspace.py)
+        if stat.S_ISDIR(st.st_mode):
+            raise ToolError(f"{path} is a directory; use bash `ls` to list it or `search` to search it")
+        size = st.st_size
+        if size > MAX_TEXT_BYTES:
+            raise ToolError(f"{path} is {size:,} bytes, too large to read whole; use bash (head, sed -n, grep) on it")
+        data = read_fd(fd)
     if b"\0" in data[:8192]:
         raise ToolError(f"{path} looks binary ({size:,} bytes); inspect it with python or bash (file, xxd)")
-    return ctx.workspace.relative(real), data.decode("utf-8", errors="replace").splitlines()
+    return ctx.workspace.rel(path), data.decode("utf-8", errors="replace").splitlines()
 
 
 def numbered(lines: list[str], start: int, marked: int | None = None) -> str:
@@ -246,37 +275,42 @@ def replace(ctx: ToolContext):
             raise ToolError(f"expected_replacements must be 1 or more (got {expected_replacements})")
         if old_string == new_string:
             raise ToolError("old_string and new_string are the same; nothing to change")
-        real = ctx.workspace.resolve(path)
-        rel = ctx.workspace.relative(real)
-        if real.is_dir():
+        ws = ctx.workspace
+        rel = ws.rel(path)
+        existing = ws.lstat(path)  # refuses a symbolic link; it picks the message, the opens below follow no link
+        if existing is not None and stat.S_ISDIR(existing.st_mode):
             raise ToolError(f"{path} is a directory")
+        exists = f"{rel} already exists; give old_string to edit it, or use write_file to overwrite it"
         if not old_string:
-            if real.exists():
-                raise ToolError(f"{rel} already exists; give old_string to edit it, or use write_file to overwrite it")
+            if existing is not None:
+                raise ToolError(exists)
             data = encode_text(new_string)
-            real.parent.mkdir(parents=True, exist_ok=True)
-            real.write_bytes(data)
+            try:
+                ws.write_bytes(path, data, exclusive=True)
+            except FileExistsError:
+                raise ToolError(exists) from None
             return f"created {rel} ({len(data)} bytes)"
-        if not real.exists():
+        if existing is None:
             raise ToolError(f"{path}: no such file (an empty old_string creates one)")
-        try:
-            text = real.read_bytes().decode("utf-8")
-        except UnicodeDecodeError:
-            raise ToolError(f"{rel} is not UTF-8 text; edit it with python or bash") from None
-        at_lines = occurrence_lines(text, old_string)
-        count = len(at_lines)
-        where = ", ".join(str(n) for n in at_lines[:20])
-        if count == 0:
-            raise ToolError(
-                f"old_string not found in {rel}; nothing changed (read_file shows the current text: "
-                "spaces, indentation and line breaks must match exactly)"
-            )
-        if count != expected_replacements:
-            raise ToolError(
-                f"old_string occurs {count} times in {rel} (lines {where}), expected {expected_replacements}; "
-                f"nothing changed (add surrounding lines to make it unique, or set expected_replacements={count})"
-            )
-        real.write_bytes(encode_text(text.replace(old_string, new_string)))
+        with ws.open(path, os.O_RDWR) as (fd, _):  # read and rewritten through one descriptor
+            try:
+                text = read_fd(fd).decode("utf-8")
+            except UnicodeDecodeError:
+                raise ToolError(f"{rel} is not UTF-8 text; edit it with python or bash") from None
+            at_lines = occurrence_lines(text, old_string)
+            count = len(at_lines)
+            where = ", ".join(str(n) for n in at_lines[:20])
+            if count == 0:
+                raise ToolError(
+                    f"old_string not found in {rel}; nothing changed (read_file shows the current text: "
+                    "spaces, indentation and line breaks must match exactly)"
+                )
+            if count != expected_replacements:
+                raise ToolError(
+                    f"old_string occurs {count} times in {rel} (lines {where}), expected {expected_replacements}; "
+                    f"nothing changed (add surrounding lines to make it unique, or set expected_replacements={count})"
+                )
+            rewrite_fd(fd, encode_text(text.replace(old_string, new_string)))
         plural = "s" if count > 1 else ""
         return f"replaced {count} occurrence{plural} in {rel} (at line{plural} {where})"
 
@@ -308,14 +342,10 @@ def write_file(ctx: ToolContext):
             path: File path relative to the workspace.
             content: The complete new content of the file.
         """
-        real = ctx.workspace.resolve(path)
-        if real.is_dir():
-            raise ToolError(f"{path} is a directory")
+        rel = ctx.workspace.rel(path)
         data = encode_text(content)
-        existed = real.exists()
-        real.parent.mkdir(parents=True, exist_ok=True)
-        real.write_bytes(data)
-        return f"{'overwrote' if existed else 'created'} {ctx.workspace.relative(real)} ({len(data)} bytes)"
+        existed = ctx.workspace.write_bytes(path, data)  # no symbolic link followed (agent/rg/workspace.py)
+        return f"{'overwrote' if existed else 'created'} {rel} ({len(data)} bytes)"
 
     return execute
 
@@ -334,17 +364,13 @@ def search(ctx: ToolContext):
             regex = re.compile(pattern)
         except re.error as exc:
             raise ToolError(f"invalid regular expression: {exc}") from None
-        base = ctx.workspace.resolve(path, must_exist=True)
-        files = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file())
         hits: list[str] = []
-        for f in files:
-            if not ctx.workspace.contains(f):
-                continue  # a symlink out of the workspace
-            rel = ctx.workspace.relative(f)
-            if rel.startswith(".git/") or "/.git/" in rel or f.stat().st_size > 5_000_000:
+        # Symbolic links below `path` are passed over, never followed; `path` itself being one is refused.
+        for rel, fd in ctx.workspace.files(path, skip_dir=lambda d: d == ".git" or d.endswith("/.git")):
+            if rel.startswith(".git/") or "/.git/" in rel or os.fstat(fd).st_size > 5_000_000:
                 continue
             try:
-                text = f.read_text()
+                text = read_fd(fd).decode("utf-8")
             except (UnicodeDecodeError, OSError):
                 continue
             for n, line in enumerate(text.splitlines(), start=1):
@@ -425,7 +451,8 @@ def start_async(ctx: ToolContext):
         cwd = ctx.workspace.resolve(workdir, must_exist=True)
         if not cwd.is_dir():
             raise ToolError(f"workdir {workdir} is not a directory")
-        record = _jobs(ctx).start(command, cwd, ctx.env())
+        argv, env = ctx.start(["bash", "-c", command], cwd)
+        record = _jobs(ctx).start(command, argv, cwd, env)
         return (
             f"started {record.id} (pid {record.pid}) in {ctx.workspace.relative(cwd)}; see check_async for its output"
         )

@@ -3,6 +3,9 @@
 Claude Code runs `python -m labkube.agent.scaffolds.cli_hook BLOCKED_FILE` before each Bash, WebFetch and WebSearch
 call, with the call as JSON on stdin (`tool_name`, `tool_input`). Exit 2 refuses the call and Claude Code shows the
 model what this prints on stderr; exit 0 lets it through. BLOCKED_FILE holds the patterns, one per line.
+
+Inside the run's sandbox labkube's package is hidden, so there this file runs by path (`python -s -E cli_hook.py`),
+a copy beside a copy of `blocked_urls.py` (standard library only), which it then imports from its own folder.
 """
 
 from __future__ import annotations
@@ -11,7 +14,10 @@ import json
 import sys
 from pathlib import Path
 
-from labkube.agent.blocked_urls import blocked_in_command, is_blocked
+try:
+    from labkube.agent.blocked_urls import blocked_in_command, is_blocked
+except ModuleNotFoundError:  # run by path in the sandbox: blocked_urls.py lies beside it, on sys.path[0]
+    from blocked_urls import blocked_in_command, is_blocked  # type: ignore[import-not-found,no-redef]
 
 
 def verdict(call: dict, blocked: list[str]) -> str | None:

@@ -1,0 +1,109 @@
+"""A run's local sandbox: what its agent's processes see, built from the run's folder, task environment and GPUs.
+
+The mechanism and the policy document are the spine's (`labkube/sandbox.py`); this module decides, for one run,
+what goes in it: the workspace read-write, the task environment's interpreter and packages read-only, a private HOME
+and /tmp kept in the run folder (`<run>/sandbox/`) so they last from one command to the next, the run's own GPU
+nodes, and nothing else of the host. labkube's own package is hidden inside the interpreter's folder it shares (its
+bundled tasks carry their oracles).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from labkube.run_spec import RunSpec
+from labkube.sandbox import SANDBOX_HOME, SandboxMode, SandboxPolicy, gpu_device_nodes, sandbox_argv
+
+__all__ = ["SANDBOX_DIR", "RunRoom", "labkube_package_paths", "run_room"]
+
+SANDBOX_DIR = "sandbox"  # <run>/sandbox/{home,tmp}: the agent's HOME and /tmp, outside its workspace
+
+
+@dataclass(frozen=True)
+class RunRoom:
+    """How a run's processes are started: through its sandbox (`policy`), or as they are (`--sandbox none`, a pod)."""
+
+    policy: SandboxPolicy | None = None
+    extra_read_only: tuple[Path, ...] = field(default=())
+
+    @property
+    def sandboxed(self) -> bool:
+        return self.policy is not None
+
+    def command(
+        self, argv: list[str], cwd: Path, env: dict[str, str], status_fd: int | None = None
+    ) -> tuple[list[str], dict[str, str]]:
+        """`argv` as it is started: inside the sandbox with `env` as its whole environment (HOME and TMPDIR the
+        sandbox's own), and the environment bubblewrap itself is started with (none of the run's: nothing to read in
+        its /proc entry from outside)."""
+        if self.policy is None:
+            return argv, env
+        inner = {**env, "HOME": SANDBOX_HOME, "TMPDIR": "/tmp"}
+        policy = self.policy.model_copy(update={"cwd": cwd, "env": inner})
+        return sandbox_argv(policy, argv, status_fd=status_fd), {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+
+
+def labkube_package_paths() -> tuple[Path, ...]:
+    """labkube's own installed package (its code and its bundled tasks, oracles included), to hide from a sandbox
+    that is given the interpreter's folder it is installed in."""
+    import labkube
+
+    return (Path(labkube.__file__).resolve().parent,)
+
+
+def interpreter_prefixes(venv: Path | None) -> tuple[Path, ...]:
+    """The folders the sandbox's `python` needs: the task environment and the interpreter its `python` links to,
+    or, without a task environment, the interpreter labkube runs on (its virtualenv, labkube itself hidden)."""
+    if venv is None:
+        return (Path(sys.prefix).resolve(),)
+    prefixes = [venv]
+    python = venv / "bin" / "python"
+    with contextlib.suppress(OSError):
+        prefixes.append(python.resolve().parent.parent)
+    return tuple(prefixes)
+
+
+def run_room(
+    spec: RunSpec,
+    run_dir: Path,
+    workspace: Path,
+    *,
+    gpu_minors: list[int] | None = None,
+    read_only: tuple[Path, ...] = (),
+    writable: tuple[Path, ...] = (),
+    sockets: tuple[Path, ...] = (),
+) -> RunRoom:
+    """The run's room: a sandbox policy unless the run is unsandboxed (`--sandbox none`) or its pod is the room."""
+    if spec.sandbox is not SandboxMode.bwrap:
+        return RunRoom()
+    from labkube.tasks.environment import current_env, setup_outputs
+
+    env = current_env()
+    venv = env.venv if env is not None else None
+    seen: list[Path] = [*interpreter_prefixes(venv), *read_only]
+    if env is not None:
+        hf = env.path / "cache" / "huggingface"
+        if hf.is_dir():
+            seen.append(hf)
+        seen.extend(setup_outputs(env, Path(spec.task_path)))  # what the workspace's setup links point at
+    base = run_dir / SANDBOX_DIR
+    home, tmp = base / "home", base / "tmp"
+    home.mkdir(parents=True, exist_ok=True)
+    tmp.mkdir(parents=True, exist_ok=True)
+    gpus = gpu_device_nodes(gpu_minors) if spec.gpus > 0 and os.environ.get("CUDA_VISIBLE_DEVICES") else ()
+    masked = tuple(p for p in labkube_package_paths() if any(p.is_relative_to(r) for r in seen))
+    policy = SandboxPolicy(
+        writable=(workspace.resolve(), *writable),
+        read_only=tuple(seen),
+        masked=masked,
+        home=home,
+        tmp=tmp,
+        sockets=sockets,
+        gpu_devices=gpus,
+        cwd=workspace.resolve(),
+    )
+    return RunRoom(policy)
