@@ -9,14 +9,20 @@ bundled tasks carry their oracles).
 
 from __future__ import annotations
 
-import contextlib
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from labkube.run_spec import RunSpec
-from labkube.sandbox import SANDBOX_HOME, SandboxMode, SandboxPolicy, gpu_device_nodes, sandbox_argv
+from labkube.sandbox import (
+    SANDBOX_HOME,
+    SandboxMode,
+    SandboxPolicy,
+    gpu_device_nodes,
+    interpreter_prefixes,
+    labkube_package_paths,
+    sandbox_argv,
+)
 
 __all__ = ["SANDBOX_DIR", "RunRoom", "labkube_package_paths", "run_room"]
 
@@ -45,26 +51,6 @@ class RunRoom:
         inner = {**env, "HOME": SANDBOX_HOME, "TMPDIR": "/tmp"}
         policy = self.policy.model_copy(update={"cwd": cwd, "env": inner})
         return sandbox_argv(policy, argv, status_fd=status_fd), {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-
-
-def labkube_package_paths() -> tuple[Path, ...]:
-    """labkube's own installed package (its code and its bundled tasks, oracles included), to hide from a sandbox
-    that is given the interpreter's folder it is installed in."""
-    import labkube
-
-    return (Path(labkube.__file__).resolve().parent,)
-
-
-def interpreter_prefixes(venv: Path | None) -> tuple[Path, ...]:
-    """The folders the sandbox's `python` needs: the task environment and the interpreter its `python` links to,
-    or, without a task environment, the interpreter labkube runs on (its virtualenv, labkube itself hidden)."""
-    if venv is None:
-        return (Path(sys.prefix).resolve(),)
-    prefixes = [venv]
-    python = venv / "bin" / "python"
-    with contextlib.suppress(OSError):
-        prefixes.append(python.resolve().parent.parent)
-    return tuple(prefixes)
 
 
 def run_room(

@@ -13,6 +13,7 @@ from labkube.integrity_report import verdict_basis
 from labkube.model_ref import UnknownModel
 from labkube.store import RunDir
 from labkube.tasks import TaskError
+from labkube.tasks.workspace import MissingRecord
 
 
 @click.command("audit")
@@ -67,6 +68,8 @@ def audit(
             f"{run_dir}: cannot read the run's task ({exc}); the audit needs the task folder where the run found it, "
             f"{spec.task_path or spec.task}"
         ) from None
+    except MissingRecord as exc:
+        raise UsageFailure(f"{run_dir}: {exc}") from None
     style = {"PASS": "green", "NEEDS_REVIEW": "yellow", "SUSPICIOUS": "bold red"}[report.verdict.value]
     console.print(
         f"[{style}]{report.verdict.value}[/] ({verdict_basis(report)}); checks: {', '.join(report.checks_run)}"

@@ -18,6 +18,7 @@ else one on PATH (Debian's `bubblewrap`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -176,6 +177,24 @@ def _system_args() -> list[str]:
         elif os.path.exists(hidden):
             args += ["--ro-bind", "/dev/null", hidden]
     return args
+
+
+def labkube_package_paths() -> tuple[Path, ...]:
+    """labkube's own installed package (its code and its bundled tasks, oracles included), to hide from a sandbox
+    that is given the interpreter's folder it is installed in."""
+    return (Path(__file__).resolve().parent,)
+
+
+def interpreter_prefixes(venv: Path | None) -> tuple[Path, ...]:
+    """The folders the sandbox's `python` needs: the task environment and the interpreter its `python` links to,
+    or, without a task environment, the interpreter labkube runs on (its virtualenv, labkube itself hidden)."""
+    if venv is None:
+        return (Path(sys.prefix).resolve(),)
+    prefixes = [venv]
+    python = venv / "bin" / "python"
+    with contextlib.suppress(OSError):
+        prefixes.append(python.resolve().parent.parent)
+    return tuple(prefixes)
 
 
 def interpreter_paths() -> tuple[Path, ...]:

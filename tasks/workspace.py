@@ -149,9 +149,10 @@ def workspace_record(workspace: Path) -> Path:
 
 def workspace_prepared(workspace: Path) -> bool:
     """Whether `workspace` has been committed as the pristine task already (a resumed or retried run keeps it as it
-    is): labkube's record of it exists, so an agent that deleted its own `.git` keeps its work; or, in a run directory
-    of a labkube from before the record, the agent's repository exists (its audit then says the record is missing)."""
-    return workspace_record(workspace).is_dir() or (workspace / ".git").is_dir()
+    is): it exists with labkube's record of it, so an agent that deleted its own `.git` keeps its work; or, in a run
+    directory of a labkube from before the record, with the agent's repository (its audit then says the record is
+    missing). A workspace that is gone is prepared again, whatever record it left."""
+    return workspace.is_dir() and (workspace_record(workspace).is_dir() or (workspace / ".git").is_dir())
 
 
 class MissingRecord(RuntimeError):
@@ -175,8 +176,15 @@ def commit_pristine(dest: Path) -> None:
 
     An empty workspace (every Gaia2 scenario, a GAIA question without a file) gets both from this process's empty
     pristine template when it has one (`make_empty_pristine`, made by the agent zygote before it forks): the same
-    commit of the empty tree, without five `git` processes per run."""
+    commit of the empty tree, without five `git` processes per run.
+
+    Called for a workspace that is not prepared (`workspace_prepared`): a record already there is of a workspace
+    since removed (a retried run's), and the new one replaces it."""
     record = workspace_record(dest)
+    if record.is_dir() and not record.is_symlink():
+        shutil.rmtree(record)
+    elif record.exists() or record.is_symlink():
+        record.unlink()
     if _empty_pristine is not None and not any(dest.iterdir()):
         partial = record.with_name(f".{record.name}.{os.getpid()}.partial")
         try:

@@ -342,7 +342,7 @@ def test_in_a_pod_the_gateway_is_a_sidecar_and_the_agent_container_has_no_key(
     container, with only the sidecar's address and the token file of their shared volume). The run finishes, the
     sidecar's counts are the run's spend, and its model calls are in the run's transcript."""
     task = make_tiny_task(tmp_path, [])
-    rd = make_run_dir(tmp_path, task, model=MODELS["claude-code"], agent="claude-code")
+    rd = make_run_dir(tmp_path, task, model=MODELS["claude-code"], agent="claude-code", sandbox="pod")
     token_file = tmp_path / "gateway-volume" / "token"
     with FakeLLM(responder=responder("env > env.txt; echo 7 > result.txt")) as server:
         sidecar_env = {**os.environ, **provider_env("claude-code", server)}
@@ -466,10 +466,9 @@ def test_a_resume_with_no_session_to_continue_restarts_and_says_so(
 
 
 def test_claude_codes_settings_deny_blocked_domains_and_hook_every_network_tool(tmp_path: Path) -> None:
-    from labkube.agent.gateway import GatewayView
-    from labkube.agent.scaffolds.cli_agents import claude_setup
+    from labkube.agent.scaffolds.cli_agents import GatewayRoute, claude_setup
 
-    gw = GatewayView("http://127.0.0.1:9", "tok", tmp_path / "gateway.json")
+    gw = GatewayRoute("http://127.0.0.1:9", "tok")
     env: dict[str, str] = {}
     blocked = ["https://arxiv.org", "github.com/author/code", "*.author.example"]
     flags = claude_setup(tmp_path, env, gw, "claude-sonnet-4-6", blocked)
@@ -577,7 +576,7 @@ def test_a_cli_in_a_gaia2_pod_drives_its_world_sidecar_with_the_token_the_world_
     (card,) = resolve_tasks("gaia2/execution_budget_email")
     spec = RunSpec(
         run_id="pod--claude-code--s0", campaign="pod", task=card.ref, task_path=card.path, model=MODELS["claude-code"],
-        seed=0, family=TaskFamily.gaia2, agent="claude-code",
+        seed=0, family=TaskFamily.gaia2, agent="claude-code", sandbox="pod",
     )  # fmt: skip
     rd = tmp_path / "runs" / spec.run_id
     write_model(rd / "run.json", spec)

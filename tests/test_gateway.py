@@ -211,6 +211,46 @@ async def test_a_wrong_token_is_refused_and_nothing_reaches_the_provider(tmp_pat
         assert server.requests == []
 
 
+async def test_on_a_unix_socket_the_gateway_serves_the_same_routes_and_checks_the_same_token(tmp_path: Path) -> None:
+    """A sandboxed CLI's way in (`listen_unix`), at a path longer than a unix socket's address holds (a run folder
+    deep in a campaign's): a wrong token is refused before the provider, the run's token is forwarded and counted,
+    and the socket is gone once the gateway closes."""
+    import asyncio
+    import os
+
+    import httpx2 as httpx  # the anthropic SDK's own HTTP client
+
+    folder = tmp_path / ("deep-" * 20) / "sockets"
+    folder.mkdir(parents=True)
+    path = folder / "gateway.sock"
+    assert len(str(path)) > 108
+    with FakeLLM() as server:
+        server.script(Reply.text("over the socket", usage=PLANTED))
+        async with gateway_for(server, tmp_path, "anthropic") as gw:
+            await gw.listen_unix(path)
+            fd = os.open(folder, os.O_PATH | os.O_DIRECTORY)
+            try:
+                transport = httpx.HTTPTransport(uds=f"/proc/self/fd/{fd}/gateway.sock")
+                base = "http://sandbox/anthropic"  # the host is not looked at: the socket is the way
+                args = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
+                wrong = anthropic.Anthropic(
+                    api_key=REAL_KEY, base_url=base, max_retries=0, http_client=httpx.Client(transport=transport)
+                )
+                with pytest.raises(anthropic.AuthenticationError):
+                    await asyncio.to_thread(wrong.messages.create, **args)
+                assert server.requests == []
+                right = anthropic.Anthropic(
+                    api_key=gw.config.token, base_url=base, max_retries=0, http_client=httpx.Client(transport=transport)
+                )
+                message = await asyncio.to_thread(right.messages.create, **args)
+            finally:
+                os.close(fd)
+            assert message.content[0].text == "over the socket"
+            assert gw.state.spend.steps == 1 and gw.state.spend.usage.input == EXPECTED.input
+        assert REAL_KEY in server.requests[0].headers["x-api-key"]
+        assert not path.exists()
+
+
 @pytest.mark.parametrize("family", ["openai", "anthropic"])
 async def test_a_spent_token_budget_is_the_providers_final_quota_error(tmp_path: Path, family: str) -> None:
     """Two calls of 1,500 tokens against a 2,000-token budget: the second passes (1,500 < 2,000), the third is

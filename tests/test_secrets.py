@@ -63,8 +63,9 @@ def free_port() -> int:
 
 
 def unpack(path: Path, data: bytes) -> bytes:
-    """A loose git object's content (zlib), so a committed key cannot hide in compression."""
-    if ".git" in path.parts and "objects" in path.parts:
+    """A loose git object's content (zlib), so a committed key cannot hide in compression: the agent's repository's
+    (`workspace/.git`) and labkube's record's (`workspace.git`, where labkube's own `git add` stores the files)."""
+    if any(part.endswith(".git") for part in path.parts) and "objects" in path.parts:
         try:
             return data + zlib.decompress(data)
         except zlib.error:

@@ -34,9 +34,9 @@ from labkube.agent.rg.loop import AgentRun, estimate_tokens, run_loop
 from labkube.agent.rg.tools import ToolContext, tools_for
 from labkube.agent.rg.web import web_tools
 from labkube.agent.rg.workspace import Workspace
-from labkube.agent.run_sandbox import run_room
 from labkube.agent.rg.world_errors import WorldFailure
 from labkube.agent.rg.world_session import WorldSession, open_world, world_tools
+from labkube.agent.run_sandbox import run_room
 from labkube.agent.scaffolds.are_default import run_are_default
 from labkube.agent.telemetry import RunTelemetry, start_telemetry
 from labkube.agent.transcript import JsonlLog, now_iso, read_jsonl

@@ -14,9 +14,10 @@ This is our own parser: OpenAI's `openai-agents` ships a maintained applier (`ag
 but installing it pulls in mcp, starlette and websockets, which the agent process does not need.
 
 Paths are relative to the workspace root and may not leave it nor pass through a symbolic link
-(agent/rg/workspace.py walks them by file descriptor, at planning and again at writing). A hunk is located by its context
-and removed lines, searched forward from the end of the previous hunk (and from its `@@` line),
-matching exactly, then ignoring trailing whitespace, then ignoring surrounding whitespace.
+(agent/rg/workspace.py walks them by file descriptor, at planning and again at writing).
+A hunk is located by its context and removed lines, searched forward from the end of the
+previous hunk (and from its `@@` line), matching exactly, then ignoring trailing whitespace,
+then ignoring surrounding whitespace.
 Every new file content is computed before anything is written, so a patch that fails changes
 nothing; the `PatchError` says which file and hunk, and why, in words the agent can act on.
 """

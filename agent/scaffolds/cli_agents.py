@@ -6,13 +6,26 @@ vendor's CLI headless in the run's workspace, pointed at the gateway by the CLI'
 environment has no API key, its configuration lives in the run directory (`cli-home/`), its event stream becomes
 transcript lines (`agent/scaffolds/cli_events.py`) and its raw stream is kept in `logs/<agent>.jsonl`.
 
+Locally (`--sandbox bwrap`, the default) the whole CLI runs in the run's sandbox: node and the CLI's installation
+read-only, its config home and the workspace read-write, no network; it reaches the gateway, and in a Gaia2 run the
+world's tools, through unix sockets bound in (agent/scaffolds/cli_sandbox.py says how). A command the sandbox could
+not start ends the run as a harness error. With `--sandbox none` and in a pod (the gateway a sidecar on the pod's
+loopback, `LABKUBE_GATEWAY_URL`) the CLI runs as a plain subprocess, as before.
+
+The vendors' own sandboxes are off inside labkube's: labkube's sandbox is the boundary, and theirs cannot work in it
+(bubblewrap in a sandbox needs nested user namespaces, which it does not have; Codex 0.169 wraps each command in
+`bwrap` when it finds one and its `codex-linux-sandbox` helper is not on the sandbox's PATH, so every command fails,
+silently, and the run ends `done`). Claude Code runs with bypassPermissions (`IS_SANDBOX`); Codex with
+`--dangerously-bypass-approvals-and-sandbox`.
+
 Budgets: tokens, dollars and model calls (steps) are the gateway's; wall time is this supervisor's, with the
 gateway's retry back-off given back: past the budget the CLI gets SIGINT, then SIGKILL after a grace period.
-Grading is periodic and final as for any run. Blocked URLs: Claude Code gets deny rules and a PreToolUse hook
-(`scaffolds/cli_hook.py`, rg-agent's own URL rules); Codex has no per-URL control, so its sandbox keeps commands off
-the network when the task blocks URLs (where the kernel allows Codex's sandbox; the pod's NetworkPolicy is the
-boundary on a cluster). A resumed run continues the CLI's own session (`claude --resume`, `codex exec resume`);
-with no session to continue it starts anew and the result says so (`details.cli.restarted`).
+Grading is periodic and final as for any run. Blocked URLs: in labkube's sandbox nothing but the gateway is reachable,
+so no command reaches them; Claude Code also gets deny rules and a PreToolUse hook (`scaffolds/cli_hook.py`,
+rg-agent's own URL rules). Unsandboxed, Codex has no per-URL control, so its own sandbox keeps commands off the
+network when the task blocks URLs (where the kernel allows Codex's sandbox; the pod's NetworkPolicy is the boundary
+on a cluster). A resumed run continues the CLI's own session (`claude --resume`, `codex exec resume`); with no
+session to continue it starts anew and the result says so (`details.cli.restarted`).
 """
 
 from __future__ import annotations
@@ -35,6 +48,7 @@ from labkube.agent.budget import BudgetTracker
 from labkube.agent.checkpoint import Checkpoint
 from labkube.agent.containment import TOKEN_VARIABLE
 from labkube.agent.gateway import (
+    GatewayAddress,
     GatewayError,
     GatewayState,
     GatewayView,
@@ -53,7 +67,15 @@ from labkube.agent.scaffolds.cli_install import (
     CliAgentSpec,
     InstallError,
     ensure_installed,
+    install_dir,
     reported_version,
+)
+from labkube.agent.scaffolds.cli_sandbox import (
+    CliSandbox,
+    SandboxStatus,
+    WorldToolsSocket,
+    cli_sandbox,
+    write_home_file,
 )
 from labkube.agent.telemetry import RunTelemetry
 from labkube.agent.transcript import JsonlLog, now_iso
@@ -61,6 +83,7 @@ from labkube.budgets import StopReason, Usage
 from labkube.model_ref import parse_model
 from labkube.result import completion_of
 from labkube.run_spec import RunPhase, RunSpec
+from labkube.sandbox import SandboxFailed, SandboxMode, SandboxUnavailable
 from labkube.store import RunDir
 from labkube.task_card import TaskCard
 
@@ -121,20 +144,31 @@ def world_mcp_command(world_url: str) -> list[str]:
     return [sys.executable, "-P", "-m", "labkube", "world-mcp", "--world-url", world_url]
 
 
+class GatewayRoute(GatewayAddress):
+    """The gateway as the CLI reaches it (its URL, and the run token as its API key): the gateway's own address, or
+    the relay's on the sandbox's loopback."""
+
+    def __init__(self, url: str, token: str) -> None:
+        self.url = url
+        self.token = token
+
+
 def claude_setup(
     home: Path,
     env: dict[str, str],
-    gw: ModelGateway | GatewayView,
+    gw: GatewayRoute,
     model: str,
     blocked: list[str],
-    world_url: str | None = None,
+    world_server: list[str] | None = None,
+    box: CliSandbox | None = None,
 ) -> list[str]:
     """Claude Code's environment and its settings file: the gateway as its API, nothing sent elsewhere, every tool
-    allowed without asking (nobody answers), and the task's blocked URLs refused."""
+    allowed without asking (nobody answers), and the task's blocked URLs refused. `world_server`: the command of the
+    MCP server with a Gaia2 world's tools; `box`: the CLI runs in the run's sandbox, with the helpers it has there."""
     env.update(
         {
             "ANTHROPIC_BASE_URL": gw.anthropic_base_url,
-            "ANTHROPIC_API_KEY": gw.config.token,
+            "ANTHROPIC_API_KEY": gw.token,
             "ANTHROPIC_MODEL": model,
             "ANTHROPIC_SMALL_FAST_MODEL": model,  # side calls (titles, summaries) on the run's model too
             "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
@@ -150,9 +184,11 @@ def claude_setup(
             "CLAUDE_CODE_MAX_RETRIES": "2",  # the gateway retries the provider's 429s and 5xx already
         }
     )
-    blocked_file = home / "blocked_urls.txt"
-    blocked_file.write_text("\n".join(blocked) + "\n")
-    hook = f"{sys.executable} -P -m labkube.agent.scaffolds.cli_hook {blocked_file}"
+    blocked_file = write_home_file(home, "blocked_urls.txt", "\n".join(blocked) + "\n")
+    if box is not None:
+        hook = box.hook(blocked_file)
+    else:
+        hook = f"{sys.executable} -P -m labkube.agent.scaffolds.cli_hook {blocked_file}"
     deny = [f"WebFetch(domain:{d})" for d in sorted(_domains(blocked))]
     settings = {
         "permissions": {"deny": deny},
@@ -160,13 +196,12 @@ def claude_setup(
             "PreToolUse": [{"matcher": "Bash|WebFetch|WebSearch", "hooks": [{"type": "command", "command": hook}]}]
         },
     }
-    path = home / "settings.json"
-    path.write_text(json.dumps(settings, indent=2))
+    path = write_home_file(home, "settings.json", json.dumps(settings, indent=2))
     flags = ["--settings", str(path)]
-    if world_url is not None:
-        command, *args = world_mcp_command(world_url)
-        mcp = home / "mcp.json"
-        mcp.write_text(json.dumps({"mcpServers": {"world": {"command": command, "args": args}}}, indent=2))
+    if world_server is not None:
+        command, *args = world_server
+        servers = {"mcpServers": {"world": {"command": command, "args": args}}}
+        mcp = write_home_file(home, "mcp.json", json.dumps(servers, indent=2))
         flags += ["--strict-mcp-config", "--mcp-config", str(mcp)]
         env["MCP_TIMEOUT"] = "60000"  # ms for the bridge to start: a cold `python -m labkube` takes seconds
     return flags
@@ -202,17 +237,19 @@ def claude_command(exe: Path, prompt: str, settings: list[str], session_id: str 
 def codex_setup(
     home: Path,
     env: dict[str, str],
-    gw: ModelGateway | GatewayView,
+    gw: GatewayRoute,
     model: str,
     blocked: list[str],
-    world_url: str | None = None,
+    world_server: list[str] | None = None,
 ) -> list[str]:
     """Codex's home (config.toml): the gateway as a model provider of its own, its key the run token; no
-    analytics; web search off when the task blocks URLs."""
+    analytics; web search off when the task blocks URLs; `world_server`: the command of the MCP server with a Gaia2
+    world's tools."""
     codex_home = home / ".codex"
-    codex_home.mkdir(parents=True, exist_ok=True)
     web_search = "disabled" if blocked else "live"
-    (codex_home / "config.toml").write_text(
+    write_home_file(
+        home,
+        ".codex/config.toml",
         "\n".join(
             [
                 f"model = {json.dumps(model)}",
@@ -232,22 +269,22 @@ def codex_setup(
                 'wire_api = "responses"',
                 "request_max_retries = 2",  # the gateway retries the provider's 429s and 5xx already
                 "stream_max_retries = 2",
-                *(_codex_world(world_url) if world_url else []),
+                *(_codex_world(world_server) if world_server else []),
                 "",
             ]
-        )
+        ),
     )
-    env.update({"CODEX_HOME": str(codex_home), "LABKUBE_GATEWAY_TOKEN": gw.config.token})
+    env.update({"CODEX_HOME": str(codex_home), "LABKUBE_GATEWAY_TOKEN": gw.token})
     return []
 
 
-def _codex_world(world_url: str) -> list[str]:
-    command, *args = world_mcp_command(world_url)
+def _codex_world(world_server: list[str]) -> list[str]:
+    command, *args = world_server
     return [
         "[mcp_servers.world]",
         f"command = {json.dumps(command)}",
         f"args = {json.dumps(args)}",
-        "startup_timeout_sec = 60",  # a cold `python -m labkube` takes seconds
+        "startup_timeout_sec = 60",  # a cold `labkube world-mcp` takes seconds
         # Required: Codex waits for the server before its first request (otherwise a slow start leaves the first
         # turn without the world's tools) and refuses to run without it, rather than run a world it cannot touch.
         "required = true",
@@ -255,13 +292,21 @@ def _codex_world(world_url: str) -> list[str]:
 
 
 def codex_command(
-    exe: Path, prompt: str, workspace: Path, model: str, session_id: str | None, blocked: list[str]
+    exe: Path,
+    prompt: str,
+    workspace: Path,
+    model: str,
+    session_id: str | None,
+    blocked: list[str],
+    sandboxed: bool = False,
 ) -> list[str]:
-    """`codex exec`. Codex cannot refuse single URLs: when the task blocks some, its own sandbox keeps the agent's
-    commands off the network altogether (`workspace-write`, network_access = false: the task's packages and data
-    are installed at setup); otherwise commands run as rg-agent's do. An unreachable gateway ends the run instead
-    of being retried for ever."""
-    sandbox = ["--sandbox", "workspace-write"] if blocked else ["--dangerously-bypass-approvals-and-sandbox"]
+    """`codex exec`. In labkube's sandbox (`sandboxed`) Codex's own is off: there is no network to keep commands off,
+    and it cannot work there (the module's docstring). Unsandboxed, Codex cannot refuse single URLs: when the task
+    blocks some, its own sandbox keeps the agent's commands off the network altogether (`workspace-write`,
+    network_access = false: the task's packages and data are installed at setup); otherwise commands run as
+    rg-agent's do. An unreachable gateway ends the run instead of being retried for ever."""
+    own = blocked and not sandboxed
+    sandbox = ["--sandbox", "workspace-write"] if own else ["--dangerously-bypass-approvals-and-sandbox"]
     common = ["--json", "--skip-git-repo-check", "-m", model, *sandbox, "--disable", "unbounded_connection_retries"]
     if session_id:
         return [str(exe), "exec", "resume", session_id, *common, prompt]
@@ -306,12 +351,26 @@ async def run_cli_agent(
         transcript.append({"type": "setup_error", "ts": now_iso(), "error": str(exc)})
         return StopReason.setup_error, str(exc)
 
+    if sidecar and spec.sandbox is SandboxMode.bwrap:
+        return StopReason.error, (
+            f"a gateway sidecar ({GATEWAY_URL_VARIABLE}) is reached over the pod's loopback, which a local sandbox "
+            "cannot reach: a run beside one is `--sandbox pod`"
+        )
+
     home = rd.root / "cli-home"
     home.mkdir(parents=True, exist_ok=True)
+    home = home.resolve()  # bound into the sandbox at this path, the one its settings name
     env = cli_env(rd, spec, card, home)
     state = CliState.model_validate(ckpt.provider_state["cli"]) if "cli" in ckpt.provider_state else None
     state = state or CliState(agent=agent.name, package=agent.package, version=agent.version)
-    state.reported_version = await asyncio.to_thread(reported_version, exe, env)
+    try:
+        box = cli_sandbox(spec, rd, home, install_dir(agent))
+        version, version_env = [str(exe), "--version"], env
+        if box is not None:  # the CLI's own code runs in the sandbox only, this too
+            version, version_env = box.room.command(version, rd.workspace.resolve(), env)
+        state.reported_version = await asyncio.to_thread(reported_version, exe, version_env, version)
+    except (SandboxFailed, SandboxUnavailable) as exc:
+        return sandbox_failure(transcript, exc)
     gw: ModelGateway | GatewayView
     if sidecar:
         try:
@@ -330,11 +389,35 @@ async def run_cli_agent(
             after_call=world.resume if world else None,
         )
         await gw.start()
-    run = CliRun(rd, spec, card, ckpt, transcript, telemetry, hooks, agent, exe, home, env, state, gw, world)
+    tools: WorldToolsSocket | None = None
     try:
+        route = GatewayRoute(gw.url, gw.config.token)
+        if box is not None:
+            assert isinstance(gw, ModelGateway)
+            await gw.listen_unix(box.gateway_socket)
+            route = GatewayRoute(box.gateway_url, gw.config.token)
+            if world is not None:
+                rd.logs.mkdir(parents=True, exist_ok=True)
+                bridge = world_mcp_command(world.client.base_url)
+                tools = WorldToolsSocket(box.world_socket, bridge, dict(env), rd.logs / "world-mcp.stderr")
+                await tools.start()
+        run = CliRun(
+            rd, spec, card, ckpt, transcript, telemetry, hooks, agent, exe, home, env, state, gw, world, box, route
+        )
         return await run.drive()
+    except (SandboxFailed, SandboxUnavailable) as exc:
+        return sandbox_failure(transcript, exc)
     finally:
+        if tools is not None:
+            await tools.close()
         await gw.close()
+
+
+def sandbox_failure(transcript: JsonlLog, exc: Exception) -> tuple[StopReason, str]:
+    """The run's sandbox could not start the CLI: the harness's failure, not the agent's result."""
+    error = f"{type(exc).__name__}: {exc}"
+    transcript.append({"type": "harness_error", "ts": now_iso(), "error": error})
+    return StopReason.error, error
 
 
 async def wait_for_token(path: Path, timeout_s: float = 120.0) -> str:
@@ -383,6 +466,8 @@ class CliRun:
     state: CliState
     gw: ModelGateway | GatewayView
     world: WorldSession | None = None
+    box: CliSandbox | None = None  # the CLI's room in the run's sandbox, where the run has one
+    route: GatewayRoute | None = None  # how the CLI reaches the gateway (None: at the gateway's own URL)
     tracker: BudgetTracker = field(init=False)
     _backoff_seen: float = field(init=False)
 
@@ -454,16 +539,64 @@ class CliRun:
     def world_stopped(self) -> bool:
         return self.world is not None and self.world.stopped
 
+    @property
+    def workspace(self) -> Path:
+        return self.rd.workspace.resolve()  # where the sandbox binds it
+
     def command(self, prompt: str, session: str | None) -> tuple[list[str], ClaudeCodeEvents | CodexEvents]:
         ref = parse_model(self.spec.model)
         blocked = list(self.card.blocked_urls)
-        world_url = self.world.client.base_url if self.world is not None else None
+        route = self.route or GatewayRoute(self.gw.url, self.gw.config.token)
+        world_server = None
+        if self.world is not None:
+            world_server = self.box.world_server() if self.box else world_mcp_command(self.world.client.base_url)
         if self.agent.name == "claude-code":
-            settings = claude_setup(self.home, self.env, self.gw, ref.name, blocked, world_url)
+            settings = claude_setup(self.home, self.env, route, ref.name, blocked, world_server, self.box)
             return claude_command(self.exe, prompt, settings, session), ClaudeCodeEvents(self.rd.workspace)
-        codex_setup(self.home, self.env, self.gw, ref.name, blocked, world_url)
-        command = codex_command(self.exe, prompt, self.rd.workspace, ref.name, session, blocked)
+        codex_setup(self.home, self.env, route, ref.name, blocked, world_server)
+        sandboxed = self.box is not None
+        command = codex_command(self.exe, prompt, self.workspace, ref.name, session, blocked, sandboxed)
         return command, CodexEvents(self.rd.workspace)
+
+    async def start(self, command: list[str], stderr: Path) -> tuple[asyncio.subprocess.Process, SandboxStatus | None]:
+        """Start the CLI: as it is, or in the run's sandbox behind the gateway's relay. A sandbox that could not be
+        made raises SandboxFailed, with what bubblewrap said."""
+        env, status_write, status = self.env, None, None
+        if self.box is not None:
+            status_read, status_write = os.pipe()
+            status = SandboxStatus(status_read)
+            command, env = self.box.room.command(self.box.wrap(command), self.workspace, env, status_write)
+        said_from = stderr.stat().st_size if stderr.exists() else 0
+        try:
+            with stderr.open("ab") as err:
+                proc = await asyncio.create_subprocess_exec(
+                    *command,
+                    cwd=self.workspace,
+                    env=env,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=err,
+                    start_new_session=True,
+                    limit=64 * 1024 * 1024,
+                    pass_fds=() if status_write is None else (status_write,),
+                )
+        except BaseException:
+            if status is not None:
+                status.close()
+            raise
+        finally:
+            if status_write is not None:
+                os.close(status_write)
+        if status is None or await status.started():
+            return proc, status
+        kill_group(proc)
+        await proc.wait()
+        status.close()
+        with stderr.open("rb") as err:
+            err.seek(said_from)
+            said = [line for line in err.read().decode(errors="replace").splitlines() if line.strip()]
+        why = said[-1][:300] if said else f"bubblewrap exited {proc.returncode} and said nothing"
+        raise SandboxFailed(f"the run's sandbox could not start {self.agent.name}: {why}")
 
     def sync(self, events: ClaudeCodeEvents | CodexEvents, final: bool = False) -> None:
         """The gateway's counts into the run's spend, the checkpoint and status.json (and, from a sidecar, into this
@@ -543,17 +676,8 @@ class CliRun:
             }
         )
         rd.logs.mkdir(parents=True, exist_ok=True)
-        with (rd.logs / f"{agent.name}.stderr").open("ab") as err:
-            proc = await asyncio.create_subprocess_exec(
-                *command,
-                cwd=rd.workspace,
-                env=self.env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=err,
-                start_new_session=True,
-                limit=64 * 1024 * 1024,
-            )
+        proc, status = await self.start(command, rd.logs / f"{agent.name}.stderr")
+        group = status.child_pid if status is not None else None  # the sandbox's own processes, the CLI's relay
         raw_log = (rd.logs / f"{agent.name}.jsonl").open("ab")
         last_text: list[str] = []
         turn_ended = False
@@ -603,10 +727,10 @@ class CliRun:
                             "agent": agent.name,
                         }
                     )
-                    await interrupt(proc)
+                    await interrupt(proc, group=group)
         except asyncio.CancelledError:
             # SIGTERM to the run (preemption, a dead supervisor): the CLI stops, its session stays for the resume.
-            await interrupt(proc)
+            await interrupt(proc, group=group)
             await self.finish_reading(reader, 5)
             self.sync(events)
             transcript.append({"type": "terminated", "ts": now_iso(), "step": self.ckpt.step})
@@ -615,6 +739,8 @@ class CliRun:
             kill_group(proc)
             await self.finish_reading(reader, 10)
             raw_log.close()
+            if status is not None:
+                status.close()
         self.sync(events, final=True)
         if isinstance(events, ClaudeCodeEvents) and events.result is not None:
             self.ckpt.end_summary = str(events.result.get("result") or "")
@@ -624,11 +750,15 @@ class CliRun:
         return Invocation(stop, proc.returncode, None if stop else events.failure(), turn_ended)
 
 
-async def interrupt(proc: asyncio.subprocess.Process, grace_s: float = INTERRUPT_GRACE_S) -> None:
-    """A clean interrupt (SIGINT, as Ctrl-C), then SIGKILL to the CLI's whole group after `grace_s`."""
+async def interrupt(
+    proc: asyncio.subprocess.Process, grace_s: float = INTERRUPT_GRACE_S, group: int | None = None
+) -> None:
+    """A clean interrupt (SIGINT, as Ctrl-C), then SIGKILL to the CLI's whole group after `grace_s`. In the sandbox
+    (`group`: its first process, whose group the CLI's relay is in) SIGINT goes to the relay, which passes it on to
+    the CLI's group: bubblewrap itself would die of it, and the sandbox with it."""
     if proc.returncode is None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGINT)
+            os.killpg(group or proc.pid, signal.SIGINT)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(proc.wait(), grace_s)
     kill_group(proc)
@@ -636,6 +766,7 @@ async def interrupt(proc: asyncio.subprocess.Process, grace_s: float = INTERRUPT
 
 
 def kill_group(proc: asyncio.subprocess.Process) -> None:
-    """Whatever the CLI's commands left running dies with it."""
+    """Whatever the CLI's commands left running dies with it (in the sandbox: bubblewrap, and with it the sandbox's
+    whole pid namespace)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)

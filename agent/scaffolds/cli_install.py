@@ -111,7 +111,10 @@ def ensure_installed(agent: CliAgentSpec, timeout_s: float = 900.0) -> Path:
     return exe
 
 
-def reported_version(exe: Path, env: dict[str, str] | None = None) -> str:
-    """What the executable says it is (`--version`), recorded in the run's result."""
-    done = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=60, env=env, check=False)
-    return (done.stdout or done.stderr).strip().splitlines()[0] if (done.stdout or done.stderr).strip() else ""
+def reported_version(exe: Path, env: dict[str, str] | None = None, command: list[str] | None = None) -> str:
+    """What the executable says it is (`--version`; `command`: that, started another way, as in a run's sandbox),
+    recorded in the run's result; "" when it fails."""
+    argv = command or [str(exe), "--version"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env, check=False)
+    said = (done.stdout or done.stderr).strip()
+    return said.splitlines()[0] if said and done.returncode == 0 else ""

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -241,42 +242,46 @@ def test_parts_are_worked_out_on_the_text_alone(tmp_path: Path) -> None:
         ws.parts("  ")
 
 
+# The agent's own process, swapping its directory d for a link to outside/ and back as fast as it can.
+SWAPPER = """
+import os, sys
+d, parked, target = sys.argv[1:4]
+print("swapping", flush=True)
+while True:
+    try:
+        os.rename(d, parked)
+        os.symlink(target, d)
+        os.unlink(d)
+        os.rename(parked, d)
+    except OSError:  # a tool call made d meanwhile: start over from whatever is there
+        for p in (d, parked):
+            if os.path.islink(p):
+                os.unlink(p)
+        if os.path.isdir(parked) and not os.path.lexists(d):
+            os.rename(parked, d)
+        elif os.path.isdir(parked):
+            os.rename(parked, parked + "-" + os.urandom(4).hex())
+"""
+
+
 async def test_a_directory_swapped_for_a_link_mid_call_never_leads_out(lay: Layout) -> None:
-    """A thread swaps ws/d between a real directory and a link to outside/ as fast as it can while write_file and
-    apply_patch write under d/: whatever each call says, nothing is ever written outside."""
+    """Another process swaps ws/d between a real directory and a link to outside/ while write_file, replace and
+    apply_patch write under d/ again and again: whatever each call says, nothing is ever written outside. (The
+    old check-then-use code, realpath and then write, wrote outside within a few hundred calls.)"""
     d = lay.ws / "d"
     d.mkdir()
     target = lay.base / "outside"
     before = lay.outside()
-    stop = threading.Event()
-    swaps = 0
-
-    def swap() -> None:
-        nonlocal swaps
-        parked = lay.ws / "parked"
-        while not stop.is_set():
-            try:
-                os.rename(d, parked)
-                os.symlink(target, d)
-                os.unlink(d)
-                os.rename(parked, d)
-                swaps += 1
-            except OSError:  # a call made d meanwhile: start over from whatever is there
-                for p in (d, parked):
-                    if p.is_symlink():
-                        p.unlink()
-                if parked.is_dir() and not d.exists():
-                    os.rename(parked, d)
-                elif parked.is_dir():
-                    os.rename(parked, lay.ws / f"parked-{swaps}-{os.urandom(4).hex()}")
-
-    swapper = threading.Thread(target=swap)
-    swapper.start()
+    swapper = subprocess.Popen(
+        [sys.executable, "-c", SWAPPER, str(d), str(lay.ws / "parked"), str(target)], stdout=subprocess.PIPE
+    )
     outcomes: set[str] = set()
     try:
-        for i in range(400):
+        assert swapper.stdout is not None and swapper.stdout.readline() == b"swapping\n"
+        for i in range(500):
             for name, args in (
                 ("write_file", {"path": "d/f.txt", "content": f"{i}\n"}),
+                ("replace", {"path": f"d/r{i}.txt", "old_string": "", "new_string": "x"}),
                 ("apply_patch", patch(f"*** Add File: d/p{i}.txt", "+x")),
             ):
                 try:
@@ -284,10 +289,9 @@ async def test_a_directory_swapped_for_a_link_mid_call_never_leads_out(lay: Layo
                     outcomes.add("written")
                 except ToolError as error:
                     outcomes.add("refused" if "symbolic link" in str(error) else "other")
-            await asyncio.sleep(0)
     finally:
-        stop.set()
-        swapper.join()
-    assert swaps > 0 and "written" in outcomes
+        swapper.kill()
+        swapper.wait()
+    assert {"written", "refused"} <= outcomes
     assert lay.outside() == before, "a write went through the link to outside the workspace"
-    assert not (target / "f.txt").exists() and not list(target.glob("p*.txt"))
+    assert sorted(p.name for p in target.iterdir()) == ["inner.txt"]

@@ -1,0 +1,221 @@
+"""Claude Code and Codex whole inside the run's bubblewrap sandbox (agent/scaffolds/cli_sandbox.py): the real CLIs
+against the fake provider (tests/fakellm.py) through the run's gateway, which they reach through a unix socket.
+
+Through each CLI's own bash tool the scripted model probes the sandbox as a hostile agent would: the host's files
+beside its run, the run's own records, every TCP listener on the host's loopback (the gateway's own port among
+them), every process environment it can see, and a process left running after the run."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli_helpers import labkube
+from fakellm import FakeLLM, Reply
+from test_cli_agents import MODELS, REAL_KEY, provider_env, responder, run_dir_of
+from tinytask import make_run_dir, make_tiny_task
+
+from labkube.agent.scaffolds.cli_install import CLI_AGENTS, ensure_installed
+from labkube.agent.scaffolds.cli_sandbox import SANDBOX_GATEWAY_PORT
+from labkube.agent.transcript import read_jsonl
+from labkube.result import RunResult
+from labkube.sandbox import sandbox_problem
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(sandbox_problem() is not None, reason=f"no local sandbox here: {sandbox_problem()}"),
+]
+AGENTS = ["claude-code", "codex"]
+
+
+@pytest.fixture(scope="session")
+def cli_binaries() -> dict[str, Path]:
+    return {name: ensure_installed(agent) for name, agent in CLI_AGENTS.items()}
+
+
+@pytest.fixture
+def under_tmp() -> Iterator[Path]:
+    """A campaign folder under /tmp, where the sandbox's own /tmp is mounted over the host's."""
+    root = Path(tempfile.mkdtemp(prefix="lk-cli-sandbox-", dir="/tmp"))
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_each_cli_runs_its_commands_in_the_workspace_from_inside_the_sandbox(
+    under_tmp: Path, cli_binaries: dict[str, Path], agent: str
+) -> None:
+    """`labkube run` with the campaign under /tmp: the CLI's shell command writes its files in the workspace, from
+    inside the sandbox (HOME is the sandbox's, pid 1 is bubblewrap's), and the run is graded and done as usual."""
+    task = make_tiny_task(under_tmp, [])
+    command = "echo $HOME > home.txt; cat /proc/1/comm > init.txt; echo 7 > result.txt"
+    with FakeLLM(responder=responder(command)) as server:
+        ran = labkube(
+            "run", str(task), "--model", MODELS[agent], "--agent", agent, "--out", str(under_tmp / "c"),
+            cwd=under_tmp, env=provider_env(agent, server), timeout=300,
+        )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    rd = run_dir_of(under_tmp / "c")
+    result = RunResult.model_validate_json((rd / "result.json").read_text())
+    assert (result.status.value, result.stop_reason.value) == ("Finished", "done"), result.error
+    assert result.subtasks[0].raw == 7.0
+    workspace = rd / "workspace"
+    assert (workspace / "home.txt").read_text().strip() == "/home/agent"
+    assert (workspace / "init.txt").read_text().strip() == "bwrap"
+    (tool,) = [e for e in read_jsonl(rd / "transcript.jsonl") if e["type"] == "tool_call"]
+    assert tool["tool"] == "bash" and tool["ok"]
+
+
+def listening_ports(pid: int | None = None) -> set[int]:
+    """TCP ports listening on the host's loopback (or every address), of one process when `pid` is given."""
+    inodes = None
+    if pid is not None:
+        inodes = set()
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            address, port = fields[1].rsplit(":", 1)
+            if fields[3] != "0A" or address.strip("0") not in ("", "100007F", "1"):
+                continue  # not listening, or not on loopback / every address
+            if inodes is None or fields[9] in inodes:
+                ports.add(int(port, 16))
+    return ports
+
+
+def host_processes_with(marker: str) -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if marker in cmdline:
+                found.append(f"{proc.name}: {cmdline}")
+    return found
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_through_its_shell_the_agent_reaches_nothing_of_the_host(
+    tmp_path: Path, cli_binaries: dict[str, Path], agent: str
+) -> None:
+    """The CLI's bash tool, told to look around: a file planted beside the run folder and the run's own run.json are
+    not there; every TCP listener on the host's loopback when it runs (the run's gateway, the provider, one this
+    test opens) refuses it; the environments of every process it can see hold no API key (the provider's, and one
+    planted in the harness's environment); and the processes it leaves running do not outlive the run."""
+    task = make_tiny_task(tmp_path, [])
+    rd = make_run_dir(tmp_path, task, model=MODELS[agent], agent=agent)
+    planted = rd.parent / "planted.txt"
+    planted.write_text("planted-secret-beside-the-run\n")
+    planted_key = f"sk-planted-{secrets.token_hex(12)}"
+    marker = f"4242.{secrets.randbelow(10**6):06d}"
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener_port = listener.getsockname()[1]
+    harness: list[subprocess.Popen[bytes]] = []
+    probed: dict[str, set[int]] = {}
+
+    def probe() -> str:
+        gateway = listening_ports(harness[0].pid)
+        ports = (listening_ports() | gateway) - {SANDBOX_GATEWAY_PORT}
+        probed.update(gateway=gateway, all=ports)
+        knock = 'for p in {}; do (timeout 3 bash -c "echo > /dev/tcp/127.0.0.1/$p") 2>/dev/null && echo "open $p" || echo "closed $p"; done'  # noqa: E501
+        return "; ".join(
+            [
+                f'cat {planted} > probe-planted.txt 2>&1; echo "exit=$?" >> probe-planted.txt',
+                f'cat {rd}/run.json > probe-run.txt 2>&1; echo "exit=$?" >> probe-run.txt',
+                f"ls -a {rd.parent} > probe-ls.txt 2>&1",
+                knock.format(" ".join(str(p) for p in sorted(ports))) + " > probe-tcp.txt",
+                "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' > probe-environ.txt",
+                f"(setsid sleep {marker} > /dev/null 2>&1 < /dev/null &)",
+                f"nohup sleep {marker} > /dev/null 2>&1 < /dev/null & echo 7 > result.txt",
+            ]
+        )
+
+    answers: list[Callable[[str, dict[str, Any]], Reply]] = []
+
+    def answer(path: str, body: dict[str, Any]) -> Reply:
+        if not answers:
+            answers.append(responder(probe()))
+        return answers[0](path, body)
+
+    try:
+        with FakeLLM(responder=answer) as server:
+            env = {
+                **os.environ,
+                "RAY_AUTH_MODE": "disabled",
+                **provider_env(agent, server),
+                "OTHER_SERVICE_API_KEY": planted_key,
+            }
+            command = [sys.executable, "-P", "-m", "labkube", "agent", "--run-dir", str(rd)]
+            process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            harness.append(process)
+            _, err = harness[0].communicate(timeout=300)
+    finally:
+        listener.close()
+    assert harness[0].returncode == 0, err[-3000:].decode(errors="replace")
+    result = RunResult.model_validate_json((rd / "result.json").read_text())
+    assert (result.stop_reason.value, result.subtasks[0].raw) == ("done", 7.0), result.error
+    workspace = rd / "workspace"
+    seen_planted = (workspace / "probe-planted.txt").read_text()
+    assert "No such file" in seen_planted and "planted-secret" not in seen_planted
+    seen_run = (workspace / "probe-run.txt").read_text()
+    assert "No such file" in seen_run and '"run_id"' not in seen_run
+    assert "planted.txt" not in (workspace / "probe-ls.txt").read_text()
+    knocked = dict(reversed(line.split()) for line in (workspace / "probe-tcp.txt").read_text().splitlines())
+    assert probed["gateway"] and probed["gateway"] <= {int(p) for p in knocked}, (probed, knocked)
+    provider_port = int(server.base_url.rsplit(":", 1)[1].split("/")[0])
+    assert listener_port in probed["all"] and provider_port in probed["all"]
+    assert set(knocked.values()) == {"closed"}, knocked
+    environ = (workspace / "probe-environ.txt").read_text()
+    assert "PATH=" in environ  # it did read environments: its own sandbox's processes'
+    assert REAL_KEY not in environ and planted_key not in environ
+    deadline = time.monotonic() + 10
+    while (left := host_processes_with(f"sleep {marker}")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left == [], left
+
+
+def test_a_sandbox_that_cannot_start_the_cli_is_a_harness_error(tmp_path: Path, cli_binaries: dict[str, Path]) -> None:
+    """bubblewrap fails (here a stand-in that says so and exits 1): the CLI never runs, and the run ends as the
+    harness's error, with bubblewrap's words, not as the agent's `done`."""
+    task = make_tiny_task(tmp_path, [])
+    rd = make_run_dir(tmp_path, task, model=MODELS["codex"], agent="codex")
+    broken = tmp_path / "bwrap"
+    broken.write_text("#!/bin/sh\necho 'bwrap: something failed' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    with FakeLLM(responder=responder("echo 7 > result.txt")) as server:
+        ran = labkube(
+            "agent", "--run-dir", str(rd), cwd=tmp_path,
+            env={**provider_env("codex", server), "LABKUBE_BWRAP": str(broken)}, timeout=300,
+        )  # fmt: skip
+        requests = server.requests
+    result = RunResult.model_validate_json((rd / "result.json").read_text())
+    assert result.stop_reason.value == "error", (result, ran.stderr[-2000:])
+    assert result.is_error
+    assert result.error and "bwrap: something failed" in result.error
+    assert requests == [] and not (rd / "workspace" / "result.txt").exists()
+    events = read_jsonl(rd / "transcript.jsonl")
+    (failure,) = [e for e in events if e["type"] == "harness_error"]
+    assert "could not start codex" in failure["error"]
+    assert json.loads((rd / "run.json").read_text())["sandbox"] == "bwrap"
