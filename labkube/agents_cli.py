@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from labkube.cli_checks import UsageFailure, console
+from labkube.hardening import not_dumpable
 
 
 @click.group("agents")
@@ -52,6 +53,7 @@ def gateway(run_dir: Path, host: str, port: int, token_file: Path) -> None:
     """Serve the run's model gateway (a pod's `gateway` sidecar; locally, `labkube agent` runs it in-process).
 
     The first line on stdout is `LISTENING <url>`; docs/third-party-agents.md says what it does."""
+    not_dumpable()  # this process holds the provider's key (labkube/hardening.py)
     import uvloop
 
     from labkube.agent.gateway import GatewayError, serve_run_gateway
@@ -73,6 +75,7 @@ def gateway(run_dir: Path, host: str, port: int, token_file: Path) -> None:
 @click.option("--finalize", "finalize_reason", default=None, help="Only grade the stopped run (reason: time, killed).")
 def agent(run_dir: Path, resume: bool, finalize_reason: str | None) -> None:
     """Run one run's agent in this process (what a sandbox executes)."""
+    not_dumpable()  # before the harness's imports; agent_process says it again for the zygote's children
     from labkube.agent.harness.sandbox_process import agent_process
 
     sys.exit(agent_process(run_dir, resume, finalize_reason))

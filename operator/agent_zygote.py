@@ -33,6 +33,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from labkube.hardening import not_dumpable
 from labkube.operator.agent_keys import split_secrets
 
 ZYGOTE_MODULE = "labkube.operator.agent_zygote"
@@ -80,6 +81,7 @@ def _child(request: ChildRequest, inherited: list[int]) -> None:
     """In the forked child: become `labkube agent --run-dir DIR ARGS` for the run; never returns."""
     code: int = 1
     try:
+        not_dumpable()  # the run's keys pass through this child next (agent_process says it again)
         os.setsid()
         for fd in inherited:
             os.close(fd)

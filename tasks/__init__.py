@@ -200,9 +200,11 @@ def grade_run(
     log_file: Path,
     answer: str | None,
     pinned: PinnedTask | None = None,
+    sandboxed: bool = False,
 ) -> GradeOutcome:
     """Grade a run by its family's rules: the pristine grader for paper tasks, the answer for GAIA. With `pinned`,
-    only from the pristine task the campaign pinned: a task that changed since is not graded (`task_changed`)."""
+    only from the pristine task the campaign pinned: a task that changed since is not graded (`task_changed`). With
+    `sandboxed`, the grader runs in a sandbox of its own (`grade_workspace`)."""
     changed = pinned.changes(card) if pinned is not None else None
     if changed is not None:
         return GradeOutcome.not_graded(card, changed, task_changed=True)
@@ -211,4 +213,4 @@ def grade_run(
 
         subtasks, score = grade_answer(card, answer)
         return GradeOutcome(subtasks, score, None)
-    return grade_workspace(card, workspace, scratch, log_file)
+    return grade_workspace(card, workspace, scratch, log_file, sandboxed=sandboxed)

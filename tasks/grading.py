@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from labkube.result import SubtaskScore
+from labkube.sandbox import SandboxPolicy, interpreter_prefixes, labkube_package_paths, sandbox_argv
 from labkube.task_card import Subtask, TaskCard
 from labkube.tasks._markdown import YOUR_METHOD, cell_numbers, first_number, parse_tables
 from labkube.tasks.scoring import headline, score_subtask
@@ -225,7 +226,32 @@ def _value_for(s: Subtask, summary: object, tables: list) -> float | None:
     return None
 
 
-def grade_workspace(card: TaskCard, workspace: Path, scratch: Path, log_file: Path | None = None) -> GradeOutcome:
+def grader_sandbox(card: TaskCard, workspace: Path, view: Path, env: dict[str, str]) -> SandboxPolicy:
+    """The grader's own room: the grading view (the pristine grading files, links into the workspace) read-write as
+    its output folder, the workspace read-only, the task environment and interpreter read-only, a fresh /tmp, no
+    network; not the pristine task, not the run's records, not another run."""
+    from labkube.tasks.environment import current_env, setup_outputs
+
+    task_env = current_env()
+    seen: list[Path] = [workspace.resolve(), *interpreter_prefixes(task_env.venv if task_env else None)]
+    if task_env is not None:
+        hf = task_env.path / "cache" / "huggingface"
+        if hf.is_dir():
+            seen.append(hf)
+        seen.extend(setup_outputs(task_env, Path(card.path)))
+    masked = tuple(p for p in labkube_package_paths() if any(p.is_relative_to(r) for r in seen))
+    inner = {k: v for k, v in env.items() if not k.startswith(("LABKUBE_", "RAY_"))}
+    inner.update(HOME="/tmp", TMPDIR="/tmp")
+    return SandboxPolicy(
+        writable=(view.resolve(),), read_only=tuple(seen), masked=masked, cwd=view.resolve(), env=inner
+    )
+
+
+def grade_workspace(
+    card: TaskCard, workspace: Path, scratch: Path, log_file: Path | None = None, *, sandboxed: bool = False
+) -> GradeOutcome:
+    """Run the task's grader over the workspace from the pristine grading files (a grading view); with `sandboxed`,
+    in a sandbox of its own (`grader_sandbox`) that sees the workspace read-only and writes only the view."""
     view = scratch / "grading-view"
     try:
         build_grading_view(card, workspace, view)
@@ -244,9 +270,13 @@ def grade_workspace(card: TaskCard, workspace: Path, scratch: Path, log_file: Pa
             del env[key]
     error = None
     printed = ""
+    argv = ["bash", "-c", card.grading.command]
+    if sandboxed:
+        argv = sandbox_argv(grader_sandbox(card, workspace, view, env), argv)
+        env = {"PATH": env.get("PATH", "/usr/bin:/bin")}
     try:
         proc = subprocess.run(
-            ["bash", "-c", card.grading.command],
+            argv,
             cwd=view,
             env=env,
             capture_output=True,

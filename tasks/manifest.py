@@ -43,6 +43,7 @@ MAX_NAMED = 5
 # digest is not cached (the same rule as GAIA's dataset cache).
 RECENT_NS = 2_000_000_000
 HASH_CHUNK = 1 << 20
+MAX_CACHED = 200_000
 
 
 class TaskManifest(BaseModel):
@@ -110,6 +111,8 @@ def _file_digest(path: Path, st: os.stat_result) -> str:
             h.update(chunk)
     digest = h.hexdigest()
     if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > RECENT_NS:
+        if len(_digests) >= MAX_CACHED:  # a long-lived operator: forget rather than grow
+            _digests.clear()
         _digests[key] = digest
     return digest
 

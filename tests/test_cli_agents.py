@@ -223,7 +223,8 @@ def test_a_blocked_url_is_kept_from_the_agent_by_the_clis_own_settings(
 ) -> None:
     """The task blocks a URL (here one on this machine, so that reaching it would succeed). Claude Code: its
     PreToolUse hook refuses the command that names it, with rg-agent's URL rules. Codex cannot refuse single
-    URLs: its sandbox runs the command with no network, so the fetch fails (curl's code 000) and the rest runs."""
+    URLs: the run's sandbox (unsandboxed, Codex's own) runs the command with no network, so the fetch fails (curl's
+    code 000) and the rest runs."""
     task = make_tiny_task(tmp_path, [])
     answers: list[Callable[[str, dict], Reply]] = []  # the command names the server's own URL: known once it runs
     with FakeLLM(responder=lambda path, body: answers[0](path, body)) as server:
@@ -244,7 +245,7 @@ def test_a_blocked_url_is_kept_from_the_agent_by_the_clis_own_settings(
         assert not tool["ok"] and "is blocked for this task" in tool["output"]
         assert not (workspace / "result.txt").exists()  # the whole command was refused
     else:
-        assert (workspace / "code.txt").read_text() == "000"  # no network in Codex's sandbox
+        assert (workspace / "code.txt").read_text() == "000"  # no network in the run's sandbox
         assert (workspace / "result.txt").read_text().strip() == "2"
 
 

@@ -11,6 +11,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -219,3 +220,45 @@ def test_a_sandbox_that_cannot_start_the_cli_is_a_harness_error(tmp_path: Path, 
     (failure,) = [e for e in events if e["type"] == "harness_error"]
     assert "could not start codex" in failure["error"]
     assert json.loads((rd / "run.json").read_text())["sandbox"] == "bwrap"
+
+
+def test_the_relay_forwards_connections_signals_and_the_clis_exit(tmp_path: Path) -> None:
+    """`sandbox_relay.py forward`, run by path with no labkube on its path: a TCP connection to its port reaches the
+    unix socket (here a long path, as a run folder's may be), SIGINT to it reaches the command's group, and the
+    command's exit status is its own."""
+    from labkube.agent.scaffolds import sandbox_relay
+
+    relay = [sys.executable, "-I", sandbox_relay.__file__, "forward"]
+    folder = tmp_path / ("deep-" * 20)
+    folder.mkdir()
+    path = folder / "gateway.sock"
+    fd = os.open(folder, os.O_PATH | os.O_DIRECTORY)
+    upstream = socket.socket(socket.AF_UNIX)
+    upstream.bind(f"/proc/self/fd/{fd}/gateway.sock")
+    upstream.listen()
+    os.close(fd)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    script = "trap 'echo interrupted > seen.txt; exit 7' INT; echo up > up.txt; while :; do sleep 0.1; done"
+    process = subprocess.Popen([*relay, str(path), str(port), "--", "sh", "-c", script], cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 20
+        while not (tmp_path / "up.txt").exists():
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.05)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+            served, _ = upstream.accept()
+            with served:
+                client.sendall(b"ping")
+                assert served.recv(4) == b"ping"
+                served.sendall(b"pong")
+                assert client.recv(4) == b"pong"
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=20) == 7
+        assert (tmp_path / "seen.txt").read_text().strip() == "interrupted"
+    finally:
+        process.kill()
+        upstream.close()
+    done = subprocess.run([*relay, str(path), str(port), "--", "sh", "-c", "exit 3"], timeout=30, check=False)
+    assert done.returncode == 3

@@ -291,3 +291,44 @@ def test_a_sandbox_that_cannot_start_a_command_is_a_harness_error(tmp_path: Path
     result = json.loads(next((out / "runs").glob("*/result.json")).read_text())
     assert result["outcome"] == "harness_error", result
     assert "sandbox could not start" in result["error"] and "Can't bind mount" in result["error"]
+
+
+def test_the_grader_runs_in_a_room_of_its_own(tmp_path: Path) -> None:
+    """The grader sees the workspace read-only and writes only its grading view: a grader (or a planted file it
+    runs) cannot change the agent's files, nor reach the pristine task, the run's records or the host's loopback."""
+    from tinytask import make_tiny_task
+
+    from labkube.tasks import load_task
+    from labkube.tasks.grading import grade_workspace
+
+    task = make_tiny_task(tmp_path, [])
+    (task / "oracle" / "answer.txt").write_text("the oracle's secret\n")
+    records = tmp_path / "runs" / "r" / "result.json"
+    records.parent.mkdir(parents=True)
+    records.write_text("{}")
+    sock = socket.create_server(("127.0.0.1", 0))
+    grade = task / "grading" / "grade.sh"
+    port = sock.getsockname()[1]
+    grade.write_text(
+        "echo tampered >> notes.txt 2>&1 || echo 'notes.txt: read-only'\n"
+        f"cat {task}/oracle/answer.txt 2>&1 | tail -1\n"
+        f"ls {records.parent} 2>&1 | tail -1\n"
+        f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}))\" 2>&1 | tail -1\n"
+        + grade.read_text()
+    )
+    card = load_task(str(task))
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    (workspace / "notes.txt").write_text("the agent's notes\n")
+    (workspace / "result.txt").write_text("7\n")
+    log = tmp_path / "grader.log"
+    try:
+        outcome = grade_workspace(card, workspace, tmp_path / "scratch", log, sandboxed=True)
+    finally:
+        sock.close()
+    said = log.read_text()
+    assert outcome.score is not None and outcome.subtasks[0].raw == 7.0, said
+    assert (workspace / "notes.txt").read_text() == "the agent's notes\n"
+    assert "read-only" in said.lower(), said
+    assert "the oracle's secret" not in said and "No such file or directory" in said, said
+    assert "result.json" not in said and "Connection refused" in said, said

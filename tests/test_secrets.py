@@ -164,7 +164,8 @@ def test_the_planted_key_reached_the_model_api(leak_run: LeakRun) -> None:
 def test_the_exfiltration_attempts_ran(leak_run: LeakRun) -> None:
     run = leak_run.out / "runs" / EXFIL
     assert "OPENAI_BASE_URL=" in (run / "workspace" / "leaked_env.txt").read_text()
-    assert "OPENAI_BASE_URL=" in (run / "logs" / "leaked.log").read_text()
+    # the run's own folder is outside the agent's sandbox (docs/sandbox.md): `../logs` is not there to write into
+    assert not (run / "logs" / "leaked.log").exists()
     assert "PATH=" in (run / "jobs" / "job1.log").read_text()
     assert "PATH=" in (run / "logs" / "grader.log").read_text()
     transcript = (run / "transcript.jsonl").read_text()
@@ -248,7 +249,8 @@ def test_a_pods_keys_from_secrets_leave_the_agents_environment(tmp_path: Path) -
     agent moves them to stdin and re-execs, so its commands find no key in /proc/<agent>/environ."""
     key = f"sk-labkube-canary-{secrets.token_hex(16)}"
     task = make_tiny_task(tmp_path, [])
-    run_dir = make_run_dir(tmp_path, task, model="openai:gpt-5")
+    # a pod's container is the agent's room (no local sandbox in it), so its commands do see the agent process
+    run_dir = make_run_dir(tmp_path, task, model="openai:gpt-5", sandbox="pod")
     with FakeLLM() as server:
         server.script(
             Reply.tool_call("bash", {"command": PARENT.replace("echo 4", "echo 5")}),

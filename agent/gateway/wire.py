@@ -300,9 +300,9 @@ class _AgentConnection(asyncio.Protocol):
 def unix_listener(path: Path) -> socket.socket:
     """A listening unix socket at `path`, whatever its length: bound through the folder's descriptor
     (`/proc/self/fd/N/name`) where the path is over the 107 bytes of `sun_path` (a run folder deep in a campaign's).
-    A stale socket left there by an earlier attempt is replaced."""
+    What an earlier attempt left there, a stale socket or a link in its place, is replaced."""
     with contextlib.suppress(FileNotFoundError):
-        if stat.S_ISSOCK(os.lstat(path).st_mode):
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
             path.unlink()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

@@ -44,6 +44,7 @@ from labkube.budgets import StopReason
 from labkube.model_ref import parse_model
 from labkube.result import Grade, Outcome, RunResult, SubtaskScore, completion_of, outcome_for
 from labkube.run_spec import CLI_AGENTS, RunPhase, RunSpec, RunStatus
+from labkube.sandbox import SandboxMode
 from labkube.store import RunDir, read_model, utcnow, write_model
 from labkube.task_card import TaskCard
 from labkube.tasks import (
@@ -98,14 +99,17 @@ def save_checkpoint(rd: RunDir, ckpt: Checkpoint) -> None:
 def take_grade(rd: RunDir, card: TaskCard, ckpt: Checkpoint, final: bool = False) -> Grade:
     """Grade the run now, from the pristine task its campaign pinned (the grader's files at every grading, every
     file at the `final` one): a task that changed since is not graded."""
-    pinned = PinnedTask(rd.spec().task_digest, rd.root, whole=final)
+    spec = rd.spec()
+    pinned = PinnedTask(spec.task_digest, rd.root, whole=final)
     if card.gaia2 is not None:
         changed = pinned.changes(card)
         if changed is None:
             return gaia2_grade(ckpt)
         outcome = GradeOutcome.not_graded(card, changed, task_changed=True)
     else:
-        outcome = grade_run(card, rd.workspace, rd.root / "scratch", rd.logs / "grader.log", ckpt.end_summary, pinned)
+        sandboxed = spec.sandbox is SandboxMode.bwrap
+        scratch, log = rd.root / "scratch", rd.logs / "grader.log"
+        outcome = grade_run(card, rd.workspace, scratch, log, ckpt.end_summary, pinned, sandboxed=sandboxed)
     return Grade(
         at_seconds=round(ckpt.spend.wall_seconds, 3),
         step=ckpt.step,
@@ -314,7 +318,7 @@ async def run_agent(run_dir: Path, resume: bool = False) -> RunResult:
         from labkube.agent.scaffolds.cli_agents import CLI_TOOL_NAMES, RunHooks, run_cli_agent
 
         telemetry.declare_tools(CLI_TOOL_NAMES)
-        hooks = RunHooks(take_grade, write_status, save_checkpoint)
+        hooks = RunHooks(take_grade, write_status, save_checkpoint, gpu_minor_numbers)
         try:
             outcome = await run_cli_agent(rd, spec, card, ckpt, transcript, telemetry, hooks, world)
             if world is not None and outcome[0] is not StopReason.world_error:

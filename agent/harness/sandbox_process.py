@@ -19,6 +19,7 @@ from pathlib import Path
 from labkube.agent.harness.entrypoint import DISK_FULL_EXIT, AgentError, DiskFull
 from labkube.agent.harness.entrypoint import main as run_agent
 from labkube.budgets import StopReason
+from labkube.hardening import not_dumpable
 from labkube.result import RunResult, termination_report
 from labkube.store import StoreError, read_model
 from labkube.tasks import TaskError
@@ -33,6 +34,7 @@ def agent_process(run_dir: Path, resume: bool = False, finalize_reason: str | No
     exit code: the run's (`entrypoint.main`: 0 finished, 1 failed, 143 terminated), DISK_FULL_EXIT (resumable) or
     BAD_INPUT_EXIT, each of the last two after one `error: ...` line on stderr. Any other exception is a labkube
     bug and is left to the caller (the command line shows its traceback and asks for a report)."""
+    not_dumpable()  # the keys arrive next: closed to the agent's commands (labkube/hardening.py)
     try:
         code = _run(run_dir, resume, finalize_reason)
     except DiskFull as exc:

@@ -167,27 +167,6 @@ class Workspace:
         return fd
 
     @contextmanager
-    def directory(self, path: str, *, create: bool = False, created: list[str] | None = None) -> Iterator[int]:
-        """A descriptor of the directory `path` (opened for listing), walked without following links."""
-        names = self.parts(path)
-        with self._root_fd() as root:
-            parent = self._walk(root, path, names[:-1], create=create, created=created)
-            try:
-                if not names:
-                    fd = os.dup(root)
-                else:
-                    try:
-                        fd = os.open(names[-1], _LIST, dir_fd=parent)
-                    except OSError as error:
-                        raise self._refusal(path, names, len(names) - 1, parent, error) from None
-            finally:
-                os.close(parent)
-        try:
-            yield fd
-        finally:
-            os.close(fd)
-
-    @contextmanager
     def open(
         self,
         path: str,

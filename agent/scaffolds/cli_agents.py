@@ -364,7 +364,8 @@ async def run_cli_agent(
     state = CliState.model_validate(ckpt.provider_state["cli"]) if "cli" in ckpt.provider_state else None
     state = state or CliState(agent=agent.name, package=agent.package, version=agent.version)
     try:
-        box = cli_sandbox(spec, rd, home, install_dir(agent))
+        minors = hooks.gpu_minors(spec.gpus) if hooks.gpu_minors is not None else None
+        box = cli_sandbox(spec, rd, home, install_dir(agent), minors)
         version, version_env = [str(exe), "--version"], env
         if box is not None:  # the CLI's own code runs in the sandbox only, this too
             version, version_env = box.room.command(version, rd.workspace.resolve(), env)
@@ -399,7 +400,7 @@ async def run_cli_agent(
             if world is not None:
                 rd.logs.mkdir(parents=True, exist_ok=True)
                 bridge = world_mcp_command(world.client.base_url)
-                tools = WorldToolsSocket(box.world_socket, bridge, dict(env), rd.logs / "world-mcp.stderr")
+                tools = WorldToolsSocket(box.world_socket, bridge, box.bridge_env(env), rd.logs / "world-mcp.stderr")
                 await tools.start()
         run = CliRun(
             rd, spec, card, ckpt, transcript, telemetry, hooks, agent, exe, home, env, state, gw, world, box, route
@@ -438,6 +439,7 @@ class RunHooks:
     take_grade: Callable[[RunDir, TaskCard, Checkpoint], Grade]
     write_status: Callable[..., None]
     save_checkpoint: Callable[[RunDir, Checkpoint], None]
+    gpu_minors: Callable[[int], list[int] | None] | None = None  # the run's GPUs' device numbers, for its sandbox
 
 
 @dataclass
@@ -562,12 +564,12 @@ class CliRun:
         """Start the CLI: as it is, or in the run's sandbox behind the gateway's relay. A sandbox that could not be
         made raises SandboxFailed, with what bubblewrap said."""
         env, status_write, status = self.env, None, None
-        if self.box is not None:
-            status_read, status_write = os.pipe()
-            status = SandboxStatus(status_read)
-            command, env = self.box.room.command(self.box.wrap(command), self.workspace, env, status_write)
         said_from = stderr.stat().st_size if stderr.exists() else 0
         try:
+            if self.box is not None:
+                status_read, status_write = os.pipe()
+                status = SandboxStatus(status_read)
+                command, env = self.box.room.command(self.box.wrap(command), self.workspace, env, status_write)
             with stderr.open("ab") as err:
                 proc = await asyncio.create_subprocess_exec(
                     *command,

@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labkube.agent.gateway.wire import unix_listener
-from labkube.agent.harness.gpu import gpu_minor_numbers
 from labkube.agent.rg.workspace import Workspace
 from labkube.agent.run_sandbox import SANDBOX_DIR, RunRoom, run_room
 from labkube.run_spec import RunSpec
@@ -97,21 +96,32 @@ class CliSandbox:
         """The CLI's MCP server for the world's tools: stdio piped to `world.sock`."""
         return [sandbox_python(), "-I", str(self.helpers / "sandbox_relay.py"), "stdio", str(self.world_socket)]
 
+    def bridge_env(self, env: dict[str, str]) -> dict[str, str]:
+        """The environment of the world's MCP bridge, which runs outside the sandbox: the CLI's (no keys), but with a
+        HOME of its own and no user site, never the agent-writable config home, whose planted `usercustomize.py` or
+        configuration would run or be read out here."""
+        home = self.helpers.parent / "bridge-home"
+        home.mkdir(exist_ok=True)
+        return {**env, "HOME": str(home), "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1"}
+
     def hook(self, blocked_file: Path) -> str:
         """Claude Code's PreToolUse hook command: the standalone copy of cli_hook.py (`-s -E`, not `-I`: it imports
         blocked_urls.py from its own folder)."""
         return shlex.join([sandbox_python(), "-s", "-E", str(self.helpers / "cli_hook.py"), str(blocked_file)])
 
 
-def cli_sandbox(spec: RunSpec, rd: RunDir, home: Path, install: Path) -> CliSandbox | None:
-    """The CLI's room in the run's sandbox, or None where the run has none (`--sandbox none`, a pod)."""
+def cli_sandbox(
+    spec: RunSpec, rd: RunDir, home: Path, install: Path, gpu_minors: list[int] | None = None
+) -> CliSandbox | None:
+    """The CLI's room in the run's sandbox, or None where the run has none (`--sandbox none`, a pod). `gpu_minors`:
+    the run's GPUs' device numbers, as for rg-agent's commands (None: every GPU node, when the run holds GPUs)."""
     base = rd.root / SANDBOX_DIR
     sockets, helpers = base / SOCKETS_DIR, base / HELPERS_DIR
     room = run_room(
         spec,
         rd.root,
         rd.workspace,
-        gpu_minors=gpu_minor_numbers(spec.gpus),
+        gpu_minors=gpu_minors,
         read_only=(install, helpers),
         writable=(home.resolve(),),
         sockets=(sockets,),
