@@ -32,9 +32,21 @@ class JobManager:
     log_dir: Path
     jobs: dict[str, JobRecord] = field(default_factory=dict)
     _procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    _held: dict[str, int] = field(default_factory=dict)  # a job's sandbox status pipe, open until the job ends
 
-    def start(self, command: str, argv: list[str], cwd: Path, env: dict[str, str]) -> JobRecord:
-        """Start `argv` (which runs `command`, in the run's sandbox where it has one) as a job."""
+    def hold(self, job_id: str, fd: int) -> None:
+        self._held[job_id] = fd
+
+    def _release(self, job_id: str) -> None:
+        fd = self._held.pop(job_id, None)
+        if fd is not None:
+            os.close(fd)
+
+    def start(
+        self, command: str, argv: list[str], cwd: Path, env: dict[str, str], pass_fds: tuple[int, ...] = ()
+    ) -> JobRecord:
+        """Start `argv` (which runs `command`, in the run's sandbox where it has one) as a job; `pass_fds` stay open
+        in it (the sandbox's status pipe)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         job_id = f"job{len(self.jobs) + 1}"
         log = self.log_dir / f"{job_id}.log"
@@ -47,6 +59,7 @@ class JobManager:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                pass_fds=pass_fds,
             )
         record = JobRecord(id=job_id, command=command, pid=proc.pid, log=str(log), started_at=time.time())
         self.jobs[job_id] = record
@@ -58,6 +71,8 @@ class JobManager:
         proc = self._procs.get(job_id)
         if record is not None and proc is not None and record.exit_code is None:
             record.exit_code = proc.poll()
+        if record is not None and record.exit_code is not None:
+            self._release(job_id)
         return record
 
     def cancel(self, job_id: str) -> JobRecord | None:
@@ -68,6 +83,7 @@ class JobManager:
             if proc is not None:
                 proc.wait(timeout=10)
                 record.exit_code = proc.returncode
+        self._release(job_id)
         return record
 
     def kill_all(self) -> None:

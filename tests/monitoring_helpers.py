@@ -85,6 +85,8 @@ def make_campaign(root: Path) -> tuple[Path, Path]:
         "concurrency": 3,
         "gpu_hours_cap": 1.0,
         "prices": {"oracle": [100.0, 100.0]},
+        # seed 1's command kills its own harness ($PPID), which only an unsandboxed run can reach (docs/sandbox.md)
+        "sandbox": "none",
     }
     path = root / "campaign.yaml"
     path.write_text(yaml.safe_dump(spec))

@@ -19,7 +19,8 @@ WRITE = {"tool": "bash", "args": {"command": "echo 6 > result.txt"}}
 
 def test_supervisor_resumes_a_crashed_agent(ray_local, tmp_path: Path) -> None:
     task = make_tiny_task(tmp_path, [WRITE, CRASH_ONCE, {"tool": "read_file", "args": {"path": "result.txt"}}])
-    spec = CampaignSpec(name="crash", tasks=[str(task)], models=["oracle"], seeds=2)
+    # the agent's own command kills its harness ($PPID): only an unsandboxed run can reach it (docs/sandbox.md)
+    spec = CampaignSpec(name="crash", tasks=[str(task)], models=["oracle"], seeds=2, sandbox="none")
     results = launch(spec, tmp_path / "out", ray_ctx=ray_local)
     assert len(results) == 2
     for result in results:

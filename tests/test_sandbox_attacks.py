@@ -332,3 +332,35 @@ def test_the_grader_runs_in_a_room_of_its_own(tmp_path: Path) -> None:
     assert "read-only" in said.lower(), said
     assert "the oracle's secret" not in said and "No such file or directory" in said, said
     assert "result.json" not in said and "Connection refused" in said, said
+
+
+async def test_a_background_job_runs_whole_in_the_sandbox_and_a_failed_one_is_the_harnesss(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sandboxed job outlives the step that started it and ends on its own (its status pipe held open until
+    then); a job whose sandbox could not be made is a harness failure, not a job that failed."""
+    from labkube.agent.jobs import JobManager
+    from labkube.agent.rg.tools import ToolContext, check_async, start_async
+    from labkube.agent.rg.workspace import Workspace
+    from labkube.agent.run_sandbox import run_room
+    from labkube.run_spec import RunSpec
+    from labkube.sandbox import SandboxFailed
+
+    ws = tmp_path / "run" / "workspace"
+    ws.mkdir(parents=True)
+    spec = RunSpec(run_id="r", campaign="c", task="t", task_path=str(tmp_path / "task"), model="noop", seed=0)
+    ctx = ToolContext(
+        workspace=Workspace(ws), jobs=JobManager(tmp_path / "run" / "jobs"), room=run_room(spec, ws.parent, ws)
+    )
+    said = await start_async(ctx)({"command": "sleep 1; echo $$ > done.txt"})
+    assert said.startswith("started job1"), said
+    report = await check_async(ctx)({"job_id": "job1", "wait_minutes": 0.5})
+    assert "exited with code 0" in report, report
+    assert (ws / "done.txt").read_text().strip() == "2"  # the job's shell, the sandbox's second process
+
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: Can'\\''t bind mount /oldroot/y: No such file or directory' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("LABKUBE_BWRAP", str(fake))
+    with pytest.raises(SandboxFailed, match="background job: bwrap: Can't bind mount"):
+        await start_async(ctx)({"command": "echo never"})

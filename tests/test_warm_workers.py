@@ -313,8 +313,9 @@ def test_labkube_run_starts_its_worlds_while_ray_starts_and_stops_them(tmp_path:
     assert holders == [], f"world processes outlived the command: {holders}"
 
 
-def gaia_question(root: Path, task_id: str, commands: list[str], answer: str) -> Path:
-    """A GAIA run whose scripted model runs `commands` in bash, then answers."""
+def gaia_question(root: Path, task_id: str, commands: list[str], answer: str, sandbox: str = "bwrap") -> Path:
+    """A GAIA run whose scripted model runs `commands` in bash, then answers. `sandbox="none"` for commands that
+    reach the agent process itself (`$PPID`): from the run's sandbox they cannot (docs/sandbox.md)."""
     data = root / "data"
     data.mkdir(parents=True, exist_ok=True)
     rows = [{"task_id": t, "Question": "What is 2+2?", "Level": 1, "Final answer": "4", "file_name": ""} for t in "ab"]
@@ -334,6 +335,7 @@ def gaia_question(root: Path, task_id: str, commands: list[str], answer: str) ->
         model=model,
         seed=0,
         family=TaskFamily.gaia,
+        sandbox=sandbox,
     )
     run_dir = root / "runs" / run.run_id
     write_model(run_dir / "run.json", run)
@@ -348,8 +350,8 @@ async def test_a_forked_agent_that_crashes_ends_only_its_own_run(tmp_path: Path)
     try:
         zygote = warm.zygote.pid
         assert zygote is not None
-        crash = gaia_question(tmp_path / "crash", "a", ["kill -9 $PPID"], "4")
-        calm = gaia_question(tmp_path / "calm", "b", ["sleep 1", "echo $PPID > agent.pid"], "4")
+        crash = gaia_question(tmp_path / "crash", "a", ["kill -9 $PPID"], "4", sandbox="none")
+        calm = gaia_question(tmp_path / "calm", "b", ["sleep 1", "echo $PPID > agent.pid"], "4", sandbox="none")
         crashed, finished = await asyncio.gather(
             supervise_run(str(crash), warm=warm), supervise_run(str(calm), warm=warm)
         )

@@ -39,7 +39,7 @@ async def test_a_supervisor_forks_its_runs_from_the_zygote_the_driver_started(tm
         assert await warm.zygote.adopt(handoff)
         await warm.warm_up(1, tmp_path, worlds=0, fork_agents=True)  # the adopted zygote serves: none started
         assert warm.zygote.pid == early.proc.pid
-        run_dir = gaia_question(tmp_path, "a", ["echo $PPID > agent.pid"], "4")
+        run_dir = gaia_question(tmp_path, "a", ["echo $PPID > agent.pid"], "4", sandbox="none")
         result = await supervise_run(str(run_dir), warm=warm)
         assert result.score == 1.0 and result.status.value == "Finished", result.error
         agent_pid = int((run_dir / "workspace" / "agent.pid").read_text())

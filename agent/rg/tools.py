@@ -118,6 +118,24 @@ async def run_process(argv: list[str], ctx: ToolContext, timeout: float, stdin: 
     return cap_output(f"{text}[exit code {proc.returncode}]", ctx.output_limit)
 
 
+def first_status(fd: int, timeout_s: float = 30.0) -> bytes:
+    """bubblewrap's first status line (`{"child-pid": N}` once the sandbox is made), or what it wrote before it
+    exited; read with a time-out, since a started job keeps the pipe open for as long as it runs. The caller keeps
+    `fd` open."""
+    import select
+
+    data = b""
+    while b"\n" not in data:
+        ready, _, _ = select.select([fd], [], [], timeout_s)
+        if not ready:
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
 def last_line(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1][:300] if lines else "(bubblewrap said nothing)"
@@ -451,8 +469,22 @@ def start_async(ctx: ToolContext):
         cwd = ctx.workspace.resolve(workdir, must_exist=True)
         if not cwd.is_dir():
             raise ToolError(f"workdir {workdir} is not a directory")
-        argv, env = ctx.start(["bash", "-c", command], cwd)
-        record = _jobs(ctx).start(command, argv, cwd, env)
+        status_read, status_write = os.pipe() if ctx.room.sandboxed else (None, None)
+        try:
+            argv, env = ctx.start(["bash", "-c", command], cwd, status_fd=status_write)
+            record = _jobs(ctx).start(command, argv, cwd, env, () if status_write is None else (status_write,))
+        finally:
+            if status_write is not None:
+                os.close(status_write)
+        if status_read is not None:
+            # held open while the job runs: bubblewrap writes the exit code there at the end (a closed pipe would
+            # kill it with SIGPIPE, and the job with it)
+            _jobs(ctx).hold(record.id, status_read)
+            status = await asyncio.to_thread(first_status, status_read)
+            if not sandbox_started(status):
+                _jobs(ctx).cancel(record.id)
+                said = tail(Path(record.log), 600)
+                raise SandboxFailed(f"the run's sandbox could not start a background job: {last_line(said)}")
         return (
             f"started {record.id} (pid {record.pid}) in {ctx.workspace.relative(cwd)}; see check_async for its output"
         )
