@@ -19,12 +19,10 @@ from labkube.sandbox import (
     SandboxMode,
     SandboxPolicy,
     gpu_device_nodes,
-    interpreter_prefixes,
-    labkube_package_paths,
     sandbox_argv,
 )
 
-__all__ = ["SANDBOX_DIR", "RunRoom", "labkube_package_paths", "run_room"]
+__all__ = ["SANDBOX_DIR", "RunRoom", "run_room"]
 
 SANDBOX_DIR = "sandbox"  # <run>/sandbox/{home,tmp}: the agent's HOME and /tmp, outside its workspace
 
@@ -66,25 +64,17 @@ def run_room(
     """The run's room: a sandbox policy unless the run is unsandboxed (`--sandbox none`) or its pod is the room."""
     if spec.sandbox is not SandboxMode.bwrap:
         return RunRoom()
-    from labkube.tasks.environment import current_env, setup_outputs
+    from labkube.tasks.environment import sandbox_read_only
 
-    env = current_env()
-    venv = env.venv if env is not None else None
-    seen: list[Path] = [*interpreter_prefixes(venv), *read_only]
-    if env is not None:
-        hf = env.path / "cache" / "huggingface"
-        if hf.is_dir():
-            seen.append(hf)
-        seen.extend(setup_outputs(env, Path(spec.task_path)))  # what the workspace's setup links point at
+    seen, masked = sandbox_read_only(Path(spec.task_path))
     base = run_dir / SANDBOX_DIR
     home, tmp = base / "home", base / "tmp"
     home.mkdir(parents=True, exist_ok=True)
     tmp.mkdir(parents=True, exist_ok=True)
     gpus = gpu_device_nodes(gpu_minors) if spec.gpus > 0 and os.environ.get("CUDA_VISIBLE_DEVICES") else ()
-    masked = tuple(p for p in labkube_package_paths() if any(p.is_relative_to(r) for r in seen))
     policy = SandboxPolicy(
         writable=(workspace.resolve(), *writable),
-        read_only=tuple(seen),
+        read_only=(*seen, *read_only),
         masked=masked,
         home=home,
         tmp=tmp,

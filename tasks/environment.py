@@ -372,6 +372,23 @@ def setup_outputs(env: TaskEnv, task_dir: Path) -> list[Path]:
     return found
 
 
+def sandbox_read_only(task_dir: Path) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
+    """What a sandboxed process of a run of the task at `task_dir` reads (the run's environment and the interpreter
+    it links to, its Hugging Face cache, what install.sh made), and what to hide inside that (labkube's own package,
+    where the interpreter's folder holds it): (read_only, masked)."""
+    from labkube.sandbox import interpreter_prefixes, labkube_package_paths
+
+    env = current_env()
+    seen: list[Path] = list(interpreter_prefixes(env.venv if env is not None else None))
+    if env is not None:
+        hf = env.path / "cache" / "huggingface"
+        if hf.is_dir():
+            seen.append(hf)
+        seen.extend(setup_outputs(env, task_dir))  # what the workspace's setup links point at
+    masked = tuple(p for p in labkube_package_paths() if any(p.is_relative_to(r) for r in seen))
+    return tuple(seen), masked
+
+
 def link_setup_outputs(env: TaskEnv, task_dir: Path, workspace: Path) -> list[str]:
     """Link what install.sh created in its copy of the task (`setup_outputs`) into `workspace`, at the same
     relative paths; returns them. Existing workspace paths are never replaced."""

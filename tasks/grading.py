@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from labkube.result import SubtaskScore
-from labkube.sandbox import SandboxPolicy, interpreter_prefixes, labkube_package_paths, sandbox_argv
+from labkube.sandbox import SandboxPolicy, sandbox_argv
 from labkube.task_card import Subtask, TaskCard
 from labkube.tasks._markdown import YOUR_METHOD, cell_numbers, first_number, parse_tables
 from labkube.tasks.scoring import headline, score_subtask
@@ -230,20 +230,13 @@ def grader_sandbox(card: TaskCard, workspace: Path, view: Path, env: dict[str, s
     """The grader's own room: the grading view (the pristine grading files, links into the workspace) read-write as
     its output folder, the workspace read-only, the task environment and interpreter read-only, a fresh /tmp, no
     network; not the pristine task, not the run's records, not another run."""
-    from labkube.tasks.environment import current_env, setup_outputs
+    from labkube.tasks.environment import sandbox_read_only
 
-    task_env = current_env()
-    seen: list[Path] = [workspace.resolve(), *interpreter_prefixes(task_env.venv if task_env else None)]
-    if task_env is not None:
-        hf = task_env.path / "cache" / "huggingface"
-        if hf.is_dir():
-            seen.append(hf)
-        seen.extend(setup_outputs(task_env, Path(card.path)))
-    masked = tuple(p for p in labkube_package_paths() if any(p.is_relative_to(r) for r in seen))
+    seen, masked = sandbox_read_only(Path(card.path))
     inner = {k: v for k, v in env.items() if not k.startswith(("LABKUBE_", "RAY_"))}
     inner.update(HOME="/tmp", TMPDIR="/tmp")
     return SandboxPolicy(
-        writable=(view.resolve(),), read_only=tuple(seen), masked=masked, cwd=view.resolve(), env=inner
+        writable=(view.resolve(),), read_only=(workspace.resolve(), *seen), masked=masked, cwd=view.resolve(), env=inner
     )
 
 
