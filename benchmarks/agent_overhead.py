@@ -9,7 +9,8 @@ and around step 10,000. Target: the late figure is at most 1.5x the early one.
 Then the cost of the run's sandbox per command: the same loop calls `bash true`
 for `--commands` steps, once in the local sandbox (bubblewrap, docs/sandbox.md)
 and once with `--sandbox none`; the difference of the medians is what starting a
-sandbox adds to each command.
+sandbox adds to each command. A third pass runs them for a `network: proxy` task,
+each command behind the relay to the run's proxy (agent/sandbox_proxy.py).
 
     python benchmarks/agent_overhead.py [--steps 10020] [--commands 200]
 """
@@ -35,7 +36,9 @@ from labkube.sandbox import SandboxMode
 from labkube.store import write_model
 
 
-def make_task(root: Path, steps: int, step: dict | None = None, name: str = "bench-task") -> Path:
+def make_task(
+    root: Path, steps: int, step: dict | None = None, name: str = "bench-task", network: str = "none"
+) -> Path:
     task = root / name
     (task / "grading").mkdir(parents=True)
     (task / "oracle").mkdir()
@@ -44,7 +47,7 @@ def make_task(root: Path, steps: int, step: dict | None = None, name: str = "ben
     )
     (task / "grading" / "grade.sh").write_text("echo no grading\n")
     (task / "notes.txt").write_text("one line\n")
-    (task / "labkube.yaml").write_text(yaml.safe_dump({"oracle": "oracle/plan.yaml"}))
+    (task / "labkube.yaml").write_text(yaml.safe_dump({"oracle": "oracle/plan.yaml", "network": network}))
     plan = {"steps": [step or {"tool": "read_file", "args": {"path": "notes.txt"}}] * steps}
     (task / "oracle" / "plan.yaml").write_text(yaml.safe_dump(plan))
     return task
@@ -64,10 +67,11 @@ def window(durations: dict[int, float], center: int, half: int = 10) -> float:
     return statistics.median(durations[s] for s in range(center - half, center + half) if s in durations)
 
 
-def command_seconds(root: Path, commands: int, sandbox: SandboxMode) -> float:
+def command_seconds(root: Path, commands: int, sandbox: SandboxMode, network: str = "none") -> float:
     """The median seconds a step takes when each step runs `bash true`, in the run's sandbox or not."""
-    task = make_task(root, commands, {"tool": "bash", "args": {"command": "true"}}, f"commands-{sandbox.value}")
-    run_dir = root / f"run-{sandbox.value}"
+    name = f"{sandbox.value}-{network}"
+    task = make_task(root, commands, {"tool": "bash", "args": {"command": "true"}}, f"commands-{name}", network)
+    run_dir = root / f"run-{name}"
     spec = RunSpec(
         run_id="bench", campaign="bench", task=str(task), task_path=str(task), model="oracle", seed=0, sandbox=sandbox
     )
@@ -111,12 +115,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         sandboxed = command_seconds(Path(tmp), args.commands, SandboxMode.bwrap)
         bare = command_seconds(Path(tmp), args.commands, SandboxMode.none)
+        proxied = command_seconds(Path(tmp), args.commands, SandboxMode.bwrap, "proxy")
     sandbox_table = Table(title=f"a `bash true` step, median of {args.commands}")
     for col in ("agent's commands", "median seconds/step", "sandbox start per command"):
         sandbox_table.add_column(col, justify="right")
     sandbox_table.add_row("unsandboxed (--sandbox none)", f"{bare * 1000:.2f} ms", "")
     sandbox_table.add_row(
         "in the run's sandbox (bwrap)", f"{sandboxed * 1000:.2f} ms", f"{(sandboxed - bare) * 1000:.2f} ms"
+    )
+    sandbox_table.add_row(
+        "in the sandbox, behind the proxy's relay (network: proxy)",
+        f"{proxied * 1000:.2f} ms",
+        f"{(proxied - bare) * 1000:.2f} ms",
     )
     console.print(sandbox_table)
 

@@ -42,6 +42,11 @@ class ReportRow(BaseModel):
     primary_scores: dict[str, float | None] = Field(
         default_factory=dict, description="The score of each primary group the task tags, by name (RunResult's)."
     )
+    flagged_score: float | None = Field(
+        default=None,
+        description="The value of a run whose headline was flagged as implausible (fraction of SOTA outside "
+        "0-10x): shown, never averaged; its outcome is no_value and `score` null (RunResult's).",
+    )
     beat_baseline: bool | None = Field(default=None, description="None (unknown) when the run has no value.")
     completion: float | None = Field(default=None, description="None (unknown) when no grading completed.")
     cost_usd: float | None = Field(default=0.0, description="Dollars; None (unknown): a model it called has no price.")
@@ -107,6 +112,11 @@ class Aggregate(BaseModel):
         description="Per primary group the task tags: the mean over the finished runs that have a value for it.",
     )
     beat_baseline: int = Field(description="Finished runs that beat the baseline (a run with no value does not).")
+    flagged: int = Field(
+        default=0,
+        description="Finished runs whose value was flagged as implausible (fraction of SOTA outside 0-10x): "
+        "counted as runs with no value, never averaged.",
+    )
     mean_completion: float | None
     tokens_total: int = 0
     cost_usd: float | None = Field(description="Dollars of the group's runs; None (unknown) when any run's is.")
@@ -152,6 +162,7 @@ def run_row(cdir: CampaignDir, run_id: str, spec: RunSpec, result: RunResult | N
             stop_reason=result.stop_reason.value if result.stop_reason else None,
             outcome=result.outcome.value if result.outcome else None,
             score=result.score,
+            flagged_score=result.flagged_score,
             primary_scores=result.primary_scores,
             beat_baseline=result.beat_baseline,
             completion=result.completion,
@@ -297,6 +308,7 @@ def aggregate(rows: list[ReportRow]) -> list[Aggregate]:
                 std_score=statistics.stdev(scores) if len(scores) > 1 else (0.0 if scores else None),
                 mean_primary_scores=mean_by_group(finished),
                 beat_baseline=sum(r.beat_baseline is True for r in finished),
+                flagged=sum(r.flagged_score is not None for r in finished),
                 mean_completion=statistics.fmean(completions) if completions else None,
                 tokens_total=sum(r.tokens_total for r in group),
                 spend_at_least=any(r.spend_at_least for r in group),

@@ -19,10 +19,18 @@ class SubtaskScore(BaseModel):
     fraction_of_sota: float | None = None
     gap_closed: float | None = Field(default=None, description="(score - baseline) / (SOTA - baseline).")
     beat_baseline: bool | None = None
+    implausible: str | None = Field(
+        default=None,
+        description="Why this value is shown but never counted: its fraction of SOTA lies outside 0-10x (a unit or "
+        "scale mistake, most likely); beat_baseline is then null and the value is no run's score.",
+    )
 
     @property
     def completed(self) -> bool:
         return self.raw is not None
+
+    def without_value(self) -> SubtaskScore:
+        return SubtaskScore(id=self.id)
 
 
 def completion_of(subtasks: list[SubtaskScore]) -> float | None:
@@ -79,6 +87,32 @@ class Grade(BaseModel):
         description="The pristine task's files changed since the campaign started: nothing was graded (`error` "
         "names the files).",
     )
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="What this grading saw and did not take as a value, beside the values it gave (also in `note`): "
+        "rows the markdown parser could not read, a table the task names that the file lacks, a cell that is not a "
+        "number, an error in the output of a grader that exited 0, output it did not write.",
+    )
+    values_before_error: list[SubtaskScore] = Field(
+        default_factory=list,
+        description="For a grading that failed (`error`): the values it had read all the same (a grader that wrote "
+        "them, then exited non-zero), for debugging only; `subtasks` and `score` hold none.",
+    )
+
+    @model_validator(mode="after")
+    def _no_values_from_a_failed_grading(self) -> Grade:
+        """A failed grading measured nothing: what it read moves to `values_before_error` (results written before
+        that field existed included)."""
+        if self.error is not None:
+            self.values_before_error = self.values_before_error or _with_values(self.subtasks)
+            self.subtasks = [s.without_value() for s in self.subtasks]
+            self.score = None
+        return self
+
+
+def _with_values(subtasks: list[SubtaskScore]) -> list[SubtaskScore]:
+    """`subtasks` when any has a value, else none (an empty list says there was nothing to keep)."""
+    return list(subtasks) if any(s.completed for s in subtasks) else []
 
 
 GPU_USE_FILE = "gpu.json"  # a run's `GpuUse` while it runs, kept up to date by the agent's GPU meter
@@ -143,6 +177,18 @@ class RunResult(BaseModel):
     sandbox: SandboxMode | None = Field(
         default=None, description="Where the agent's processes ran: bwrap, none (unsandboxed) or pod; None: unknown."
     )
+    flagged_score: float | None = Field(
+        default=None,
+        description="The headline subtask's fraction of SOTA when it was flagged as implausible (outside 0-10x: "
+        "a unit or scale mistake, most likely): shown, never averaged; the outcome is then no_value, `score` null.",
+    )
+    values_before_error: list[SubtaskScore] = Field(
+        default_factory=list,
+        description="For an error outcome: the values the final grading read before the run failed (a grader that "
+        "wrote them, then exited non-zero; a grading after the model API failed), for debugging only. An error "
+        "outcome carries no score: `score`, `beat_baseline`, `completion`, `primary_scores` and every subtask's "
+        "values are null.",
+    )
     capabilities: list[str] = Field(default_factory=list, description="Gaia2 capability tags.")
     details: dict[str, Any] = Field(default_factory=dict, description="Family-specific outcome (Gaia2 judge).")
     started_at: datetime | None = None
@@ -177,7 +223,20 @@ class RunResult(BaseModel):
             last = self.score_curve[-1] if self.score_curve else None
             failed = last is not None and last.error is not None
             self.outcome = outcome_for(self.stop_reason, self.status, grader_failed=failed, score=self.score)
+        if self.outcome.is_error:
+            self._drop_the_score()
         return self
+
+    def _drop_the_score(self) -> None:
+        """An error outcome's numbers measure a failure, not the agent: none is kept where a reader takes a score
+        from (results written before this rule included); the graded values move to `values_before_error`."""
+        self.values_before_error = self.values_before_error or _with_values(self.subtasks)
+        self.subtasks = [s.without_value() for s in self.subtasks]
+        self.score = None
+        self.flagged_score = None
+        self.beat_baseline = None
+        self.completion = None
+        self.primary_scores = dict.fromkeys(self.primary_scores)
 
 
 _STOP_OUTCOMES = {

@@ -26,6 +26,13 @@ class TaskFamily(StrEnum):
     gaia = "gaia"
 
 
+class NetworkAccess(StrEnum):
+    """What the agent's commands may reach outside their sandbox (docs/sandbox.md, "The network")."""
+
+    none = "none"  # no network: the web only through the agent's web tools, which run in the harness
+    proxy = "proxy"  # HTTP and HTTPS through the run's proxy, which applies the task's blocked URLs
+
+
 class Subtask(BaseModel):
     """One scored quantity: a metric column of one baseline table."""
 
@@ -147,6 +154,13 @@ class LabkubeYaml(BaseModel):
         default=False,
         description="Score only the subtasks listed here; by default the ones the tables give are kept too.",
     )
+    network: NetworkAccess = Field(
+        default=NetworkAccess.none,
+        description="The agent's commands' way out: `none` (no network; the web only through the agent's web "
+        "tools) or `proxy` (HTTP and HTTPS through the run's proxy, which refuses the task's blocked URLs and "
+        "every loopback, link-local and private address). Applies to sandboxed runs; --sandbox none runs keep "
+        "the host's network.",
+    )
     # True when no entry says `primary: true` and the first was made primary: then no entry chose it.
     _primary_defaulted: bool = PrivateAttr(default=False)
 
@@ -210,6 +224,7 @@ class TaskCard(BaseModel):
     required_seeds: list[int] = Field(default_factory=list)
     seeds_json_key: str | None = None
     blocked_urls: list[str] = Field(default_factory=list)
+    network: NetworkAccess = Field(default=NetworkAccess.none, description="The agent's commands' way out.")
     scoring: Literal["normalized", "pass_fail"] = "normalized"
     group: str = Field(default="", description="What reports aggregate by (a task, or a GAIA level).")
     gaia: GaiaQuestion | None = None

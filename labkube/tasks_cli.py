@@ -159,6 +159,7 @@ def tasks_show(ctx: click.Context, task: str, as_json: bool, overlay: Path | Non
     console.print(f"default budgets: {card.budgets.model_dump(exclude_none=True) or 'none'}")
     console.print(f"hidden from the agent: {', '.join(card.hidden)}")
     console.print(f"blocked URLs: {len(card.blocked_urls)}; reference solution: {'yes' if card.oracle else 'no'}")
+    console.print(f"the agent's commands' network: {card.network.value}")
     if card.warnings:
         console.print("[yellow]could not infer:[/]")
         for w in card.warnings:

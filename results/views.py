@@ -42,6 +42,8 @@ def run_score_cell(r: ReportRow) -> Text | str:
     run does not have."""
     if r.is_error:
         return Text(r.outcome or "error", style="bold red")
+    if r.outcome == "no_value" and r.flagged_score is not None:
+        return Text(f"{r.flagged_score:.3f} implausible", style="yellow")
     if r.outcome == "no_value":
         return Text("no value", style="yellow")
     return fmt_score(r.score)
@@ -198,7 +200,7 @@ def aggregate_table(aggs: list[Aggregate]) -> Table:
             a.task if first else "",  # once per task: its systems follow, a rule between tasks
             a.model,
             a.agent,
-            f"{a.finished}/{a.runs}",
+            f"{a.finished}/{a.runs}" + (f" ({a.flagged} implausible)" if a.flagged else ""),
             Text(str(a.errors), style="bold red") if a.errors else "0",
             fmt_score(a.mean_score),
             fmt_score(a.best_score),

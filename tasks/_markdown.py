@@ -20,11 +20,29 @@ _METRIC_COLUMN = re.compile(r"^metrics?$")
 YOUR_METHOD = "your method"
 
 
+@dataclass(frozen=True)
+class MalformedRow:
+    """A body row whose cell count differs from its header's."""
+
+    line: int  # 1-based
+    method: str  # its first cell, as `method_of` reads it
+    cells: int
+    read: bool  # its extra cells were all empty: read without them
+
+    def problem(self, table: Table) -> str:
+        what = "; read without its empty extra cells" if self.read else ""
+        return (
+            f"table {table.index} (line {table.line}): row at line {self.line} has {self.cells} cells, header has "
+            f"{len(table.header)}{what}"
+        )
+
+
 @dataclass
 class Table:
     index: int
     header: list[str]
     rows: list[list[str]] = field(default_factory=list)
+    malformed: list[MalformedRow] = field(default_factory=list)
     line: int = 0  # 1-based line of the header
     label: str = ""  # the table's own label: a bold line, the subject of its caption, or a heading
     label_source: str = ""  # "bold", "caption", "heading", or "" when there is no label
@@ -122,13 +140,16 @@ def parse_tables(markdown: str) -> tuple[list[Table], list[str]]:
             k += 1
         for n in body:
             row = split_row(lines[n])
-            if len(row) != len(table.header):
-                problems.append(
-                    f"table {table.index} (line {table.line}): row at line {n + 1} has "
-                    f"{len(row)} cells, header has {len(table.header)}"
-                )
-            else:
+            if len(row) == len(table.header):
                 table.rows.append(row)
+                continue
+            extra = row[len(table.header) :]
+            readable = bool(extra) and not any(cell for cell in extra)
+            malformed = MalformedRow(line=n + 1, method=method_of(row), cells=len(row), read=readable)
+            table.malformed.append(malformed)
+            problems.append(malformed.problem(table))
+            if readable:  # empty cells past the header's last column: the row reads the same without them
+                table.rows.append(row[: len(table.header)])
         merge_subheader(table)
         continued = fill_continuation_rows(table)
         restate_rows(table, continued)

@@ -473,6 +473,25 @@ def _fix(subtask_id: str, **fields: object) -> str:
     return f"`subtasks: [{{id: {subtask_id}, {body}}}]`"
 
 
+def missing_cell_warnings(subtasks: list[Subtask], tables: list[Table]) -> list[str]:
+    """Subtasks that read a table or column task_description.md lacks (labkube.yaml names it): never a value."""
+    warnings = []
+    for s in subtasks:
+        if s.table is None:
+            continue
+        if s.table >= len(tables):
+            warnings.append(
+                f"subtask {s.id} reads table {s.table}, but task_description.md has {len(tables)} table(s): it can "
+                "only get a value from the JSON summary (labkube.yaml: fix its `table`)"
+            )
+        elif s.column and tables[s.table].column(s.column) is None:
+            warnings.append(
+                f"subtask {s.id} reads column {s.column!r} of table {s.table} (line {tables[s.table].line}), which "
+                f"has no such column (it has {_names(tables[s.table].header[1:])}; labkube.yaml: fix its `column`)"
+            )
+    return warnings
+
+
 def gap_warnings(
     subtasks: list[Subtask], tables: list[Table], primary_reason: str | None, primary_given: bool = False
 ) -> list[str]:
@@ -644,6 +663,7 @@ def load_researchgym(
         raise OverlayError(str(exc)) from None
     subtasks = settle_primary_groups(subtasks, extra)
     warnings.extend(gap_warnings(subtasks, tables, inference.primary_reason, primary_given))
+    warnings.extend(missing_cell_warnings(subtasks, tables))
     warnings.extend(primary_tag_warnings(unattached(inference.unattached, subtasks)))
     warnings.extend(gpu_warnings(task_dir, description, extra.resources if extra else Resources()))
     if not (task_dir / "grading" / "grade.sh").exists():
@@ -679,6 +699,7 @@ def load_researchgym(
         required_seeds=list(extra.required_seeds),
         seeds_json_key=extra.seeds_json_key,
         blocked_urls=blocked,
+        network=extra.network,
         overlay=shown or None,
         warnings=warnings,
     )

@@ -6,6 +6,7 @@ import math
 
 from labkube.result import SubtaskScore
 from labkube.task_card import Direction, Subtask, TaskCard
+from labkube.tasks.numbers import PLAUSIBLE_FRACTION_OF_SOTA
 
 
 def fraction_of_sota(raw: float, subtask: Subtask) -> float | None:
@@ -34,20 +35,37 @@ def beats(raw: float, subtask: Subtask) -> bool | None:
     return raw < subtask.baseline
 
 
+def implausibility(raw: float, fraction: float | None, subtask: Subtask) -> str | None:
+    """Why a value cannot be a result of this task: its fraction of SOTA outside `PLAUSIBLE_FRACTION_OF_SOTA`."""
+    low, high = PLAUSIBLE_FRACTION_OF_SOTA
+    if fraction is None or low <= fraction <= high:
+        return None
+    return (
+        f"{raw:g} is {fraction:.3g}x SOTA ({subtask.sota:g}), outside the plausible {low:g}-{high:g}x (a unit or "
+        "scale mistake?): shown, not averaged"
+    )
+
+
 def score_subtask(raw: float | None, subtask: Subtask) -> SubtaskScore:
     if raw is None or not math.isfinite(raw):
         return SubtaskScore(id=subtask.id)
+    fraction = fraction_of_sota(raw, subtask)
+    implausible = implausibility(raw, fraction, subtask)
     return SubtaskScore(
         id=subtask.id,
         raw=raw,
-        fraction_of_sota=fraction_of_sota(raw, subtask),
+        fraction_of_sota=fraction,
         gap_closed=gap_closed(raw, subtask),
-        beat_baseline=beats(raw, subtask),
+        beat_baseline=None if implausible else beats(raw, subtask),
+        implausible=implausible,
     )
 
 
 def headline(score: SubtaskScore) -> float | None:
-    """What a subtask's score is as a run's number: its fraction of SOTA where SOTA is known, else its raw value."""
+    """What a subtask's score is as a run's number: its fraction of SOTA where SOTA is known, else its raw value;
+    none for a value flagged as implausible."""
+    if score.implausible:
+        return None
     return score.fraction_of_sota if score.fraction_of_sota is not None else score.raw
 
 

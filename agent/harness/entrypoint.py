@@ -36,7 +36,7 @@ from labkube.agent.rg.web import web_tools
 from labkube.agent.rg.workspace import Workspace
 from labkube.agent.rg.world_errors import WorldFailure
 from labkube.agent.rg.world_session import WorldSession, open_world, world_tools
-from labkube.agent.run_sandbox import run_room
+from labkube.agent.run_sandbox import RunRoom, run_room
 from labkube.agent.scaffolds.are_default import run_are_default
 from labkube.agent.telemetry import RunTelemetry, start_telemetry
 from labkube.agent.transcript import JsonlLog, now_iso, read_jsonl
@@ -46,7 +46,7 @@ from labkube.result import Grade, Outcome, RunResult, SubtaskScore, completion_o
 from labkube.run_spec import CLI_AGENTS, RunPhase, RunSpec, RunStatus
 from labkube.sandbox import SandboxMode
 from labkube.store import RunDir, read_model, utcnow, write_model
-from labkube.task_card import TaskCard
+from labkube.task_card import NetworkAccess, TaskCard
 from labkube.tasks import (
     GradeOutcome,
     PinnedTask,
@@ -62,6 +62,7 @@ from labkube.tasks.scoring import primary_scores
 from labkube.tasks.workspace import record_git
 
 if TYPE_CHECKING:
+    from labkube.agent.sandbox_proxy import SandboxProxy
     from labkube.integrity import WorkspaceChanges
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,8 @@ def write_status(rd: RunDir, spec: RunSpec, ckpt: Checkpoint, phase: RunPhase, m
     score = last.score if last else None
     if not message and last is not None and last.error and not phase.final:
         message = f"last grading failed (the run goes on): {last.error}"
+    elif not message and last is not None and last.warnings and not phase.final:
+        message = f"last grading: {'; '.join(last.warnings)}"
     write_model(
         rd.status_json,
         RunStatus(
@@ -120,6 +123,7 @@ def take_grade(rd: RunDir, card: TaskCard, ckpt: Checkpoint, final: bool = False
         error=outcome.error,
         note=outcome.note,
         task_changed=outcome.task_changed,
+        warnings=outcome.warnings,
     )
 
 
@@ -355,7 +359,13 @@ async def run_agent(run_dir: Path, resume: bool = False) -> RunResult:
         jobs=jobs,
         time_left=time_left,
         secret_vars=frozenset(spec.api_key_env.values()),
-        room=run_room(spec, rd.root, rd.workspace, gpu_minors=gpu_minor_numbers(spec.gpus)),
+        room=run_room(
+            spec,
+            rd.root,
+            rd.workspace,
+            gpu_minors=gpu_minor_numbers(spec.gpus),
+            outbound_proxy=card.network is NetworkAccess.proxy,
+        ),
     )
     tools = await world_tools(world, ctx) if world else [*tools_for(card, ctx), *web_tools(ctx)]
     telemetry.declare_tools(t.name for t in tools)
@@ -411,6 +421,7 @@ async def run_agent(run_dir: Path, resume: bool = False) -> RunResult:
     write_status(rd, spec, ckpt, RunPhase.running)
 
     error = None
+    proxy = await start_proxy(ctx.room, card, transcript)
     try:
         reason = await run_loop(run)
     except asyncio.CancelledError:
@@ -436,6 +447,8 @@ async def run_agent(run_dir: Path, resume: bool = False) -> RunResult:
         transcript.append({"type": "harness_error", "ts": now_iso(), "error": error})
     finally:
         jobs.kill_all()
+        if proxy is not None:
+            await proxy.close()
         try:
             await provider.aclose()
         except Exception as exc:  # after the run's last call: the run's result stands, the failure is logged
@@ -458,6 +471,21 @@ async def run_agent(run_dir: Path, resume: bool = False) -> RunResult:
     transcript.close()
     conversation.close()
     return finalize(rd, spec, card, ckpt, error, telemetry)
+
+
+async def start_proxy(room: RunRoom, card: TaskCard, transcript: JsonlLog) -> SandboxProxy | None:
+    """The proxy of a `network: proxy` task's sandboxed run, at the socket its room's commands are relayed to; every
+    request it sees is a `network` line of the transcript. None where the room has no proxy (`network: none`, or an
+    unsandboxed run, which has the host's network)."""
+    if room.proxy is None:
+        return None
+    from labkube.agent.sandbox_proxy import NetworkRecord, SandboxProxy, loopback_allowed_for_tests
+
+    def record(line: NetworkRecord) -> None:
+        transcript.append(line.model_dump(mode="json"))
+
+    proxy = SandboxProxy(room.proxy.socket, card.blocked_urls, record, allow_for_tests=loopback_allowed_for_tests())
+    return await proxy.start()
 
 
 def run_capabilities(card: TaskCard, spec: RunSpec) -> list[str]:
@@ -549,8 +577,10 @@ def finalize(
         stop_reason=reason,
         outcome=outcome,
         error=error,
-        message=final.note if outcome is Outcome.no_value else None,
+        message=None if outcome.is_error else final.note,
         score=final.score,
+        flagged_score=p.fraction_of_sota if p is not None and p.implausible else None,
+        values_before_error=final.values_before_error,
         primary_scores=primary_scores(card, final.subtasks),
         beat_baseline=None if p is None or p.raw is None else p.beat_baseline,
         completion=None if final.error else completion_of(final.subtasks),

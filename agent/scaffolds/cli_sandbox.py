@@ -15,9 +15,9 @@ bound in (`<run>/sandbox/sockets/`):
   bridge serves tools/list and tools/call only (agent/scaffolds/mcp_bridge.py).
 
 labkube's package is hidden in the sandbox, so the helpers run there (`sandbox_relay.py`, Claude Code's URL hook
-`cli_hook.py` and the `blocked_urls.py` it imports) are standalone copies in `<run>/sandbox/cli-bin/`, bound read-only
-and run with the base interpreter every sandbox sees. Files the harness writes into the agent-writable config home
-(`write_home_file`) follow no link the agent may have put there.
+`cli_hook.py` and the `blocked_urls.py` it imports) are standalone copies in `<run>/sandbox/bin/`, bound read-only
+and run with the base interpreter every sandbox sees (`install_helpers`, as for rg-agent's relay to its proxy). Files
+the harness writes into the agent-writable config home (`write_home_file`) follow no link the agent may have put there.
 """
 
 from __future__ import annotations
@@ -28,16 +28,23 @@ import json
 import logging
 import os
 import shlex
-import shutil
 import signal
 import socket
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from labkube.agent.gateway.wire import unix_listener
 from labkube.agent.rg.workspace import Workspace
-from labkube.agent.run_sandbox import SANDBOX_DIR, RunRoom, run_room
+from labkube.agent.run_sandbox import (
+    HELPERS_DIR,
+    RELAY,
+    SANDBOX_DIR,
+    SOCKETS_DIR,
+    RunRoom,
+    install_helpers,
+    run_room,
+    sandbox_python,
+)
 from labkube.run_spec import RunSpec
 from labkube.sandbox import sandbox_started
 from labkube.store import RunDir
@@ -54,17 +61,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SANDBOX_GATEWAY_PORT = 8787  # the relay's port on the sandbox's own loopback (a network of its own: always free)
-SOCKETS_DIR = "sockets"
-HELPERS_DIR = "cli-bin"
 HERE = Path(__file__).resolve().parent
-HELPERS = (HERE / "sandbox_relay.py", HERE / "cli_hook.py", HERE.parent / "blocked_urls.py")
+HELPERS = (RELAY, HERE / "cli_hook.py", HERE.parent / "blocked_urls.py")
 START_TIMEOUT_S = 60.0
-
-
-def sandbox_python() -> str:
-    """An interpreter every sandbox sees (labkube/sandbox.py binds the base installation labkube runs on): the base
-    of labkube's virtualenv, whose site-packages (labkube among them) the helpers do not need."""
-    return str(getattr(sys, "_base_executable", None) or sys.executable)
 
 
 @dataclass(frozen=True)
@@ -129,9 +128,7 @@ def cli_sandbox(
     if not room.sandboxed:
         return None
     sockets.mkdir(parents=True, exist_ok=True)
-    helpers.mkdir(parents=True, exist_ok=True)
-    for source in HELPERS:
-        shutil.copyfile(source, helpers / source.name)
+    install_helpers(rd.root, HELPERS)
     return CliSandbox(room, sockets, helpers)
 
 
