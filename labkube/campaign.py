@@ -14,10 +14,13 @@ from labkube.budgets import Budgets
 from labkube.model_ref import API_PROVIDERS, absolute_replay, parse_model
 from labkube.run_spec import (
     DEFAULT_AGENT,
+    DEFAULT_JUDGE_TIMEOUT_S,
     INSPECTOR_BUDGET_HELP,
     INSPECTOR_MODEL_HELP,
     JUDGE_BUDGET_HELP,
     JUDGE_MODEL_HELP,
+    JUDGE_TIMEOUT_HELP,
+    WORLD_VALIDATION_LIMIT_S,
     AgentName,
     RunSpec,
     before_judge_split,
@@ -80,6 +83,9 @@ class CampaignSpec(BaseModel):
     )
     judge_model: str | None = Field(default=None, description=JUDGE_MODEL_HELP)
     gaia2_judge_budget_usd: float | None = Field(default=None, gt=0, allow_inf_nan=False, description=JUDGE_BUDGET_HELP)
+    gaia2_judge_timeout_s: float = Field(
+        default=DEFAULT_JUDGE_TIMEOUT_S, gt=0, lt=WORLD_VALIDATION_LIMIT_S, description=JUDGE_TIMEOUT_HELP
+    )
     inspector_model: str | None = Field(default=None, description=INSPECTOR_MODEL_HELP)
     inspector_budget_usd: float = Field(default=1.0, gt=0, allow_inf_nan=False, description=INSPECTOR_BUDGET_HELP)
     api_key_env: dict[str, str] = Field(
@@ -253,6 +259,7 @@ def expand_runs(spec: CampaignSpec, cards: dict[str, list[TaskCard]]) -> list[Ru
                     context_threshold=spec.context_threshold,
                     judge_model=spec.judge_model,
                     gaia2_judge_budget_usd=spec.gaia2_judge_budget_usd,
+                    gaia2_judge_timeout_s=spec.gaia2_judge_timeout_s,
                     inspector_model=spec.inspector_model,
                     inspector_budget_usd=spec.inspector_budget_usd,
                     model_timeout_s=spec.model_timeout_s,

@@ -21,6 +21,16 @@ JUDGE_BUDGET_HELP = (
     "Gaia2: ARE's soft judge's own dollar budget per run (default: none); a judge that would pass it stops "
     "judging and the run is a judge_error."
 )
+# The Gaia2 world validates a run within WORLD_VALIDATION_LIMIT_S (else the run is a world_error); the judge model's own
+# time-out must be shorter, so that a judge that never answers is a judge_error. The world keeps the same numbers
+# (tasks/gaia2/world_protocol.py: it runs in ARE's environment, without labkube).
+WORLD_VALIDATION_LIMIT_S = 300.0
+DEFAULT_JUDGE_TIMEOUT_S = 120.0
+JUDGE_TIMEOUT_HELP = (
+    f"Gaia2: seconds ARE's soft judge model may take to answer one check (default {DEFAULT_JUDGE_TIMEOUT_S:.0f}, "
+    f"below the world's {WORLD_VALIDATION_LIMIT_S:.0f} s for validating a run); a judge that does not answer in time "
+    "is a judge_error."
+)
 INSPECTOR_MODEL_HELP = "Model for the LLM integrity inspector (the rule checks always run)."
 INSPECTOR_BUDGET_HELP = "The integrity inspector's own dollar budget per run."
 
@@ -87,6 +97,9 @@ class RunSpec(BaseModel):
     model_timeout_s: float = Field(default=900.0, gt=0, description="Per model call; a time-out is retried.")
     judge_model: str | None = Field(default=None, description=JUDGE_MODEL_HELP)
     gaia2_judge_budget_usd: float | None = Field(default=None, gt=0, allow_inf_nan=False, description=JUDGE_BUDGET_HELP)
+    gaia2_judge_timeout_s: float = Field(
+        default=DEFAULT_JUDGE_TIMEOUT_S, gt=0, lt=WORLD_VALIDATION_LIMIT_S, description=JUDGE_TIMEOUT_HELP
+    )
     inspector_model: str | None = Field(default=None, description=INSPECTOR_MODEL_HELP)
     inspector_budget_usd: float = Field(default=1.0, gt=0, description=INSPECTOR_BUDGET_HELP)
     api_key_env: dict[str, str] = Field(

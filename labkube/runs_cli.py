@@ -35,7 +35,7 @@ from labkube.cli_checks import (
 from labkube.model_ref import UnknownModel
 from labkube.report import LiveRows, aggregate, report_rows
 from labkube.results.views import aggregate_table, report_table, status_table
-from labkube.run_spec import RunSpec, slug
+from labkube.run_spec import DEFAULT_JUDGE_TIMEOUT_S, WORLD_VALIDATION_LIMIT_S, RunSpec, slug
 from labkube.store import CampaignDir, CampaignLocked, StoreError
 
 
@@ -217,6 +217,15 @@ def budgets_from(hours: float | None, usd: float | None, tokens: int | None, ste
 @click.option("--grade-interval", type=float, default=None, help="Grade every N seconds during a run.")
 @click.option("--judge-model", default=None, help="Gaia2: model for ARE's soft (LLM) judge checks.")
 @click.option("--gaia2-judge-budget-usd", type=float, default=None, help="Gaia2: the soft judge's own dollars per run.")
+@click.option(
+    "--judge-timeout",
+    "gaia2_judge_timeout",
+    type=float,
+    default=DEFAULT_JUDGE_TIMEOUT_S,
+    show_default=True,
+    help=f"Gaia2: seconds the judge model may take per check (below {WORLD_VALIDATION_LIMIT_S:.0f}, the world's limit "
+    "for validating a run); a judge that does not answer in time is a judge_error.",
+)
 @click.option("--inspector-model", default=None, help="Model for the LLM integrity inspector (rule checks always run).")
 @click.option("--inspector-budget-usd", type=float, default=1.0, show_default=True, help="Inspector dollars per run.")
 @click.option(
@@ -277,6 +286,7 @@ def run(
     grade_interval: float | None,
     judge_model: str | None,
     gaia2_judge_budget_usd: float | None,
+    gaia2_judge_timeout: float,
     inspector_model: str | None,
     inspector_budget_usd: float,
     agents: tuple[str, ...],
@@ -308,6 +318,7 @@ def run(
             grade_interval_s=grade_interval,
             judge_model=judge_model,
             gaia2_judge_budget_usd=gaia2_judge_budget_usd,
+            gaia2_judge_timeout_s=gaia2_judge_timeout,
             inspector_model=inspector_model,
             inspector_budget_usd=inspector_budget_usd,
             agents=list(agents),

@@ -28,7 +28,7 @@ from pathlib import Path
 from labkube.result import SubtaskScore
 from labkube.sandbox import SandboxPolicy, sandbox_argv
 from labkube.task_card import Subtask, TaskCard
-from labkube.tasks._markdown import YOUR_METHOD, Table, parse_tables
+from labkube.tasks._markdown import YOUR_METHOD, Table, method_of, parse_tables
 from labkube.tasks.numbers import (
     NotANumber,
     NumberStyle,
@@ -105,7 +105,7 @@ def no_value_note(
 # warnings, or the word anywhere else in a line (`error rate 0.1`, `0 errors`).
 _TRACEBACK = re.compile(r"^Traceback \(most recent call last\):\s*$")
 _ERROR_LINE = re.compile(
-    r"^\s*(?:[A-Za-z_][\w.]*(?:Error|Exception)|ERROR|FATAL|Fatal error)\b\s*(?::\s*(?P<said>.*))?$"
+    r"^\s*(?:(?:[A-Za-z_][\w.]*)?(?:Error|Exception)|ERROR|FATAL|Fatal error)\b\s*(?::\s*(?P<said>.*))?$"
 )
 _IGNORED_AT_EXIT = re.compile(r"^\s*Exception ignored in\b")
 
@@ -197,7 +197,7 @@ class TaskNumbers:
 
 
 def _is_your_method(row: list[str]) -> bool:
-    return bool(row) and row[0].strip().strip("*").strip().lower() == YOUR_METHOD
+    return bool(row) and method_of(row) == YOUR_METHOD
 
 
 FileState = tuple[int, int, int, str]  # inode, size, mtime_ns, sha256

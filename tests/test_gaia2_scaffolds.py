@@ -118,7 +118,9 @@ async def test_are_default_agent_runs_in_the_world_and_is_judged_by_ares_judge(
 async def test_are_default_with_a_failing_model_fails_with_the_models_error(tmp_path: Path) -> None:
     with FakeLLM(default=Reply.error(400, message="model fake-model does not exist")) as llm:
         result = await run_agent(run_dir_for(tmp_path, model_of(llm), agent="are-default"))
-    assert result.status.value == "Failed" and result.score == 0.0
+    # an error outcome carries no score (issue 43): ARE's verdict on what the agent did is kept apart
+    assert result.status.value == "Failed" and result.score is None and result.completion is None
+    assert [s.raw for s in result.values_before_error] == [0.0]
     assert result.stop_reason.value == "model_error"
     assert "the model never answered ARE's agent" in (result.error or "") and "does not exist" in result.error
 

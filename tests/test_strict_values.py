@@ -249,6 +249,7 @@ def test_a_traceback_beside_a_value_is_a_warning_in_status_and_every_report(tmp_
         ("Traceback (most recent call last):\n  File x\nValueError: bad",
          ["Traceback (most recent call last):", "ValueError: bad"]),
         ("ERROR:root:no predictions", ["ERROR:root:no predictions"]),
+        ("Error: no predictions found\nException: boom", ["Error: no predictions found", "Exception: boom"]),
         ("torch.cuda.OutOfMemoryError: CUDA out of memory", ["torch.cuda.OutOfMemoryError: CUDA out of memory"]),
         ("Error: 0.14\nMean Squared Error: 0.2\nerror rate 0.1\n0 errors", []),  # metrics, not failures
         ("Exception ignored in: <function _Writer.__del__>", []),  # Python's note at exit
@@ -404,3 +405,20 @@ def test_a_grader_still_running_at_its_time_out_says_so(tmp_path: Path) -> None:
     workspace.mkdir()
     outcome = grade_workspace(load_task(str(task)), workspace, tmp_path / "scratch")
     assert outcome.error == "grader timed out after 2s, still running: training the probe"
+
+
+def test_status_shows_the_last_gradings_warnings_while_the_run_goes_on(tmp_path: Path) -> None:
+    from tinytask import make_run_dir
+
+    from labkube.agent.checkpoint import Checkpoint
+    from labkube.agent.harness.entrypoint import write_status
+    from labkube.result import Grade
+    from labkube.run_spec import RunPhase, RunStatus
+    from labkube.store import RunDir, read_model
+
+    rd = RunDir(make_run_dir(tmp_path, make_tiny_task(tmp_path, [])))
+    warning = "task_description.md as graded: table 0 (line 7): row at line 10 has 3 cells, header has 2"
+    ckpt = Checkpoint(score_curve=[Grade(at_seconds=1.0, score=0.7, warnings=[warning])])
+    write_status(rd, rd.spec(), ckpt, RunPhase.running)
+    status = read_model(rd.status_json, RunStatus)
+    assert status is not None and status.message == f"last grading: {warning}"

@@ -208,11 +208,14 @@ def world_model(spec: RunSpec, model: str | None, what: str) -> dict[str, Any] |
 
 
 def judge_model(spec: RunSpec) -> dict[str, Any] | None:
-    """ARE's soft judge, with its own dollar budget and the price the world counts it by."""
+    """ARE's soft judge, with its own time-out per check, dollar budget and the price the world counts it by."""
     from labkube.agent.pricing import price_for
 
     llm = world_model(spec, spec.judge_model, "the Gaia2 judge")
-    if llm is None or spec.gaia2_judge_budget_usd is None:
+    if llm is None:
+        return None
+    llm["timeout_s"] = spec.gaia2_judge_timeout_s
+    if spec.gaia2_judge_budget_usd is None:
         return llm
     assert spec.judge_model is not None
     price = price_for(spec.judge_model, dict(spec.prices))

@@ -12,12 +12,12 @@ import time
 from typing import Any
 
 from are.simulation.utils.serialization import make_serializable
-from world_protocol import ProtocolError, one_line
+from world_protocol import DEFAULT_JUDGE_TIMEOUT_S, VALIDATION_DEADLINE_S, ProtocolError, one_line
 
 log = logging.getLogger("labkube.world")
 
 
-LLM_KEYS = {"model", "provider", "endpoint", "api_key", "budget_usd", "usd_per_million"}
+LLM_KEYS = {"model", "provider", "endpoint", "api_key", "budget_usd", "usd_per_million", "timeout_s"}
 
 
 def llm_spec(spec: Any, what: str) -> dict[str, Any]:
@@ -27,6 +27,13 @@ def llm_spec(spec: Any, what: str) -> dict[str, Any]:
     unknown = set(spec) - LLM_KEYS
     if unknown:
         raise ProtocolError(400, f"{what}: unknown keys {sorted(unknown)} (known: {sorted(LLM_KEYS)})")
+    timeout = spec.get("timeout_s")
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < VALIDATION_DEADLINE_S
+    ):
+        raise ProtocolError(
+            400, f"{what}: timeout_s must be a number of seconds above 0 and below {VALIDATION_DEADLINE_S:.0f}"
+        )
     return spec
 
 
@@ -48,6 +55,7 @@ def llm_engine(spec: Any, what: str) -> Any:
     engine.json_booleans = what != "judge"
     engine.budget_usd = spec.get("budget_usd")
     engine.usd_per_million = spec.get("usd_per_million")
+    engine.timeout_s = spec.get("timeout_s", DEFAULT_JUDGE_TIMEOUT_S if what == "judge" else None)
     return engine
 
 
@@ -68,6 +76,7 @@ def _metered_engine_class() -> type:
         json_booleans = True
         budget_usd: float | None = None  # the caller's dollars for this model (ARE's soft judge's own budget)
         usd_per_million: list[float] | None = None  # input, output, cached input
+        timeout_s: float | None = None  # one call's limit, retries included (the judge's `--judge-timeout`)
         spent_usd = 0.0
 
         def chat_completion(
@@ -79,6 +88,7 @@ def _metered_engine_class() -> type:
                     f"the budget of ${self.budget_usd:g} for {cfg.model_name} is spent (${self.spent_usd:.4f})"
                 )
             started = time.monotonic()
+            limits = {} if self.timeout_s is None else {"timeout": self.timeout_s, "num_retries": 0, "max_retries": 0}
             try:
                 response = litellm.completion(
                     model=cfg.model_name,
@@ -86,7 +96,12 @@ def _metered_engine_class() -> type:
                     messages=[self._convert_message_to_litellm_format(m) for m in messages],
                     api_base=cfg.endpoint,
                     api_key=cfg.api_key,
+                    **limits,
                 )
+            except litellm.exceptions.Timeout as exc:
+                raise LLMEngineException(
+                    f"{cfg.model_name} did not answer within {self.timeout_s:g} s: {one_line(exc)}"
+                ) from exc
             except (litellm.exceptions.AuthenticationError, litellm.exceptions.APIError) as exc:
                 raise LLMEngineException(f"the model call failed: {one_line(exc)}") from exc
             text = response.choices[0].message.content

@@ -63,6 +63,41 @@ def install_judge_caches() -> None:
     are_tool_judge.inspect = _SignatureCache()
     # ARE's preprocessing builds the judge a scenario is validated with through this name.
     are_scenario_utils.JudgeFactory = SharedHardChecksJudgeFactory
+    are_llm_utils.LLMChecker.__call__ = _verdict_or_raise
+
+
+class JudgeGaveNoVerdict(RuntimeError):
+    """ARE's soft judge model answered without a verdict its checker accepts."""
+
+
+def _verdict_or_raise(self: Any, user_prompt_args: dict[str, str]) -> bool:
+    """ARE's `LLMChecker.__call__`, except that an answer with no verdict token (prose, an empty reply) raises
+    instead of returning None, which ARE's tool judge takes for a failed check: a judge that gave no verdict is the
+    judge's failure (ARE's judge records the exception, labkube makes the run a judge_error), not the agent's."""
+    votes: list[bool] = []
+    answers: list[str | None] = []
+    for _ in range(self.num_votes):
+        response = self.judge(user_prompt_args)
+        answers.append(response)
+        if response is None:
+            continue
+        if self.success_str in response:
+            votes.append(True)
+        elif self.failure_str in response:
+            votes.append(False)
+    if not votes:
+        said = "; ".join(_answer_shown(a) for a in answers) or "nothing"
+        raise JudgeGaveNoVerdict(
+            f"the judge model answered without a verdict ({self.success_str} or {self.failure_str}): {said}"
+        )
+    return sum(votes) >= len(votes) / 2
+
+
+def _answer_shown(answer: str | None) -> str:
+    if answer is None:
+        return "no text"
+    text = " ".join(answer.split())
+    return f"`{text[:200]}{'…' if len(text) > 200 else ''}`" if text else "an empty reply"
 
 
 _LLM_FUNCTIONS: dict[int, tuple[Any, str, list[dict[str, str]]]] = {}  # id -> (templates, system prompt, examples)

@@ -16,6 +16,11 @@ log = logging.getLogger("labkube.world")
 
 
 UTC = timezone.utc  # noqa: UP017 (datetime.UTC is 3.11+; ARE also runs on 3.10)
+# How long `POST /finish` may spend validating a run (ARE's judge, its soft checks' model calls included) before the
+# world answers 504 and the run is a world_error. The judge's own model time-out is shorter (labkube's default
+# `--judge-timeout`), so a judge model that never answers is the judge's failure, not the world's.
+VALIDATION_DEADLINE_S = 300.0
+DEFAULT_JUDGE_TIMEOUT_S = 120.0
 
 
 class ProtocolError(Exception):

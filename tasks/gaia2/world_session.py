@@ -33,7 +33,7 @@ from world_health import (
     deliver_first_user_message,
 )
 from world_judge import judge_config_for, judge_matches, judge_usd, publish_verdict
-from world_protocol import UTC, ProtocolError, iso, one_line, with_deadline
+from world_protocol import UTC, VALIDATION_DEADLINE_S, ProtocolError, iso, one_line, with_deadline
 from world_scenario import (
     a2a_params,
     apply_agent2agent,
@@ -58,7 +58,14 @@ HIDDEN_TOOLS = {
     "AgentUserInterface__get_all_messages",
 }
 SEND_TO_USER = "AgentUserInterface__send_message_to_user"
-DEADLINES = {"load": 180.0, "tool": 60.0, "wait": 60.0, "finish": 300.0, "oracle": 180.0, "app_agent": 300.0}
+DEADLINES = {
+    "load": 180.0,
+    "tool": 60.0,
+    "wait": 60.0,
+    "finish": VALIDATION_DEADLINE_S,
+    "oracle": 180.0,
+    "app_agent": 300.0,
+}
 ARE_AGENT_DEADLINE = 3600.0  # POST /are_agent: the caller may ask for less (its wall budget)
 
 
