@@ -2,6 +2,11 @@
 process group reaches (`setsid nohup ... &`, a daemon's double fork, an escapee of an async job) is gone when
 the run ends on its wall budget, and after `kill -9` of the harness and the agent, once the run resumes.
 
+These tests reach the containment under the sandbox (the run's cgroup, its token): their runs are unsandboxed
+(`sandbox="none"`), since inside a run's sandbox (docs/sandbox.md) the pids a command writes are its pid
+namespace's, and everything a command leaves ends with its namespace anyway. The sandboxed run's own case is
+`test_kill_9_of_the_harness_ends_a_sandboxed_runs_processes_at_once`.
+
 Real parts throughout: the local sandbox (`supervise_run`, as a Ray actor runs it), the `labkube agent`
 subprocess, the scripted provider, real processes; the cgroup variant uses the machine's cgroup v2 hierarchy
 and is skipped where none can be made here. "Gone" is checked by pid, by a scan of /proc for processes whose
@@ -145,7 +150,7 @@ def run_cgroup_or_skip(prefix: str) -> Containment:
 
 def test_processes_a_run_leaves_end_with_its_wall_budget(tmp_path: Path, mode: str) -> None:
     task = make_tiny_task(tmp_path, [*ESCAPES, *WAIT])
-    run_dir = make_run_dir(tmp_path, task, budgets=Budgets(wall_hours=6 / 3600))
+    run_dir = make_run_dir(tmp_path, task, budgets=Budgets(wall_hours=6 / 3600), sandbox="none")
     pids: dict[str, int] = {}
 
     async def run() -> str:
@@ -180,7 +185,7 @@ def agent_of(harness: int, timeout: float = 30) -> int:
 
 def test_kill_9_of_the_harness_leaves_nothing_once_the_run_resumes(tmp_path: Path, mode: str) -> None:
     task = make_tiny_task(tmp_path, [*ESCAPES, *UNTIL_GO])
-    run_dir = make_run_dir(tmp_path, task, budgets=Budgets(wall_hours=120 / 3600))
+    run_dir = make_run_dir(tmp_path, task, budgets=Budgets(wall_hours=120 / 3600), sandbox="none")
     harness = subprocess.Popen([sys.executable, "-P", "-c", HARNESS, str(run_dir)], start_new_session=True)
     try:
         agent = agent_of(harness.pid)
@@ -201,6 +206,33 @@ def test_kill_9_of_the_harness_leaves_nothing_once_the_run_resumes(tmp_path: Pat
     result = asyncio.run(supervise_run(str(run_dir)))
     assert result.final and result.resumes == 1 and result.stop_reason == "done"
     assert_nothing_left(run_dir, pids)
+
+
+def test_kill_9_of_the_harness_ends_a_sandboxed_runs_processes_at_once(tmp_path: Path) -> None:
+    """In the run's sandbox what a command leaves behind ends with that command's pid namespace, and a background
+    job (with what it forked away from itself) ends within a second of `kill -9` of the harness and the agent, with
+    no resume to clean up after them (bubblewrap's --die-with-parent)."""
+    task = make_tiny_task(tmp_path, [*ESCAPES, *UNTIL_GO])
+    run_dir = make_run_dir(tmp_path, task, budgets=Budgets(wall_hours=120 / 3600))
+    workspace = run_dir / "workspace"
+    harness = subprocess.Popen([sys.executable, "-P", "-c", HARNESS, str(run_dir)], start_new_session=True)
+    try:
+        agent = agent_of(harness.pid)
+        started_pids(workspace)
+        deadline = time.monotonic() + 10
+        while len(running := in_workspace(workspace)) < 2:  # the job's shell and its escapee (and the wait step)
+            assert time.monotonic() < deadline, f"the job never ran: {running}"
+            time.sleep(0.05)
+        os.kill(agent, signal.SIGSTOP)
+        os.killpg(harness.pid, signal.SIGKILL)
+        os.kill(agent, signal.SIGKILL)
+        harness.wait(timeout=10)
+    finally:
+        with_harness_gone(harness)
+    deadline = time.monotonic() + 2
+    while left := in_workspace(workspace):
+        assert time.monotonic() < deadline, f"{left} alive 2 s after the kill: the sandbox outlived its harness"
+        time.sleep(0.05)
 
 
 def with_harness_gone(harness: subprocess.Popen) -> None:

@@ -389,7 +389,8 @@ async def test_a_forked_agent_writes_its_series_where_the_campaign_reads_them(tm
 
 def test_what_a_forked_agent_leaves_running_ends_with_its_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A forked agent is contained as a started one is: its escaped processes (setsid, a double fork, an async
-    job's escapee) are gone when the run ends on its wall budget (tests/test_run_processes.py's checks)."""
+    job's escapee) are gone when the run ends on its wall budget (tests/test_run_processes.py's checks, on the
+    containment under the sandbox: unsandboxed, as there)."""
     from test_run_processes import ESCAPES, WAIT, alive, assert_nothing_left, started_pids
     from tinytask import make_run_dir, make_tiny_task
 
@@ -398,7 +399,7 @@ def test_what_a_forked_agent_leaves_running_ends_with_its_run(tmp_path: Path, mo
 
     monkeypatch.setenv(MODE_VARIABLE, "processes")
     task = make_tiny_task(tmp_path, [*ESCAPES, *WAIT])
-    run_dir = make_run_dir(tmp_path, task, budgets=Budgets(wall_hours=6 / 3600))
+    run_dir = make_run_dir(tmp_path, task, budgets=Budgets(wall_hours=6 / 3600), sandbox="none")
     pids: dict[str, int] = {}
 
     async def run() -> str:
