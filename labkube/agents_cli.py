@@ -52,11 +52,14 @@ def agents_install(names: tuple[str, ...]) -> None:
 def gateway(run_dir: Path, host: str, port: int, token_file: Path) -> None:
     """Serve the run's model gateway (a pod's `gateway` sidecar; locally, `labkube agent` runs it in-process).
 
-    The first line on stdout is `LISTENING <url>`; docs/third-party-agents.md says what it does."""
+    The run's spec comes from $LABKUBE_RUN_SPEC (the pod manifest sets it), never from the run folder's run.json,
+    which the agent's container can write. The first line on stdout is `LISTENING <url>`;
+    docs/third-party-agents.md says what it does."""
     not_dumpable()  # this process holds the provider's key (labkube/hardening.py)
     import uvloop
 
     from labkube.agent.gateway import GatewayError, serve_run_gateway
+    from labkube.agent.gateway.sidecar import gateway_run_spec
     from labkube.agent.providers.provider import ProviderError
     from labkube.store import StoreError
 
@@ -64,7 +67,8 @@ def gateway(run_dir: Path, host: str, port: int, token_file: Path) -> None:
         # libuv's loop: beside asyncio's, up to 0.3 ms less added to a call and 6-11% less CPU, one at a time
         # (docs/third-party-agents.md). Not for `labkube agent`, whose commands are subprocesses: uvloop's inherit
         # the loop's descriptors.
-        uvloop.run(serve_run_gateway(run_dir, host, port, token_file))
+        spec = gateway_run_spec()
+        uvloop.run(serve_run_gateway(run_dir, host, port, token_file, spec))
     except (GatewayError, ProviderError, StoreError) as exc:
         raise UsageFailure(str(exc)) from None
 

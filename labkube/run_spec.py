@@ -53,6 +53,9 @@ CLI_AGENTS = ("claude-code", "codex")  # third-party CLIs, run through the model
 DEFAULT_AGENT = "rg-agent"
 
 
+RUN_SPEC_VARIABLE = "LABKUBE_RUN_SPEC"  # a pod's containers get the Run's spec as JSON in this variable
+
+
 class RunSpec(BaseModel):
     """What the supervisor hands a sandbox; written as `run.json`."""
 

@@ -18,11 +18,14 @@ reader never sees half a file and a crash never leaves one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import itertools
 import json
+import logging
 import os
 import socket
+import stat
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,6 +39,7 @@ from labkube.result import RunResult
 from labkube.run_spec import RunPhase, RunSpec, RunStatus
 
 M = TypeVar("M", bound=BaseModel)
+log = logging.getLogger(__name__)
 
 
 class StoreError(RuntimeError):
@@ -97,11 +101,47 @@ def write_model(path: Path, model: BaseModel) -> None:
     write_json_atomic(path, model.model_dump(mode="json"))
 
 
-def read_model(path: Path, cls: type[M]) -> M | None:
-    """The model stored at `path`, or None when the file is missing or unreadable."""
+class NotRegularFile(StoreError):
+    """Where labkube expects its own JSON there is something else: a FIFO, a device, a socket, a directory or a
+    symbolic link (which an agent can plant in its run folder). Refused without reading it."""
+
+
+_FILE_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"))  # fmt: skip
+
+
+def read_regular(path: Path) -> bytes:
+    """The bytes of the regular file at `path`, never blocking on what is not one (issue 41: a FIFO named
+    status.json froze the supervisor's event loop in its read). Opened without following a last symbolic link and
+    without waiting for a FIFO's writer (`O_NOFOLLOW | O_NONBLOCK`), then checked with `fstat` before a byte is
+    read: anything but a regular file raises `NotRegularFile` with a one-line message. FileNotFoundError as
+    `open` raises it."""
     try:
-        return cls.model_validate_json(path.read_bytes())
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotRegularFile(f"{path} is a symbolic link, not a regular file: refused, not followed") from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
+            raise NotRegularFile(f"{path} is {kind}, not a regular file: labkube reads its own JSON only from one")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
+def read_model(path: Path, cls: type[M]) -> M | None:
+    """The model stored at `path`, or None when the file is missing or unreadable, or is not a regular file (a FIFO,
+    a device, a link an agent planted: refused without blocking, `read_regular`, and said in one warning line)."""
+    try:
+        return cls.model_validate_json(read_regular(path))
     except (FileNotFoundError, ValidationError, ValueError):
+        return None
+    except NotRegularFile as exc:
+        log.warning("labkube: %s", exc)
         return None
 
 

@@ -36,7 +36,7 @@ from typing import Any
 from labkube.agent.harness.entrypoint import GRADED_BY_OPERATOR_VARIABLE
 from labkube.operator.crds import LABEL_CAMPAIGN, LABEL_RUN, SchemaError, dns_label, owner_reference
 from labkube.operator.k8s_models import PodOptions, RunResourceSpec, Toleration
-from labkube.run_spec import CLI_AGENTS
+from labkube.run_spec import CLI_AGENTS, RUN_SPEC_VARIABLE
 from labkube.task_card import TaskFamily
 from labkube.tasks.gaia2.verdict_message import (
     CONTROL_ENV,
@@ -415,7 +415,7 @@ def _prepare_container(
         "command": ["sh", "-c", script],
         "env": [
             {"name": "LABKUBE_RUN_DIR", "value": run_dir},
-            {"name": "LABKUBE_RUN_SPEC", "value": run.to_run_spec().model_dump_json()},
+            {"name": RUN_SPEC_VARIABLE, "value": run.to_run_spec().model_dump_json()},
         ],
         "resources": _limited(
             {"requests": {"cpu": PREPARE_CPU["requests"], "memory": "64Mi"}, "limits": {"memory": "128Mi"}},
@@ -494,7 +494,10 @@ def _gateway_container(
     Nothing the agent can write is code to it: its HOME and /tmp are a volume of its own (`gateway-tmp`, which the
     agent never mounts), and Python runs without user site-packages (`PYTHONNOUSERSITE`, as `-s`) and without the
     script's directory or the working directory on its path (`PYTHONSAFEPATH`, as `-P`). The run's directory is
-    the one writable volume both mount: the gateway appends the transcript there and imports nothing from it."""
+    the one writable volume both mount: the gateway appends the transcript there and imports nothing from it, and
+    takes its model, base URL, key variable and budgets from `LABKUBE_RUN_SPEC` in its own environment (the Run's
+    spec, as `prepare` writes it to run.json), never from run.json, which the agent may rewrite before making the
+    sidecar restart."""
     return {
         "name": "gateway",
         "image": options.default_image,
@@ -510,6 +513,8 @@ def _gateway_container(
             {"name": "PYTHONSAFEPATH", "value": "1"},
             {"name": "PYTHONUNBUFFERED", "value": "1"},
             *({"name": k, "value": v} for k, v in sorted(options.env.items())),
+            # after the chart's variables, so that none of them can stand in for the Run's spec
+            {"name": RUN_SPEC_VARIABLE, "value": run.to_run_spec().model_dump_json()},
             *keys,
         ],
         "startupProbe": {

@@ -346,7 +346,9 @@ def test_in_a_pod_the_gateway_is_a_sidecar_and_the_agent_container_has_no_key(
     rd = make_run_dir(tmp_path, task, model=MODELS["claude-code"], agent="claude-code", sandbox="pod")
     token_file = tmp_path / "gateway-volume" / "token"
     with FakeLLM(responder=responder("env > env.txt; echo 7 > result.txt")) as server:
-        sidecar_env = {**os.environ, **provider_env("claude-code", server)}
+        # the Run's spec as the pod manifest gives the sidecar: in its environment, not read from run.json
+        spec = {"LABKUBE_RUN_SPEC": (rd / "run.json").read_text()}
+        sidecar_env = {**os.environ, **provider_env("claude-code", server), **spec}
         sidecar = subprocess.Popen(
             [sys.executable, "-P", "-m", "labkube", "gateway", "--run-dir", str(rd), "--token-file", str(token_file)],
             env=sidecar_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -609,7 +611,7 @@ def test_a_cli_in_a_gaia2_pod_drives_its_world_sidecar_with_the_token_the_world_
                 [sys.executable, "-P", "-m", "labkube", "gateway", "--run-dir", str(rd), "--token-file",
                  str(token_file)],
                 env={**os.environ, **provider_env("claude-code", server), **world_env,
-                     "HOME": str(tmp_path / "gateway-tmp")},
+                     "HOME": str(tmp_path / "gateway-tmp"), "LABKUBE_RUN_SPEC": (rd / "run.json").read_text()},
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             )  # fmt: skip
             try:

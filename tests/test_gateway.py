@@ -4,10 +4,15 @@ transcript lines and Prometheus series are the gateway's, whatever the client.""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import signal
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import anthropic
@@ -17,12 +22,14 @@ from fakellm import FakeLLM, Reply
 from fakellm import Usage as FakeUsage
 
 from labkube.agent.gateway import GatewayConfig, GatewayState, GatewayView, ModelGateway, Upstream, upstream_for
+from labkube.agent.gateway.sidecar import RUN_SPEC_VARIABLE
 from labkube.agent.pricing import cost_usd
 from labkube.agent.telemetry import RunTelemetry
 from labkube.agent.transcript import JsonlLog, read_jsonl
 from labkube.budgets import Budgets, StopReason, Usage
 from labkube.model_ref import parse_model
 from labkube.run_spec import RunSpec
+from labkube.store import write_model
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_KEY = "sk-real-provider-key"
@@ -500,3 +507,106 @@ def test_a_request_jiter_refuses_is_still_read_for_the_transcript_as_json_reads_
     raw = b'{"model": "claude-sonnet-4-6", "messages": [{"role": "user", "content": "\\ud800"}]}'
     assert request_body(raw)["model"] == "claude-sonnet-4-6"
     assert request_body(b"[1, 2]") == {} and request_body(b"not json") == {}
+
+
+class Listener:
+    """A socket on loopback that records every connection made to it and every byte sent (the agent's own
+    listener, which a pod's containers share with the gateway); it answers nothing."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.received: list[bytes] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(1)
+                data = b""
+                with contextlib.suppress(OSError):
+                    data = conn.recv(65536)
+                self.received.append(data)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.sock.close()
+
+
+def _start_sidecar(run_dir: Path, token_file: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
+    argv = [sys.executable, "-P", "-m", "labkube", "gateway", "--run-dir", str(run_dir)]
+    argv += ["--token-file", str(token_file)]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("LISTENING http://127.0.0.1:"), proc.communicate(timeout=10)
+    return proc, line.split()[1]
+
+
+def _stop_sidecar(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+
+
+def _chat(url: str, token: str) -> openai.types.chat.ChatCompletion:
+    client = openai.OpenAI(api_key=token, base_url=f"{url}/openai/v1", max_retries=0, timeout=30)
+    return client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+
+
+def test_a_rewritten_run_json_and_a_sidecar_restart_never_send_the_key_to_the_agents_listener(tmp_path: Path) -> None:
+    """Issue 41: the sidecar read its model and base URL from run.json, which the agent's container writes. The agent
+    rewrites it to a model on its own loopback listener and has the sidecar restart (a kubelet restarts a native
+    sidecar with the same command and environment, which this does): the gateway must still send every call, and its
+    key, to the provider the Run named, and nothing to the planted listener. Its spec is its own environment's
+    (`LABKUBE_RUN_SPEC`, which the pod manifest sets)."""
+    planted = Listener()
+    try:
+        with FakeLLM() as server:
+            server.script(Reply.text("one"), Reply.text("two"))
+            model = f"openai-compatible:{server.base_url}/v1#m"
+            spec = RunSpec(run_id="gw--m--s0", campaign="gw", task="t", task_path=str(tmp_path), model=model, seed=0)
+            run_dir = tmp_path / "run"
+            write_model(run_dir / "run.json", spec)
+            token_file = tmp_path / "gateway-volume" / "token"
+            env = {**os.environ, "OPENAI_COMPATIBLE_API_KEY": REAL_KEY, RUN_SPEC_VARIABLE: spec.model_dump_json()}
+            replies = []
+            proc, url = _start_sidecar(run_dir, token_file, env)
+            try:
+                replies.append(_chat(url, token_file.read_text()))
+                # The agent's move: the run's model now at its own listener, with a key variable of its choosing.
+                hostile = f"openai-compatible:http://127.0.0.1:{planted.port}/v1#m"
+                keys = {hostile: "OPENAI_COMPATIBLE_API_KEY"}
+                rewritten = spec.model_copy(update={"model": hostile, "api_key_env": keys})
+                write_model(run_dir / "run.json", rewritten)
+            finally:
+                _stop_sidecar(proc)
+            proc, url = _start_sidecar(run_dir, token_file, env)  # the kubelet's restart
+            try:
+                replies.append(_chat(url, token_file.read_text()))
+            finally:
+                _stop_sidecar(proc)
+            requests = server.requests
+    finally:
+        planted.close()
+    assert [r.choices[0].message.content for r in replies] == ["one", "two"]
+    assert planted.received == [], "the gateway reached the agent's listener"
+    assert len(requests) == 2 and all(r.headers.get("authorization") == f"Bearer {REAL_KEY}" for r in requests)
+
+
+def test_labkube_gateway_refuses_to_start_without_its_spec_in_its_environment(tmp_path: Path) -> None:
+    """No fallback to run.json: a sidecar started without `LABKUBE_RUN_SPEC` exits 2 with a one-line reason."""
+    spec = RunSpec(run_id="gw--m--s0", campaign="gw", task="t", task_path=str(tmp_path), model="openai:gpt-5", seed=0)
+    write_model(tmp_path / "run" / "run.json", spec)
+    env = {k: v for k, v in os.environ.items() if k != RUN_SPEC_VARIABLE}
+    argv = [sys.executable, "-P", "-m", "labkube", "gateway", "--run-dir", str(tmp_path / "run")]
+    ran = subprocess.run([*argv, "--token-file", str(tmp_path / "token")], env=env, capture_output=True, text=True)
+    assert ran.returncode == 2 and "LABKUBE_RUN_SPEC is not set" in ran.stderr, ran.stderr
+    assert not (tmp_path / "token").exists()

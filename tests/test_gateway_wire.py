@@ -205,6 +205,108 @@ async def test_a_request_that_cannot_be_served_gets_a_one_line_error_and_the_con
         await server.close(grace_s=1)
 
 
+def _unauthenticated_upload(host: str, port: int, path: str, total: int) -> tuple[bytes, int]:
+    """A client without the run's token that announces a `total`-byte body, reads what the gateway answers to the
+    head, then pushes the body in 1 MiB pieces until the gateway's closing of the connection stops it: the answer, and
+    how many body bytes it got into the socket."""
+    chunk = b"a" * (1 << 20)
+    with socket.create_connection((host, port), timeout=10) as sock:
+        head = f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {total}\r\n\r\n"
+        sock.sendall(head.encode())
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.endswith(b"}"):
+            piece = sock.recv(65536)
+            if not piece:
+                break
+            answer += piece
+        sent = 0
+        try:
+            while sent < total:
+                sent += sock.send(chunk)
+                time.sleep(0.001)
+        except OSError:  # the gateway closed it: EPIPE or ECONNRESET
+            pass
+    return answer, sent
+
+
+async def test_a_caller_without_the_token_is_refused_from_its_head_and_none_of_its_body_is_held(tmp_path: Path) -> None:
+    """Issue 41: bodies used to be buffered (up to 64 MiB a connection) before the token was checked, so anything on
+    a pod's loopback could fill the sidecar's memory with unfinished uploads. Five callers at once, each announcing
+    a 64 MiB body (to a model route, the checkpoint, an unknown path, even the open `/healthz`), get 401 from the
+    head alone, and the gateway reads next to nothing of their bodies; a bodiless `GET /healthz` still answers."""
+    total = 64 * 1024 * 1024
+    async with gateway("http://127.0.0.1:9", tmp_path) as gw:
+        host, port = gw.url.removeprefix("http://").split(":")
+        paths = ["/anthropic/v1/messages", "/openai/v1/responses", "/checkpoint", "/anywhere", "/healthz"]
+        results = await asyncio.gather(
+            *(asyncio.to_thread(_unauthenticated_upload, host, int(port), path, total) for path in paths)
+        )
+        server = gw._server
+        assert server is not None
+        received, held = server.received, server.held
+        health = await raw_exchange(gw.url, b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+    for path, (answer, sent) in zip(paths, results, strict=True):
+        assert answer.startswith(b"HTTP/1.1 401 "), (path, answer[:200])
+        assert b"connection: close" in answer and b"wrong or missing run token" in answer
+        assert sent < total, f"{path}: the whole body went into a connection the gateway had refused"
+    assert answer_type(results[0][0]) == "authentication_error"  # in the Anthropic API's own words
+    assert health.startswith(b"HTTP/1.1 200 OK"), health
+    # The heads, and at most what arrived with them in one read: not the 320 MiB announced.
+    assert received < 5 * 1024 * 1024, received
+    assert held == 0
+
+
+def answer_type(answer: bytes) -> str:
+    return str(json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["type"])
+
+
+async def test_the_bodies_held_across_connections_are_bounded_and_let_go_when_answered(tmp_path: Path) -> None:
+    """Callers with the token are bounded too: one body over `max_body` is a 413, and past `max_held` held across
+    all connections (slow uploads that have not finished) a request is refused 503, which the SDKs retry. What a
+    request held is let go once it is answered or its connection goes."""
+    seen: list[int] = []
+
+    async def echo(request: Request, reply: WireReply) -> None:
+        seen.append(len(request.body))
+        reply.send(200, {"content-type": "text/plain"}, b"ok")
+
+    server = HttpServer(echo, max_body=800, max_held=1000)
+    port = await server.start("127.0.0.1", 0)
+    try:
+        slow_reader, slow = await asyncio.open_connection("127.0.0.1", port)
+        slow.write(b"POST /x HTTP/1.1\r\nhost: x\r\ncontent-length: 800\r\n\r\n" + b"a" * 600)
+        await slow.drain()
+        for _ in range(100):
+            if server.held == 600:
+                break
+            await asyncio.sleep(0.01)
+        assert server.held == 600
+        second = await raw_exchange(
+            f"http://127.0.0.1:{port}", b"POST /x HTTP/1.1\r\nhost: x\r\ncontent-length: 500\r\n\r\n" + b"b" * 500
+        )
+        assert second.startswith(b"HTTP/1.1 503 ") and b"request bodies already" in second
+        assert server.held == 600, "the refused request's bytes are not held"
+        slow.write(b"a" * 200)
+        await slow.drain()
+        assert (await asyncio.wait_for(slow_reader.readuntil(b"ok"), 5)).startswith(b"HTTP/1.1 200 OK")
+        assert seen == [800] and server.held == 0
+        slow.write(b"POST /x HTTP/1.1\r\nhost: x\r\ncontent-length: 800\r\n\r\n" + b"a" * 300)
+        await slow.drain()
+        for _ in range(100):
+            if server.held == 300:
+                break
+            await asyncio.sleep(0.01)
+        assert server.held == 300
+        slow.close()  # gone mid-body: what it held is let go
+        for _ in range(100):
+            if server.held == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert server.held == 0
+    finally:
+        await server.close(grace_s=1)
+
+
 async def test_an_agent_that_leaves_mid_stream_is_recorded_as_such(tmp_path: Path) -> None:
     """The agent reads the first event and closes; the gateway's next write finds it gone, and the call's line
     says so (the provider's answer goes on being counted no further)."""

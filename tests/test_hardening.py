@@ -21,6 +21,7 @@ import pytest
 
 from labkube.hardening import dumpable
 from labkube.operator.agent_zygote import AgentZygote
+from labkube.run_spec import RunSpec
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_DUMPABLE is Linux's")
 
@@ -123,10 +124,13 @@ async def test_the_zygotes_forked_agent_is_not_dumpable(
 
 
 def test_labkube_gateway_is_not_dumpable(tmp_path: Path, observed: dict[str, str]) -> None:
-    ran = labkube(
-        ["gateway", "--run-dir", str(tmp_path / "run"), "--token-file", str(tmp_path / "token")], observed, tmp_path
-    )
-    assert ran.returncode == 2, ran.stderr  # no run spec: refused after reading the run folder
+    # The run's spec comes in the sidecar's environment (LABKUBE_RUN_SPEC, as the pod manifest gives it); its model's
+    # key is missing here, so the gateway is refused after reading the run folder (its checkpoint).
+    spec = RunSpec(run_id="r", campaign="c", task="t", task_path=str(tmp_path), model="openai:gpt-5", seed=0)
+    env = {**observed, "LABKUBE_RUN_SPEC": spec.model_dump_json()}
+    args = ["gateway", "--run-dir", str(tmp_path / "run"), "--token-file", str(tmp_path / "token")]
+    ran = labkube(args, env, tmp_path)
+    assert ran.returncode == 2 and "OPENAI_API_KEY is not set" in ran.stderr, ran.stderr
     assert reports(ran.stderr) == ["DUMPABLE=0"], ran.stderr
 
 

@@ -12,6 +12,8 @@ import kubernetes_validate
 import pytest
 from pydantic import ValidationError
 
+from labkube.agent.gateway import GatewayError
+from labkube.agent.gateway.sidecar import RUN_SPEC_VARIABLE, gateway_run_spec
 from labkube.budgets import Budgets
 from labkube.operator.k8s_models import (
     ApiKeySecret,
@@ -647,6 +649,27 @@ def test_a_vendor_cli_pod_keeps_the_keys_in_the_gateway_sidecar(monkeypatch: pyt
     assert not pod["spec"].get("shareProcessNamespace")  # the agent cannot read the sidecar's environment
     plain = build_pod_manifest(make_run(), make_options(), owner=OWNER)
     assert "gateway" not in containers(plain) and "LABKUBE_STDIN_VARS" in env_of(containers(plain)["agent"])
+
+
+def test_the_gateway_takes_the_runs_spec_from_its_own_environment_not_the_run_folder() -> None:
+    """Issue 41: the sidecar read its model, base URL and budgets from run.json, which the agent container writes; a
+    rewritten base URL plus a sidecar restart sent the key to the agent's listener. The Run's spec reaches the
+    gateway in its own container's environment (which nothing in the pod can change), the same spec `prepare` writes
+    to run.json, after the chart's variables; `labkube gateway` reads it from there (`gateway_run_spec`)."""
+    run = make_run().model_copy(update={"agent": "claude-code", "model": "anthropic:claude-sonnet-4-6"})
+    pod = build_pod_manifest(run, make_options(), owner=OWNER)
+    check_pod(pod)
+    by_name = containers(pod)
+    gateway_env = env_of(by_name["gateway"])
+    given = gateway_env[RUN_SPEC_VARIABLE]
+    assert set(given) == {"name", "value"}, "a literal value in the pod's spec: no volume, no ConfigMap to rewrite"
+    assert gateway_run_spec({RUN_SPEC_VARIABLE: given["value"]}) == run.to_run_spec()
+    assert given["value"] == env_of(by_name["prepare"])["LABKUBE_RUN_SPEC"]["value"]
+    names = [e["name"] for e in by_name["gateway"]["env"]]
+    assert names.count(RUN_SPEC_VARIABLE) == 1
+    assert RUN_SPEC_VARIABLE not in env_of(by_name["agent"])
+    with pytest.raises(GatewayError, match=r"never from the run folder's run\.json"):
+        gateway_run_spec({})
 
 
 def test_a_vendor_cli_in_a_gaia2_pod_has_the_world_and_a_gateway_that_stops_its_clock() -> None:

@@ -11,6 +11,7 @@ kubelet's side, its startup order and volumes, is tests/k8s/test_gaia2_pods.py's
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import socket
@@ -91,6 +92,52 @@ async def test_a_world_labkube_starts_answers_its_controllers_endpoints_only_to_
             assert (await agent.time()).paused is True
             await controller.resume_clock("fixed", seconds=1)
             assert (await controller.state())["apps"]
+    finally:
+        world.stop()
+
+
+def _upload(port: int, head: bytes, total: int) -> tuple[bytes, int]:
+    """A caller that sends `head` (announcing a `total`-byte body), reads the world's answer, then pushes the body
+    until the world's closing of the connection stops it: the answer, and how much of the body got into the socket."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(head)
+        answer = b""
+        while not answer.endswith(b"}"):
+            piece = sock.recv(65536)
+            if not piece:
+                break
+            answer += piece
+        sent, chunk = 0, b"a" * (1 << 20)
+        try:
+            while sent < total:
+                sent += sock.send(chunk)
+        except OSError:  # the world closed it
+            pass
+    return answer, sent
+
+
+async def test_a_world_refuses_a_big_body_from_its_head_and_a_control_call_without_the_token_unread(
+    are_python: Path,
+) -> None:
+    """Issue 41: the world read every request's body (any Content-Length) before the token check, so the agent's
+    shell could make it hold what it liked. A control call without the token announcing 64 MiB is a 403 from its
+    head, its connection closed with the body unsent; any request over MAX_BODY_BYTES is a 413 the same way; the
+    clock is untouched, and the controller's calls work as before."""
+    world = start_world(are_python)
+    try:
+        async with WorldClient(world.base_url) as agent, world.client() as controller:
+            await controller.load_scenario(source("time_door_code"))
+            total = 64 * 1024 * 1024
+            head = f"POST /clock/pause HTTP/1.1\r\nHost: w\r\nContent-Length: {total}\r\n\r\n".encode()
+            answer, sent = await asyncio.to_thread(_upload, world.port, head, total)
+            assert answer.startswith(b"HTTP/1.1 403") and b"connection: close" in answer.lower(), answer[:300]
+            assert sent < total, "the world read a refused caller's 64 MiB body"
+            head = f"POST /tools/call HTTP/1.1\r\nHost: w\r\nContent-Length: {total}\r\n\r\n".encode()
+            answer, sent = await asyncio.to_thread(_upload, world.port, head, total)
+            assert answer.startswith(b"HTTP/1.1 413") and sent < total, answer[:300]
+            assert (await agent.time()).paused is False, "the refused pause changed nothing"
+            await controller.pause_clock()
+            assert (await agent.time()).paused is True
     finally:
         world.stop()
 

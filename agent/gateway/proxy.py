@@ -114,7 +114,7 @@ class ModelGateway(GatewayAddress):
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> ModelGateway:
         # The provider's silence is timed per call (`_forward`, `_relay_stream`), not per chunk received.
         self._upstream = UpstreamPool(connect_timeout_s=30.0)
-        self._server = HttpServer(self._serve, max_body=MAX_REQUEST_BYTES)
+        self._server = HttpServer(self._serve, max_body=MAX_REQUEST_BYTES, admit=self._admit)
         bound = await self._server.start(host, port)
         self.url = f"http://{host}:{bound}"
         return self
@@ -176,6 +176,20 @@ class ModelGateway(GatewayAddress):
                 self._checkpoint(request, reply)
         else:
             _send_json(reply, 404, {"error": f"labkube gateway: no such endpoint: {request.path}"})
+
+    def _admit(self, method: str, path: str, headers: dict[str, str]) -> tuple[int, bytes] | None:
+        """Every request but a bodiless `GET /healthz` carries the run's token, checked from its head: one without it
+        is answered 401 and its connection closed before a byte of its body is read (a pod's loopback is the agent's
+        too, and a body held before the check would let anything there fill the sidecar's memory)."""
+        bodiless = headers.get("content-length", "0") == "0" and "transfer-encoding" not in headers
+        if (path == "/healthz" and method == "GET" and bodiless) or self._token_in(headers):
+            return None
+        route = ROUTE.fullmatch(path)
+        if route is None:
+            return 401, json.dumps({"error": "labkube gateway: wrong or missing run token"}).encode()
+        family: Family = route[1]  # type: ignore[assignment]
+        kind = "authentication_error" if family == "anthropic" else "invalid_request_error"
+        return 401, json.dumps(error_body(family, 401, kind, "labkube gateway: wrong or missing run token")).encode()
 
     def _checkpoint(self, request: Request, reply: Reply) -> None:
         """What `flush` is in-process, for an agent in another container (a pod's `GatewayView`): every counted
@@ -260,7 +274,10 @@ class ModelGateway(GatewayAddress):
                 logging.getLogger(__name__).warning("labkube gateway: could not write %s: %s", path, exc)
 
     def _authorized(self, request: Request) -> bool:
-        given = request.headers.get("x-api-key") or request.headers.get("authorization", "").removeprefix("Bearer ")
+        return self._token_in(request.headers)
+
+    def _token_in(self, headers: dict[str, str]) -> bool:
+        given = headers.get("x-api-key") or headers.get("authorization", "").removeprefix("Bearer ")
         return hmac.compare_digest(given.strip().encode(), self.config.token.encode())
 
     # -- the proxy

@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 
 from labkube.agent.gateway.proxy import AfterHook, GatewayAddress, Hook, ModelGateway
@@ -15,7 +16,12 @@ from labkube.agent.gateway.state import GatewayConfig, GatewayError, GatewayStat
 from labkube.agent.transcript import JsonlLog
 from labkube.budgets import Spend
 from labkube.model_ref import parse_model
+from labkube.run_spec import RUN_SPEC_VARIABLE, RunSpec
 
+# Where a pod's gateway sidecar takes the run's spec (model, base URL, key variable, budgets, prices): its own
+# container's environment, which the pod manifest sets from the Run and nothing in the pod can change, never the run
+# folder's `run.json`, which the agent container may rewrite (issue 41: a rewritten base URL plus a sidecar restart
+# sent the provider's key to the agent's own listener).
 STATE_TIMEOUT_S = 2.0  # a sidecar on the pod's loopback answers in milliseconds; a dead one must not stall the end
 
 
@@ -108,10 +114,25 @@ def world_control_token() -> str | None:
     )
 
 
-async def serve_run_gateway(run_dir: Path, host: str, port: int, token_file: Path) -> None:
-    """The pod's gateway sidecar: the run's provider and budgets from run.json, its key from this container's
-    environment, the spend so far from the run's checkpoint (a resumed run goes on counting); the token written to
-    `token_file` (a volume shared with the agent container only), then serve until SIGTERM."""
+def gateway_run_spec(environ: Mapping[str, str] | None = None) -> RunSpec:
+    """The run's spec as the pod manifest gave this container (`RUN_SPEC_VARIABLE`); `GatewayError` without it."""
+    text = (os.environ if environ is None else environ).get(RUN_SPEC_VARIABLE)
+    if not text:
+        raise GatewayError(
+            f"${RUN_SPEC_VARIABLE} is not set: the gateway takes the run's spec from its own environment (the pod "
+            "manifest sets it), never from the run folder's run.json, which the agent's container can rewrite"
+        )
+    try:
+        return RunSpec.model_validate_json(text)
+    except ValueError as exc:
+        raise GatewayError(f"${RUN_SPEC_VARIABLE} is not a run spec: {exc}") from None
+
+
+async def serve_run_gateway(run_dir: Path, host: str, port: int, token_file: Path, spec: RunSpec) -> None:
+    """The pod's gateway sidecar: the run's provider and budgets from `spec` (`gateway_run_spec`: this container's
+    environment, not the run folder's run.json, which the agent writes), its key from this container's environment,
+    the spend so far from the run's checkpoint (a resumed run goes on counting); the token written to `token_file` (a
+    volume shared with the agent container only), then serve until SIGTERM."""
     import signal
 
     from labkube.agent.checkpoint import Checkpoint
@@ -119,10 +140,9 @@ async def serve_run_gateway(run_dir: Path, host: str, port: int, token_file: Pat
     from labkube.store import RunDir, read_model
 
     rd = RunDir(run_dir)
-    spec = rd.spec()
+    ckpt = read_model(rd.checkpoint_json, Checkpoint)
     ref = parse_model(spec.model)
     family, upstream = upstream_for(ref, api_key_for(ref, spec))
-    ckpt = read_model(rd.checkpoint_json, Checkpoint)
     config = run_config(spec, family, upstream)
     state = GatewayState(spend=ckpt.spend.model_copy(deep=True) if ckpt else Spend())
     before, after = world_clock_hooks(os.environ.get("LABKUBE_WORLD_URL"), spec.think_time_s, world_control_token())

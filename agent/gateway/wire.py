@@ -38,6 +38,10 @@ import httptools
 
 # A request head past this size is refused (431), as aiohttp's server refused one past 8 KB a line.
 MAX_HEAD_BYTES = 64 * 1024
+# What the bodies of all the requests a server holds (arriving, waiting, being answered) may add up to: past it, a
+# request is refused (503, retried by the SDKs) rather than held, so that N agents' connections cannot take the
+# gateway's memory (a pod's sidecar has 512 Mi) however slowly they send.
+MAX_HELD_BYTES = 128 * 1024 * 1024
 # A streamed answer the agent does not read fast enough is buffered up to this before the provider's socket waits.
 UPSTREAM_BUFFER_BYTES = 1024 * 1024
 
@@ -69,6 +73,9 @@ class Request:
 
 
 Handler = Callable[[Request, "Reply"], Awaitable[None]]
+# Asked with a request's method, path and headers once its head has arrived, before a byte of its body is read:
+# None admits it; a refusal (status, JSON body) is sent and the connection closed with the body unread.
+Admit = Callable[[str, str, dict[str, str]], tuple[int, bytes] | None]
 
 
 def _header_dict(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
@@ -167,6 +174,7 @@ class _AgentConnection(asyncio.Protocol):
         self.waiting: deque[tuple[Request, bool]] = deque()
         self.task: asyncio.Task[None] | None = None
         self._refusal: tuple[int, str] | None = None
+        self._refusal_body: bytes | None = None  # the admission's own answer (`Admit`), else a one-line error
         self._start_message()
 
     def _start_message(self) -> None:
@@ -175,7 +183,7 @@ class _AgentConnection(asyncio.Protocol):
         self._headers: dict[str, str] = {}
         self._head_bytes = 0
         self._body: list[bytes] = []
-        self._body_bytes = 0
+        self._body_bytes = 0  # counted in the server's `held` until the request's answer ends (`_release`)
 
     # -- asyncio's side
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -185,6 +193,8 @@ class _AgentConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.server.connections.discard(self)
+        if self.task is None:  # else `_serve` lets go of what its requests hold as it ends
+            self._release_all()
         if self._drain is not None and not self._drain.done():
             self._drain.set_exception(AgentClosed("the agent closed the connection"))
 
@@ -203,6 +213,7 @@ class _AgentConnection(asyncio.Protocol):
         await self._drain
 
     def data_received(self, data: bytes) -> None:
+        self.server.received += len(data)
         if self._refusal is not None:
             return
         try:
@@ -217,7 +228,7 @@ class _AgentConnection(asyncio.Protocol):
         connection closed."""
         self._refusal = (status, message)
         if self.task is None:
-            body = json.dumps({"error": f"labkube gateway: {message}"}).encode()
+            body = self._refusal_body or json.dumps({"error": f"labkube gateway: {message}"}).encode()
             Reply(self, keep_alive=False).send(status, {"content-type": "application/json"}, body)
         self.transport.close()
 
@@ -241,6 +252,17 @@ class _AgentConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self._headers = _header_dict(self._raw_headers)
+        admit = self.server.admit
+        if admit is not None:  # before the body: a caller without the run's token never has one read or held
+            try:
+                path = httptools.parse_url(self._url).path or b"/"
+            except httptools.HttpParserInvalidURLError:
+                self._refusal = (400, "malformed request target")
+                raise
+            refused = admit(self.parser.get_method().decode("latin-1"), path.decode("latin-1"), self._headers)
+            if refused is not None:
+                self._refusal, self._refusal_body = (refused[0], "refused"), refused[1]
+                raise ValueError("not admitted")
         length = self._headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.server.max_body:
             self._refusal = (413, f"request body over {self.server.max_body} bytes")
@@ -249,10 +271,15 @@ class _AgentConnection(asyncio.Protocol):
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
-        self._body_bytes += len(body)
-        if self._body_bytes > self.server.max_body:
+        if self._body_bytes + len(body) > self.server.max_body:
             self._refusal = (413, f"request body over {self.server.max_body} bytes")
             raise ValueError("body too large")
+        server = self.server
+        if server.held + len(body) > server.max_held:
+            self._refusal = (503, f"the gateway holds {server.max_held} bytes of request bodies already; try again")
+            raise ValueError("too much held")
+        self._body_bytes += len(body)
+        server.held += len(body)
         self._body.append(body)
 
     def on_message_complete(self) -> None:
@@ -268,9 +295,17 @@ class _AgentConnection(asyncio.Protocol):
             headers=self._headers,
             body=b"".join(self._body),  # one piece: that piece itself, not a copy
         )
+        self._body, self._body_bytes = [], 0  # held now as the waiting request's body
         self.waiting.append((request, self.parser.should_keep_alive()))
         if self.task is None:
             self.task = asyncio.get_running_loop().create_task(self._serve())
+
+    def _release_all(self) -> None:
+        """What this connection's requests still hold of the server's `held`: the one arriving and those waiting."""
+        self.server.held -= self._body_bytes + sum(len(request.body) for request, _ in self.waiting)
+        self._body_bytes = 0
+        self._body = []
+        self.waiting.clear()
 
     async def _serve(self) -> None:
         try:
@@ -287,6 +322,8 @@ class _AgentConnection(asyncio.Protocol):
                     else:
                         self.transport.close()
                         return
+                finally:
+                    self.server.held -= len(request.body)
                 if not reply.ended:  # a stream that broke off: the agent sees it end without its last chunk
                     self.transport.close()
                     return
@@ -295,6 +332,8 @@ class _AgentConnection(asyncio.Protocol):
                     return
         finally:
             self.task = None
+            if self.closed:  # gone while this ran: what its other requests held (`connection_lost` left it here)
+                self._release_all()
 
 
 def unix_listener(path: Path) -> socket.socket:
@@ -325,11 +364,21 @@ def unix_listener(path: Path) -> socket.socket:
 class HttpServer:
     """Serves `handler` on host:port (`start` answers the port it bound) and on any unix sockets (`start_unix`: a
     sandboxed agent's way in). `close` stops listening, closes idle connections, gives the requests being answered
-    `grace_s` to finish, then cuts them."""
+    `grace_s` to finish, then cuts them.
 
-    def __init__(self, handler: Handler, max_body: int) -> None:
+    `admit` (the gateway's token check) sees each request's head before its body is read; `max_body` bounds one
+    request's body (413) and `max_held` what all the connections' requests hold together (503). `received` counts
+    the bytes read from agents, `held` the bodies held now."""
+
+    def __init__(
+        self, handler: Handler, max_body: int, admit: Admit | None = None, max_held: int = MAX_HELD_BYTES
+    ) -> None:
         self.handler = handler
         self.max_body = max_body
+        self.admit = admit
+        self.max_held = max_held
+        self.held = 0
+        self.received = 0
         self.connections: set[_AgentConnection] = set()
         self._servers: list[asyncio.Server] = []
 

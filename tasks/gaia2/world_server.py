@@ -66,6 +66,10 @@ CONTROL_ROUTES = frozenset(
         ("POST", "/are_agent"),
     }
 )
+# A request body past this is refused (413) unread; a control request without the token is refused (403) with its
+# body read only up to REFUSED_BODY_BYTES (to keep its connection), else unread with the connection closed.
+MAX_BODY_BYTES = 32 * 1024 * 1024
+REFUSED_BODY_BYTES = 64 * 1024
 log = logging.getLogger("labkube.world")
 
 
@@ -85,6 +89,8 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        if self.close_connection:  # its body left unread: the client is told this connection ends here
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(data)
 
@@ -122,13 +128,24 @@ class Handler(BaseHTTPRequestHandler):
             ("POST", "/are_agent"): s.run_are_agent,
         }
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
-        # The body is read whatever the answer: left unread, a refused request's body would be read from this
-        # kept-alive connection as the next request.
+        # The body is read whatever the answer (left unread, a refused request's body would be read from this
+        # kept-alive connection as the next request), but only once the head says it may be: one over
+        # MAX_BODY_BYTES, or a control request without the token whose body is over REFUSED_BODY_BYTES, is answered
+        # with the connection closed and its body unread (the agent's shell reaches this port: it must not make the
+        # world hold what it sends).
         try:
             length = int(self.headers.get("Content-Length") or 0) if method == "POST" else 0
         except ValueError:
             self.close_connection = True
             self._send(400, {"error": f"Content-Length is not a number: {self.headers.get('Content-Length')!r}"})
+            return
+        allowed = (method, path) not in CONTROL_ROUTES or self._controller()
+        if not allowed and length > REFUSED_BODY_BYTES:
+            self.close_connection = True
+            length = 0
+        elif length > MAX_BODY_BYTES:
+            self.close_connection = True
+            self._send(413, {"error": f"the request body is over {MAX_BODY_BYTES} bytes"})
             return
         raw = self.rfile.read(length) if length > 0 else b""
         try:
@@ -136,7 +153,7 @@ class Handler(BaseHTTPRequestHandler):
             if route is None:
                 known = ", ".join(f"{m} {p}" for m, p in routes)
                 raise ProtocolError(404, f"no endpoint {method} {path} (endpoints: {known})")
-            if (method, path) in CONTROL_ROUTES and not self._controller():
+            if not allowed:
                 raise ProtocolError(
                     403,
                     f"{method} {path} is the run's controller's, and this request does not carry its control token "
