@@ -11,6 +11,7 @@ from pathlib import Path
 from labkube.agent.messages import Message
 from labkube.budgets import Budgets
 from labkube.run_spec import RunSpec
+from labkube.sandbox import agent_workspace
 from labkube.task_card import Resources, TaskCard
 
 SYSTEM = """You are a research agent working autonomously on an open research task in a sandboxed \
@@ -110,6 +111,9 @@ def task_prompt(card: TaskCard, workspace_description: str, budgets: Budgets, id
 
 
 def initial_messages(card: TaskCard, spec: RunSpec, workspace: Path) -> list[Message]:
+    """The run's first messages; `workspace` (the host path) is named as the agent sees it: `/workspace` in the local
+    sandbox (labkube/sandbox.py), else its own path."""
+    workspace = agent_workspace(spec.sandbox, workspace)
     if card.gaia2 is not None:  # the user's request arrives as the world's first notification
         from labkube.agent.rg.world_session import SYSTEM as WORLD_SYSTEM
 

@@ -1,10 +1,10 @@
 """A run's local sandbox: what its agent's processes see, built from the run's folder, task environment and GPUs.
 
 The mechanism and the policy document are the spine's (`labkube/sandbox.py`); this module decides, for one run,
-what goes in it: the workspace read-write, the task environment's interpreter and packages read-only, a private HOME
-and /tmp kept in the run folder (`<run>/sandbox/`) so they last from one command to the next, the run's own GPU
-nodes, and nothing else of the host. labkube's own package is hidden inside the interpreter's folder it shares (its
-bundled tasks carry their oracles).
+what goes in it: the workspace read-write at `/workspace` (`SANDBOX_WORKSPACE`, the same path in every run), the
+task environment's interpreter and packages read-only, a private HOME and /tmp kept in the run folder
+(`<run>/sandbox/`) so they last from one command to the next, the run's own GPU nodes, and nothing else of the host.
+labkube's own package is hidden inside the interpreter's folder it shares (its bundled tasks carry their oracles).
 
 A task with `network: proxy` gets HTTP and HTTPS for its commands through the run's proxy (agent/sandbox_proxy.py), a
 server outside the sandbox on a unix socket in `<run>/sandbox/sockets/`: each command starts behind
@@ -148,7 +148,8 @@ def run_room(
     tmp.mkdir(parents=True, exist_ok=True)
     gpus = gpu_device_nodes(gpu_minors) if spec.gpus > 0 and os.environ.get("CUDA_VISIBLE_DEVICES") else ()
     policy = SandboxPolicy(
-        writable=(workspace.resolve(), *writable),
+        workspace=workspace.resolve(),  # at SANDBOX_WORKSPACE: its host path says nothing to the agent
+        writable=writable,
         read_only=(*seen, *read_only),
         masked=masked,
         home=home,

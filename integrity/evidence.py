@@ -26,6 +26,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from labkube.result import RunResult
+from labkube.sandbox import SANDBOX_WORKSPACE
 from labkube.store import read_model, utcnow, write_model
 from labkube.task_card import TaskCard
 from labkube.tasks.workspace import PRISTINE_REF, SAFE_DIFF, pristine_is_empty, record_git
@@ -144,7 +145,15 @@ def file_mtime(path: Path) -> datetime | None:
 
 
 def normpath(path: str) -> str:
-    return os.path.normpath(path) if path.startswith("/") else os.path.normpath(path).removeprefix("./")
+    """A path a tool call named, normalised; one under `/workspace` (the workspace in the run's sandbox) as the
+    task-relative path it is."""
+    if path.startswith("/"):
+        normal = os.path.normpath(path)
+        inside = Path(normal)
+        if inside.is_relative_to(SANDBOX_WORKSPACE):
+            return inside.relative_to(SANDBOX_WORKSPACE).as_posix()
+        return normal
+    return os.path.normpath(path).removeprefix("./")
 
 
 def _git(workspace: Path, index: Path, *args: str) -> str:

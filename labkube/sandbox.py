@@ -31,10 +31,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = [
     "BWRAP_VARIABLE",
+    "SANDBOX_WORKSPACE",
     "SandboxFailed",
     "SandboxMode",
     "SandboxPolicy",
     "SandboxUnavailable",
+    "agent_workspace",
     "find_bwrap",
     "sandbox_argv",
     "sandbox_problem",
@@ -43,6 +45,9 @@ __all__ = [
 
 BWRAP_VARIABLE = "LABKUBE_BWRAP"
 SANDBOX_HOME = "/home/agent"
+# Where a run's workspace is inside every agent sandbox (and, read-only, the grader's): the same path in every run,
+# which says nothing of the campaign's layout on the host.
+SANDBOX_WORKSPACE = Path("/workspace")
 # What a sandbox sees of the system: read-only, at the same paths. Merged-/usr machines have /bin, /lib... as links.
 SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 # /etc files that name the host or hold what no agent should read; the rest of /etc (ld.so, ssl, passwd) programs need.
@@ -73,9 +78,16 @@ class SandboxMode(StrEnum):
         return self is not SandboxMode.none
 
 
+def agent_workspace(mode: SandboxMode, workspace: Path) -> Path:
+    """The workspace's path as the run's agent sees it: `SANDBOX_WORKSPACE` in the local sandbox, else its own."""
+    return SANDBOX_WORKSPACE if mode is SandboxMode.bwrap else workspace
+
+
 class SandboxPolicy(BaseModel):
     """What one sandboxed process may see and reach. Paths are host paths, mounted at the same path inside unless
-    said otherwise; a path that does not exist is left out (`--ro-bind-try`), never an error at start."""
+    said otherwise (`workspace`, at `SANDBOX_WORKSPACE`); a path that does not exist is left out (`--ro-bind-try`),
+    never an error at start. `cwd` is a host path too: one inside `workspace` is the same place under
+    `SANDBOX_WORKSPACE` (`inside`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -92,6 +104,8 @@ class SandboxPolicy(BaseModel):
         "read-write: a folder, not the socket file, so a restarted server is still reached.",
     )
     gpu_devices: tuple[str, ...] = Field(default=(), description="/dev/nvidia* nodes of the run's own GPUs.")
+    workspace: Path | None = Field(default=None, description=f"The run's workspace, mounted at {SANDBOX_WORKSPACE}.")
+    workspace_writable: bool = Field(default=True, description="Whether `workspace` is mounted read-write.")
     cwd: Path
     env: dict[str, str] = Field(default_factory=dict, description="The whole environment; nothing else is inherited.")
 
@@ -104,6 +118,20 @@ class SandboxPolicy(BaseModel):
             if path == Path("/"):
                 raise ValueError("the host's root cannot be bound into a sandbox")
         return paths
+
+    @field_validator("workspace")
+    @classmethod
+    def _workspace(cls, path: Path | None) -> Path | None:
+        if path is not None and (not path.is_absolute() or path == Path("/")):
+            raise ValueError(f"the workspace {path} must be an absolute path other than the host's root")
+        return path
+
+    def inside(self, path: Path) -> Path:
+        """Where the host path `path` is inside the sandbox: under `SANDBOX_WORKSPACE` when it is in `workspace`,
+        else the same path."""
+        if self.workspace is not None and path.is_relative_to(self.workspace):
+            return SANDBOX_WORKSPACE / path.relative_to(self.workspace)
+        return path
 
 
 def find_bwrap() -> str | None:
@@ -240,6 +268,9 @@ def sandbox_argv(
         args += ["--bind", str(path), str(path)]
     for path in policy.writable:
         args += ["--bind", str(path), str(path)]
+    if policy.workspace is not None:
+        bind = "--bind" if policy.workspace_writable else "--ro-bind"
+        args += [bind, str(policy.workspace), str(SANDBOX_WORKSPACE)]
     for node in policy.gpu_devices:
         args += ["--dev-bind-try", node, node]
     if policy.gpu_devices:  # NVML (nvidia-smi, torch's device queries) reads the GPUs' PCI entries
@@ -249,7 +280,7 @@ def sandbox_argv(
         args += ["--setenv", name, value]
     if status_fd is not None:  # bubblewrap writes {"child-pid": N} there once the sandbox is made
         args += ["--json-status-fd", str(status_fd)]
-    args += ["--chdir", str(policy.cwd), "--", *argv]
+    args += ["--chdir", str(policy.inside(policy.cwd)), "--", *argv]
     return args
 
 

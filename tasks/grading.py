@@ -428,7 +428,8 @@ def _one_of_duplicates(table: Table, rows: list[int], col: int, s: Subtask, task
 
 def grader_sandbox(card: TaskCard, workspace: Path, view: Path, env: dict[str, str]) -> SandboxPolicy:
     """The grader's own room: the grading view (the pristine grading files, links into the workspace) read-write as
-    its output folder, the workspace read-only, the task environment and interpreter read-only, a fresh /tmp, no
+    its output folder, the workspace read-only (at its host path, where the view's links lead, and at /workspace,
+    where the agent's own absolute links lead), the task environment and interpreter read-only, a fresh /tmp, no
     network; not the pristine task, not the run's records, not another run."""
     from labkube.tasks.environment import sandbox_read_only
 
@@ -436,7 +437,14 @@ def grader_sandbox(card: TaskCard, workspace: Path, view: Path, env: dict[str, s
     inner = {k: v for k, v in env.items() if not k.startswith(("LABKUBE_", "RAY_"))}
     inner.update(HOME="/tmp", TMPDIR="/tmp")
     return SandboxPolicy(
-        writable=(view.resolve(),), read_only=(workspace.resolve(), *seen), masked=masked, cwd=view.resolve(), env=inner
+        writable=(view.resolve(),),
+        read_only=(workspace.resolve(), *seen),
+        # also where the agent saw it, so that the links it made to /workspace/... lead where they did in its run
+        workspace=workspace.resolve(),
+        workspace_writable=False,
+        masked=masked,
+        cwd=view.resolve(),
+        env=inner,
     )
 
 

@@ -60,9 +60,10 @@ def test_each_cli_runs_its_commands_in_the_workspace_from_inside_the_sandbox(
     under_tmp: Path, cli_binaries: dict[str, Path], agent: str
 ) -> None:
     """`labkube run` with the campaign under /tmp: the CLI's shell command writes its files in the workspace, from
-    inside the sandbox (HOME is the sandbox's, pid 1 is bubblewrap's), and the run is graded and done as usual."""
+    inside the sandbox (HOME is the sandbox's, pid 1 is bubblewrap's, the workspace is at /workspace, which the
+    task's text names), and the run is graded and done as usual."""
     task = make_tiny_task(under_tmp, [])
-    command = "echo $HOME > home.txt; cat /proc/1/comm > init.txt; echo 7 > result.txt"
+    command = "echo $HOME > home.txt; cat /proc/1/comm > init.txt; pwd > pwd.txt; echo 7 > result.txt"
     with FakeLLM(responder=responder(command)) as server:
         ran = labkube(
             "run", str(task), "--model", MODELS[agent], "--agent", agent, "--out", str(under_tmp / "c"),
@@ -76,6 +77,9 @@ def test_each_cli_runs_its_commands_in_the_workspace_from_inside_the_sandbox(
     workspace = rd / "workspace"
     assert (workspace / "home.txt").read_text().strip() == "/home/agent"
     assert (workspace / "init.txt").read_text().strip() == "bwrap"
+    assert (workspace / "pwd.txt").read_text().strip() == "/workspace"
+    sent = json.dumps([r.body for r in server.requests])
+    assert "Your workspace is /workspace " in sent and str(workspace) not in sent
     (tool,) = [e for e in read_jsonl(rd / "transcript.jsonl") if e["type"] == "tool_call"]
     assert tool["tool"] == "bash" and tool["ok"]
 

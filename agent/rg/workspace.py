@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from labkube.agent.rg.tool import ToolError
+from labkube.sandbox import SANDBOX_WORKSPACE
 
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 # Directories on the way are only passed through: O_PATH (Linux) needs no read permission on them.
@@ -40,20 +41,31 @@ class Workspace:
     def __init__(self, root: Path | str) -> None:
         self.root = Path(root).resolve()
         self._given = Path(os.path.abspath(root))  # an absolute path may name the root as it was given
+        # ...or as the agent sees it in the run's sandbox (labkube/sandbox.py): /workspace/x is the workspace's x
+        self._bases = tuple(dict.fromkeys((self.root, self._given, SANDBOX_WORKSPACE)))
+
+    def _from_alias(self, path: str) -> str:
+        """`path` with a leading `/workspace` (the sandbox's name for the root) put as the root's host path."""
+        if os.path.isabs(path):
+            normal = Path(os.path.normpath(path))
+            if normal.is_relative_to(SANDBOX_WORKSPACE) and not normal.is_relative_to(self.root):
+                return str(self.root / normal.relative_to(SANDBOX_WORKSPACE))
+        return path
 
     def resolve(self, path: str, *, must_exist: bool = False) -> Path:
-        """`path` (relative to the workspace, or absolute inside it) as a real path inside the workspace.
+        """`path` (relative to the workspace, or absolute inside it, `/workspace/...` included) as a real path inside
+        the workspace.
 
         Check-then-use: for a process's working directory or a finished run's files. The file tools use `open`,
         `write_bytes` and the other descriptor-based helpers below."""
         if not isinstance(path, str) or not path.strip():
             raise ToolError("path is empty")
-        candidate = Path(path)
+        candidate = Path(self._from_alias(path))
         if not candidate.is_absolute():
             candidate = self.root / candidate
         real = Path(os.path.realpath(candidate))
         if real != self.root and self.root not in real.parents:
-            raise ToolError(f"{path}: outside the workspace ({self.root}); use a path inside it")
+            raise ToolError(f"{path}: outside the workspace; use a path inside it (relative to the workspace)")
         if must_exist and not real.exists():
             raise ToolError(f"{path}: no such file or directory")
         return real
@@ -78,12 +90,12 @@ class Workspace:
         if "\0" in path:
             raise PathError(f"{path!r}: a path cannot hold a NUL byte", "a path cannot hold a NUL byte")
         outside = PathError(
-            f"{path}: outside the workspace ({self.root}); use a path inside it",
+            f"{path}: outside the workspace; use a path inside it (relative to the workspace)",
             "the path leads outside the workspace",
         )
         if os.path.isabs(path):
             normal = Path(os.path.normpath(path))
-            for base in (self.root, self._given):
+            for base in self._bases:
                 if normal == base or base in normal.parents:
                     return normal.relative_to(base).parts
             raise outside

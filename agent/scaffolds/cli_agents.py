@@ -83,7 +83,7 @@ from labkube.budgets import StopReason, Usage
 from labkube.model_ref import parse_model
 from labkube.result import completion_of
 from labkube.run_spec import RunPhase, RunSpec
-from labkube.sandbox import SandboxFailed, SandboxMode, SandboxUnavailable
+from labkube.sandbox import SANDBOX_WORKSPACE, SandboxFailed, SandboxMode, SandboxUnavailable
 from labkube.store import RunDir
 from labkube.task_card import TaskCard
 
@@ -543,7 +543,7 @@ class CliRun:
 
     @property
     def workspace(self) -> Path:
-        return self.rd.workspace.resolve()  # where the sandbox binds it
+        return self.rd.workspace.resolve()  # its host path (the sandbox binds it at SANDBOX_WORKSPACE)
 
     def command(self, prompt: str, session: str | None) -> tuple[list[str], ClaudeCodeEvents | CodexEvents]:
         ref = parse_model(self.spec.model)
@@ -557,7 +557,8 @@ class CliRun:
             return claude_command(self.exe, prompt, settings, session), ClaudeCodeEvents(self.rd.workspace)
         codex_setup(self.home, self.env, route, ref.name, blocked, world_server)
         sandboxed = self.box is not None
-        command = codex_command(self.exe, prompt, self.workspace, ref.name, session, blocked, sandboxed)
+        seen = SANDBOX_WORKSPACE if sandboxed else self.workspace  # where the sandbox binds it, if it has one
+        command = codex_command(self.exe, prompt, seen, ref.name, session, blocked, sandboxed)
         return command, CodexEvents(self.rd.workspace)
 
     async def start(self, command: list[str], stderr: Path) -> tuple[asyncio.subprocess.Process, SandboxStatus | None]:

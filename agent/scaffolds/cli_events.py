@@ -10,11 +10,13 @@ from the provider's answers.
 
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
 from typing import Any
 
 from labkube.agent.transcript import now_iso
+from labkube.sandbox import SANDBOX_WORKSPACE
 
 # Claude Code's tools -> (rg-agent's tool, {its argument: ours})
 CLAUDE_TOOLS: dict[str, tuple[str, dict[str, str]]] = {
@@ -33,9 +35,13 @@ PATH_ARGS = ("path",)
 
 
 def relative(path: Any, workspace: Path) -> Any:
-    """A path inside the workspace as rg-agent writes it (relative); anything else as it is."""
+    """A path inside the workspace (at its host path, or at `/workspace`, where the run's sandbox binds it) as
+    rg-agent writes it (relative); anything else as it is."""
     if not isinstance(path, str) or not path.startswith("/"):
         return path
+    normal = Path(os.path.normpath(path))
+    if normal.is_relative_to(SANDBOX_WORKSPACE) and not workspace.resolve().is_relative_to(SANDBOX_WORKSPACE):
+        return str(normal.relative_to(SANDBOX_WORKSPACE)) or "."
     try:
         return str(Path(path).resolve().relative_to(workspace.resolve())) or "."
     except ValueError:
