@@ -282,10 +282,11 @@ def termination_report(result: RunResult) -> str:
     """`result` as the agent container's termination message: how the operator learns a run's outcome when
     it does not share the pod's volume (another namespace, an emptyDir or a claim per run).
 
-    The score curve and family details stay in the pod's `result.json`; subtasks and the error are dropped or
-    cut, in that order, until the report fits Kubernetes' 4096-byte limit.
+    The score curve, family details and the values a failed run's grader wrote (`values_before_error`, kept for
+    debugging) stay in the pod's `result.json`; subtasks and the error are dropped or cut, in that order, until the
+    report fits Kubernetes' 4096-byte limit.
     """
-    slim = result.model_copy(update={"score_curve": [], "details": {}})
+    slim = result.model_copy(update={"score_curve": [], "details": {}, "values_before_error": []})
     error, message = (result.error or "")[-300:] or None, (result.message or "")[:300] or None
     cut = {"subtasks": [], "error": error, "message": message}
     for update in ({}, {"subtasks": []}, cut):

@@ -16,8 +16,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,8 @@ from fakellm import FakeLLM, Reply
 from test_cli_agents import MODELS, REAL_KEY, provider_env, responder, run_dir_of
 from tinytask import make_run_dir, make_tiny_task
 
+from labkube.agent.run_sandbox import PROXY_VARIABLES
+from labkube.agent.sandbox_proxy import LOOPBACK_FOR_TESTS_VARIABLE
 from labkube.agent.scaffolds.cli_install import CLI_AGENTS, ensure_installed
 from labkube.agent.scaffolds.cli_sandbox import SANDBOX_GATEWAY_PORT
 from labkube.agent.transcript import read_jsonl
@@ -201,6 +205,73 @@ def test_through_its_shell_the_agent_reaches_nothing_of_the_host(
     assert left == [], left
 
 
+class Greeter(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.server.paths.append(self.path)  # type: ignore[attr-defined]
+        body = f"hello from the test server at {self.path}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_a_network_proxy_tasks_cli_reaches_the_web_through_the_runs_proxy(
+    tmp_path: Path, cli_binaries: dict[str, Path], agent: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `network: proxy` task: the CLI's bash command reaches the test's server (on 127.0.0.2, a loopback address
+    outside the CLI's NO_PROXY, allowed by the proxy's test allow-list) through the run's proxy, which writes a
+    `network` line; a blocked URL (its host spelled so the CLI's own URL hook cannot see it) is refused with 403 by
+    the proxy; and the CLI's own calls still reach the gateway on the sandbox's loopback, not through the proxy."""
+    http = ThreadingHTTPServer(("127.0.0.2", 0), Greeter)
+    http.paths = []  # type: ignore[attr-defined]
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    port = http.server_address[1]
+    task = make_tiny_task(tmp_path, [], network="proxy")
+    (task / "blocked_urls.yaml").write_text(json.dumps(["blocked.example"]))
+    rd = make_run_dir(tmp_path, task, model=MODELS[agent], agent=agent)
+    for name in (*PROXY_VARIABLES, "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    command = "; ".join(
+        [
+            f"curl -sS -o got.txt -w '%{{http_code}}' http://127.0.0.2:{port}/from-the-cli > allowed.txt 2>&1",
+            "H=blocked; curl -sS -o /dev/null -w '%{http_code}' http://$H.example/x > refused.txt 2>&1",
+            "env | grep -i _proxy | sort > proxy-env.txt",
+            "echo 7 > result.txt",
+        ]
+    )
+    try:
+        with FakeLLM(responder=responder(command)) as server:
+            ran = labkube(
+                "agent", "--run-dir", str(rd), cwd=tmp_path, timeout=300,
+                env={**provider_env(agent, server), LOOPBACK_FOR_TESTS_VARIABLE: f"127.0.0.2:{port}"},
+            )  # fmt: skip
+            requests = server.requests
+    finally:
+        http.shutdown()
+        http.server_close()
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    result = RunResult.model_validate_json((rd / "result.json").read_text())
+    assert (result.stop_reason.value, result.subtasks[0].raw) == ("done", 7.0), result.error
+    assert len(requests) >= 2  # the model's calls went through the gateway's relay, as ever
+    workspace = rd / "workspace"
+    environ = (workspace / "proxy-env.txt").read_text()
+    assert "HTTPS_PROXY=http://127.0.0.1:3128" in environ and "no_proxy=127.0.0.1,localhost" in environ, environ
+    assert (workspace / "allowed.txt").read_text().strip() == "200"
+    assert (workspace / "got.txt").read_text() == "hello from the test server at /from-the-cli"
+    assert http.paths == ["/from-the-cli"]  # type: ignore[attr-defined]
+    assert (workspace / "refused.txt").read_text().strip() == "403"
+    network = [e for e in read_jsonl(rd / "transcript.jsonl") if e["type"] == "network"]
+    allowed = [e for e in network if e["allowed"]]
+    assert [(e["host"], e["port"]) for e in allowed] == [("127.0.0.2", port)], network
+    refused = [e for e in network if e["host"] == "blocked.example"]
+    assert refused and not refused[0]["allowed"], network
+    assert not (rd / "sandbox" / "sockets" / "proxy.sock").exists()  # the proxy stopped with the run
+
+
 def test_a_sandbox_that_cannot_start_the_cli_is_a_harness_error(tmp_path: Path, cli_binaries: dict[str, Path]) -> None:
     """bubblewrap fails (here a stand-in that says so and exits 1): the CLI never runs, and the run ends as the
     harness's error, with bubblewrap's words, not as the agent's `done`."""
@@ -266,3 +337,45 @@ def test_the_relay_forwards_connections_signals_and_the_clis_exit(tmp_path: Path
         upstream.close()
     done = subprocess.run([*relay, str(path), str(port), "--", "sh", "-c", "exit 3"], timeout=30, check=False)
     assert done.returncode == 3
+
+
+def test_the_relay_forwards_several_ports_each_to_its_own_socket(tmp_path: Path) -> None:
+    """`forward SOCKET PORT SOCKET PORT -- ARGV` (the gateway's and the proxy's, for a `network: proxy` task): both
+    ports listen before the command starts, each reaching its own socket; run with `-I -S`, as the CLI's relay is."""
+    from labkube.agent.scaffolds import sandbox_relay
+
+    upstreams, routes = [], []
+    for name in ("gateway", "proxy"):
+        upstream = socket.socket(socket.AF_UNIX)
+        upstream.bind(str(tmp_path / f"{name}.sock"))
+        upstream.listen()
+        upstreams.append(upstream)
+
+        def serve(listener: socket.socket = upstream, reply: bytes = name.encode()) -> None:
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(16)
+                conn.sendall(reply)
+
+        threading.Thread(target=serve, daemon=True).start()
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            routes += [str(tmp_path / f"{name}.sock"), str(probe.getsockname()[1])]
+    client = (
+        "import socket, sys\n"
+        "for port in sys.argv[1:]:\n"
+        "    with socket.create_connection(('127.0.0.1', int(port)), timeout=10) as c:\n"
+        "        c.sendall(b'hi'); print(c.recv(16).decode())\n"
+    )
+    relay = [sys.executable, "-I", "-S", sandbox_relay.__file__, "forward", *routes, "--"]
+    try:
+        done = subprocess.run(
+            [*relay, sys.executable, "-I", "-c", client, routes[1], routes[3]],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+    finally:
+        for upstream in upstreams:
+            upstream.close()
+    assert (done.returncode, done.stdout.split()) == (0, ["gateway", "proxy"]), done.stderr
+    malformed = subprocess.run([*relay[:5], routes[0], "--", "true"], capture_output=True, timeout=30, check=False)
+    assert malformed.returncode == 2

@@ -311,7 +311,8 @@ async def test_401_ends_the_run_with_reason_auth_and_it_is_still_graded(
     result = await run_agent(make_run_dir(tmp_path, task, model="openai:gpt-5"))
     assert result.stop_reason is StopReason.auth
     assert result.status is RunPhase.failed and "authentication" in (result.error or "")
-    assert result.subtasks[0].raw == 3.0  # graded all the same
+    # graded all the same; a model error is an error outcome, so what the grader read is kept apart, not a score
+    assert result.score is None and result.values_before_error[0].raw == 3.0
 
 
 async def test_missing_api_key_is_an_auth_stop(tmp_path: Path, monkeypatch) -> None:

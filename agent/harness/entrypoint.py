@@ -36,7 +36,7 @@ from labkube.agent.rg.web import web_tools
 from labkube.agent.rg.workspace import Workspace
 from labkube.agent.rg.world_errors import WorldFailure
 from labkube.agent.rg.world_session import world_tools
-from labkube.agent.run_sandbox import RunRoom, run_room
+from labkube.agent.run_sandbox import ProxyRoute, run_room
 from labkube.agent.scaffolds.are_default import run_are_default
 from labkube.agent.telemetry import RunTelemetry, start_telemetry
 from labkube.agent.transcript import JsonlLog, now_iso, read_jsonl
@@ -320,7 +320,7 @@ async def run_agent(run_dir: Path, resume: bool = False) -> RunResult:
     write_status(rd, spec, ckpt, RunPhase.running)
 
     error = None
-    proxy = await start_proxy(ctx.room, card, transcript)
+    proxy = await start_proxy(ctx.room.proxy, card, transcript)
     try:
         reason = await run_loop(run)
     except asyncio.CancelledError:
@@ -372,18 +372,18 @@ async def run_agent(run_dir: Path, resume: bool = False) -> RunResult:
     return finalize(rd, spec, card, ckpt, error, telemetry)
 
 
-async def start_proxy(room: RunRoom, card: TaskCard, transcript: JsonlLog) -> SandboxProxy | None:
-    """The proxy of a `network: proxy` task's sandboxed run, at the socket its room's commands are relayed to; every
-    request it sees is a `network` line of the transcript. None where the room has no proxy (`network: none`, or an
-    unsandboxed run, which has the host's network)."""
-    if room.proxy is None:
+async def start_proxy(route: ProxyRoute | None, card: TaskCard, transcript: JsonlLog) -> SandboxProxy | None:
+    """The proxy of a `network: proxy` task's sandboxed run (rg-agent's commands, a vendor CLI), at the socket its
+    room's relay forwards to (`route`); every request it sees is a `network` line of the transcript. None where the
+    room has no proxy (`network: none`, or an unsandboxed run, which has the host's network)."""
+    if route is None:
         return None
     from labkube.agent.sandbox_proxy import NetworkRecord, SandboxProxy, loopback_allowed_for_tests
 
     def record(line: NetworkRecord) -> None:
         transcript.append(line.model_dump(mode="json"))
 
-    proxy = SandboxProxy(room.proxy.socket, card.blocked_urls, record, allow_for_tests=loopback_allowed_for_tests())
+    proxy = SandboxProxy(route.socket, card.blocked_urls, record, allow_for_tests=loopback_allowed_for_tests())
     return await proxy.start()
 
 

@@ -7,8 +7,9 @@ environment has no API key, its configuration lives in the run directory (`cli-h
 transcript lines (`agent/scaffolds/cli_events.py`) and its raw stream is kept in `logs/<agent>.jsonl`.
 
 Locally (`--sandbox bwrap`, the default) the whole CLI runs in the run's sandbox: node and the CLI's installation
-read-only, its config home and the workspace read-write, no network; it reaches the gateway, and in a Gaia2 run the
-world's tools, through unix sockets bound in (agent/scaffolds/cli_sandbox.py says how). A command the sandbox could
+read-only, its config home and the workspace read-write, no network but the task's (`network: proxy`: the run's
+proxy, as for rg-agent's commands); it reaches the gateway, the proxy, and in a Gaia2 run the world's tools, through
+unix sockets bound in (agent/scaffolds/cli_sandbox.py says how). A command the sandbox could
 not start ends the run as a harness error. With `--sandbox none` and in a pod (the gateway a sidecar on the pod's
 loopback, `LABKUBE_GATEWAY_URL`) the CLI runs as a plain subprocess, as before.
 
@@ -19,13 +20,14 @@ silently, and the run ends `done`). Claude Code runs with bypassPermissions (`IS
 `--dangerously-bypass-approvals-and-sandbox`.
 
 Budgets: tokens, dollars and model calls (steps) are the gateway's; wall time is this supervisor's, with the
-gateway's retry back-off given back: past the budget the CLI gets SIGINT, then SIGKILL after a grace period.
-Grading is periodic and final as for any run. Blocked URLs: in labkube's sandbox nothing but the gateway is reachable,
-so no command reaches them; Claude Code also gets deny rules and a PreToolUse hook (`scaffolds/cli_hook.py`,
-rg-agent's own URL rules). Unsandboxed, Codex has no per-URL control, so its own sandbox keeps commands off the
-network when the task blocks URLs (where the kernel allows Codex's sandbox; the pod's NetworkPolicy is the boundary
-on a cluster). A resumed run continues the CLI's own session (`claude --resume`, `codex exec resume`); with no
-session to continue it starts anew and the result says so (`details.cli.restarted`).
+gateway's retry back-off given back: past the budget the CLI gets SIGINT, then SIGKILL after a grace period. Grading
+is periodic and final as for any run. Blocked URLs: in labkube's sandbox nothing but the gateway (and, with `network:
+proxy`, the run's proxy, which refuses them) is reachable, so no command reaches them; Claude Code also gets deny
+rules and a PreToolUse hook (`scaffolds/cli_hook.py`, rg-agent's own URL rules). Unsandboxed, Codex has no per-URL
+control, so its own sandbox keeps commands off the network when the task blocks URLs (where the kernel allows Codex's
+sandbox; the pod's NetworkPolicy is the boundary on a cluster). A resumed run continues the CLI's own session
+(`claude --resume`, `codex exec resume`); with no session to continue it starts anew and the result says so
+(`details.cli.restarted`).
 """
 
 from __future__ import annotations
@@ -85,10 +87,11 @@ from labkube.result import completion_of
 from labkube.run_spec import RunPhase, RunSpec
 from labkube.sandbox import SANDBOX_WORKSPACE, SandboxFailed, SandboxMode, SandboxUnavailable
 from labkube.store import RunDir
-from labkube.task_card import TaskCard
+from labkube.task_card import NetworkAccess, TaskCard
 
 if TYPE_CHECKING:
     from labkube.agent.rg.world_session import WorldSession
+    from labkube.agent.sandbox_proxy import SandboxProxy
     from labkube.result import Grade
 
 log = logging.getLogger(__name__)
@@ -300,8 +303,9 @@ def codex_command(
     blocked: list[str],
     sandboxed: bool = False,
 ) -> list[str]:
-    """`codex exec`. In labkube's sandbox (`sandboxed`) Codex's own is off: there is no network to keep commands off,
-    and it cannot work there (the module's docstring). Unsandboxed, Codex cannot refuse single URLs: when the task
+    """`codex exec`. In labkube's sandbox (`sandboxed`) Codex's own is off: there is no network to keep commands off
+    (a `network: proxy` task's proxy refuses the blocked URLs itself), and it cannot work there (the module's
+    docstring). Unsandboxed, Codex cannot refuse single URLs: when the task
     blocks some, its own sandbox keeps the agent's commands off the network altogether (`workspace-write`,
     network_access = false: the task's packages and data are installed at setup); otherwise commands run as
     rg-agent's do. An unreachable gateway ends the run instead of being retried for ever."""
@@ -365,7 +369,8 @@ async def run_cli_agent(
     state = state or CliState(agent=agent.name, package=agent.package, version=agent.version)
     try:
         minors = hooks.gpu_minors(spec.gpus) if hooks.gpu_minors is not None else None
-        box = cli_sandbox(spec, rd, home, install_dir(agent), minors)
+        outbound = card.network is NetworkAccess.proxy
+        box = cli_sandbox(spec, rd, home, install_dir(agent), minors, outbound_proxy=outbound)
         version, version_env = [str(exe), "--version"], env
         if box is not None:  # the CLI's own code runs in the sandbox only, this too
             version, version_env = box.room.command(version, rd.workspace.resolve(), env)
@@ -391,11 +396,15 @@ async def run_cli_agent(
         )
         await gw.start()
     tools: WorldToolsSocket | None = None
+    proxy: SandboxProxy | None = None
     try:
         route = GatewayRoute(gw.url, gw.config.token)
         if box is not None:
             assert isinstance(gw, ModelGateway)
             await gw.listen_unix(box.gateway_socket)
+            from labkube.agent.harness.entrypoint import start_proxy  # the harness's, rg-agent's commands' too
+
+            proxy = await start_proxy(box.proxy, card, transcript)
             route = GatewayRoute(box.gateway_url, gw.config.token)
             if world is not None:
                 rd.logs.mkdir(parents=True, exist_ok=True)
@@ -411,6 +420,8 @@ async def run_cli_agent(
     finally:
         if tools is not None:
             await tools.close()
+        if proxy is not None:
+            await proxy.close()
         await gw.close()
 
 
@@ -570,7 +581,8 @@ class CliRun:
             if self.box is not None:
                 status_read, status_write = os.pipe()
                 status = SandboxStatus(status_read)
-                command, env = self.box.room.command(self.box.wrap(command), self.workspace, env, status_write)
+                wrapped, inner = self.box.wrap(command), self.box.env(env)
+                command, env = self.box.room.command(wrapped, self.workspace, inner, status_write)
             with stderr.open("ab") as err:
                 proc = await asyncio.create_subprocess_exec(
                     *command,

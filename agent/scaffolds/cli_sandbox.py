@@ -8,6 +8,10 @@ bound in (`<run>/sandbox/sockets/`):
 - `gateway.sock`: the run's model gateway (`ModelGateway.listen_unix`: same routes, same token check). The CLIs speak
   HTTP over TCP only, so the CLI is started by `sandbox_relay.py forward`, which listens on the sandbox's own
   127.0.0.1:SANDBOX_GATEWAY_PORT (the CLI's base URL), passes each connection on to the socket, and runs the CLI.
+- `proxy.sock` (a task with `network: proxy`): the run's outbound HTTP(S) proxy (agent/sandbox_proxy.py), the same
+  one rg-agent's commands get. The same relay listens on the sandbox's 127.0.0.1:SANDBOX_PROXY_PORT for it too, and
+  the CLI's environment names that port as every client's proxy, with the sandbox's loopback (the gateway's relay)
+  left out of it (`NO_PROXY`).
 - `world.sock` (Gaia2): the world's tools and nothing else of the world. Per connection, `labkube world-mcp` (the
   MCP bridge) runs here, outside, with the connection as its stdin and stdout (`WorldToolsSocket`); inside, the CLI's
   MCP server is `sandbox_relay.py stdio`, which only pipes its stdio to that socket. The world's HTTP port (its
@@ -30,16 +34,19 @@ import os
 import shlex
 import signal
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from labkube.agent.gateway.wire import unix_listener
 from labkube.agent.rg.workspace import Workspace
 from labkube.agent.run_sandbox import (
     HELPERS_DIR,
+    PROXY_VARIABLES,
     RELAY,
     SANDBOX_DIR,
+    SANDBOX_PROXY_PORT,
     SOCKETS_DIR,
+    ProxyRoute,
     RunRoom,
     install_helpers,
     run_room,
@@ -70,9 +77,10 @@ START_TIMEOUT_S = 60.0
 class CliSandbox:
     """Where a CLI runs in the run's sandbox (`room`) and how it reaches out of it."""
 
-    room: RunRoom
+    room: RunRoom  # its own proxy left out: the CLI's relay forwards the proxy's port beside the gateway's
     sockets: Path
     helpers: Path
+    proxy: ProxyRoute | None = None  # a `network: proxy` task's way out, served by the harness at proxy.socket
 
     @property
     def gateway_socket(self) -> Path:
@@ -87,9 +95,21 @@ class CliSandbox:
         return f"http://127.0.0.1:{SANDBOX_GATEWAY_PORT}"
 
     def wrap(self, argv: list[str]) -> list[str]:
-        """`argv` (the CLI) started behind the gateway's relay, in the sandbox."""
-        relay = [sandbox_python(), "-I", str(self.helpers / "sandbox_relay.py"), "forward"]
-        return [*relay, str(self.gateway_socket), str(SANDBOX_GATEWAY_PORT), "--", *argv]
+        """`argv` (the CLI) started behind the relay to the gateway (and to the proxy, where the task has one), in
+        the sandbox: `-I -S`, as rg-agent's relay (the `.pth` files of site-packages cost more than the relay)."""
+        relay = [sandbox_python(), "-I", "-S", str(self.helpers / "sandbox_relay.py"), "forward"]
+        routes = [str(self.gateway_socket), str(SANDBOX_GATEWAY_PORT)]
+        if self.proxy is not None:
+            routes += [str(self.proxy.socket), str(SANDBOX_PROXY_PORT)]
+        return [*relay, *routes, "--", *argv]
+
+    def env(self, env: dict[str, str]) -> dict[str, str]:
+        """The CLI's environment in the sandbox: with a proxy, every client's proxy is the relay's port, but not for
+        the sandbox's own loopback, where the gateway's relay listens."""
+        if self.proxy is None:
+            return env
+        direct = "127.0.0.1,localhost"
+        return {**env, **dict.fromkeys(PROXY_VARIABLES, self.proxy.url), "NO_PROXY": direct, "no_proxy": direct}
 
     def world_server(self) -> list[str]:
         """The CLI's MCP server for the world's tools: stdio piped to `world.sock`."""
@@ -110,10 +130,17 @@ class CliSandbox:
 
 
 def cli_sandbox(
-    spec: RunSpec, rd: RunDir, home: Path, install: Path, gpu_minors: list[int] | None = None
+    spec: RunSpec,
+    rd: RunDir,
+    home: Path,
+    install: Path,
+    gpu_minors: list[int] | None = None,
+    outbound_proxy: bool = False,
 ) -> CliSandbox | None:
     """The CLI's room in the run's sandbox, or None where the run has none (`--sandbox none`, a pod). `gpu_minors`:
-    the run's GPUs' device numbers, as for rg-agent's commands (None: every GPU node, when the run holds GPUs)."""
+    the run's GPUs' device numbers, as for rg-agent's commands (None: every GPU node, when the run holds GPUs).
+    `outbound_proxy` (a `network: proxy` task): the CLI reaches the run's proxy, which the harness serves at
+    `box.proxy.socket`."""
     base = rd.root / SANDBOX_DIR
     sockets, helpers = base / SOCKETS_DIR, base / HELPERS_DIR
     room = run_room(
@@ -124,12 +151,13 @@ def cli_sandbox(
         read_only=(install, helpers),
         writable=(home.resolve(),),
         sockets=(sockets,),
+        outbound_proxy=outbound_proxy,
     )
     if not room.sandboxed:
         return None
     sockets.mkdir(parents=True, exist_ok=True)
     install_helpers(rd.root, HELPERS)
-    return CliSandbox(room, sockets, helpers)
+    return CliSandbox(replace(room, proxy=None), sockets, helpers, room.proxy)
 
 
 def write_home_file(home: Path, relative: str, text: str) -> Path:

@@ -4,11 +4,12 @@ The sandbox's network is its own `lo` only, and labkube's package is not in it, 
 standard library and nothing else, copied beside the CLI's helpers (`agent/scaffolds/cli_sandbox.py`) and run by
 path with the interpreter bound in the sandbox (`python -I sandbox_relay.py ...`).
 
-    forward SOCKET PORT -- ARGV...   listen on the sandbox's own 127.0.0.1:PORT and pass every connection on to
-                                     SOCKET (the model gateway; the CLIs speak HTTP over TCP only), then run ARGV
-                                     (the CLI) in a process group of its own: SIGINT, SIGTERM, SIGHUP and SIGQUIT
-                                     sent here go on to its group, its exit status is this process's, and the
-                                     group is killed when it exits
+    forward SOCKET PORT [SOCKET PORT ...] -- ARGV...
+                                     listen on the sandbox's own 127.0.0.1:PORT and pass every connection on to
+                                     SOCKET, for each pair (the model gateway, the run's proxy; the CLIs speak HTTP
+                                     over TCP only), then run ARGV (the CLI, a command) in a process group of its
+                                     own: SIGINT, SIGTERM, SIGHUP and SIGQUIT sent here go on to its group, its exit
+                                     status is this process's, and the group is killed when it exits
     stdio SOCKET                     this process's stdin and stdout to SOCKET and back (an MCP server over stdio
                                      for the CLI, served outside the sandbox: the world's tools of a Gaia2 run)
 """
@@ -85,9 +86,10 @@ def accept_forever(listener: socket.socket, target: str) -> None:
         Pair(conn, upstream)
 
 
-def forward(target: str, port: int, argv: list[str]) -> int:
-    listener = socket.create_server(("127.0.0.1", port), backlog=64)
-    threading.Thread(target=accept_forever, args=(listener, target), daemon=True).start()
+def forward(routes: list[tuple[str, int]], argv: list[str]) -> int:
+    for target, port in routes:  # every port listens before the command starts
+        listener = socket.create_server(("127.0.0.1", port), backlog=64)
+        threading.Thread(target=accept_forever, args=(listener, target), daemon=True).start()
     child = subprocess.Popen(argv, start_new_session=True)
 
     def pass_on(signum: int, _frame: object) -> None:
@@ -129,9 +131,20 @@ def stdio(target: str) -> int:
     return 0
 
 
+def forward_routes(args: list[str]) -> tuple[list[tuple[str, int]], list[str]] | None:
+    """`SOCKET PORT [SOCKET PORT ...] -- ARGV...` as its (socket, port) pairs and ARGV; None if malformed."""
+    if "--" not in args:
+        return None
+    split = args.index("--")
+    pairs, argv = args[:split], args[split + 1 :]
+    if not pairs or len(pairs) % 2 or not argv or not all(p.isdigit() for p in pairs[1::2]):
+        return None
+    return [(pairs[i], int(pairs[i + 1])) for i in range(0, len(pairs), 2)], argv
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) >= 6 and argv[1] == "forward" and argv[4] == "--":
-        return forward(argv[2], int(argv[3]), argv[5:])
+    if len(argv) >= 2 and argv[1] == "forward" and (parsed := forward_routes(argv[2:])) is not None:
+        return forward(*parsed)
     if len(argv) == 3 and argv[1] == "stdio":
         return stdio(argv[2])
     print(__doc__, file=sys.stderr)
