@@ -196,8 +196,8 @@ def connect(
     metrics and health ports; the token stops whatever gets past a policy (docs/kubernetes.md, "Security
     model"). The embedded node hosts the supervisors (SUPERVISOR) and declares `pod_gpus` as POD_GPU.
     With `address`, a RAY_AUTH_TOKEN in the environment (the chart maps the cluster's Secret there) turns
-    token authentication on. Otherwise (`labkube run` on a workstation) auth stays off unless RAY_AUTH_MODE
-    says so."""
+    token authentication on. `labkube run` on a workstation starts Ray with token authentication and a fresh
+    token, unless RAY_AUTH_MODE=disabled says otherwise; a cluster it connects to without a token is as it is."""
     init_args: dict[str, object] = {}
     resources = {SLOT: float(concurrency)}
     if pod_gpus:
@@ -211,6 +211,14 @@ def connect(
         resources[SUPERVISOR] = float(MAX_ACTORS)
     elif address and os.environ.get("RAY_AUTH_TOKEN"):
         _use_token(os.environ["RAY_AUTH_TOKEN"])
+    elif not address and os.environ.get("RAY_AUTH_MODE", "token") != "disabled":
+        import secrets
+
+        # The Ray labkube starts on this machine takes a fresh token only this process and its children hold (the
+        # agent's commands get no RAY_ variable: agent/rg/tools.py), so nothing else on the machine can start work in
+        # it; RAY_AUTH_MODE=disabled opts out.
+        _use_token(os.environ.get("RAY_AUTH_TOKEN") or secrets.token_hex(32))
+        init_args["num_cpus"] = 1
     else:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         # No run or supervisor takes a CPU resource (runs hold SLOT): one CPU makes Ray prestart the one worker the

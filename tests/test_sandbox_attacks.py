@@ -364,3 +364,30 @@ async def test_a_background_job_runs_whole_in_the_sandbox_and_a_failed_one_is_th
     monkeypatch.setenv("LABKUBE_BWRAP", str(fake))
     with pytest.raises(SandboxFailed, match="background job: bwrap: Can't bind mount"):
         await start_async(ctx)({"command": "echo never"})
+
+
+def test_the_ray_labkube_starts_takes_work_only_with_its_token(tmp_path: Path) -> None:
+    """Even an unsandboxed agent (`--sandbox none`, on the host's network and /tmp) cannot start work in the
+    campaign's own Ray: labkube starts it with token authentication and a fresh token its agents never get.
+    (The test suite runs with RAY_AUTH_MODE=disabled; this test runs `labkube run` as a user would, without it.)"""
+    import subprocess
+    import sys
+
+    attempt = (
+        f"{sys.executable} -c \"import ray; ray.init(address='auto', logging_level='ERROR'); "
+        "print('REACHED', ray.get(ray.remote(lambda: 1).remote()))\" 2>&1 | tail -1; env | grep -c '^RAY_'"
+    )
+    plan = tmp_path / "plan.jsonl"
+    plan.write_text(json.dumps({"type": "model_call", "message": {"tool_calls": [bash(attempt)]}}) + "\n")
+    out = tmp_path / "c"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    proc = subprocess.run(
+        [sys.executable, "-P", "-m", "labkube", "run", "researchgym/continual-learning-lite", "--model",
+         f"replay:{plan}", "--sandbox", "none", "--out", str(out)],
+        cwd=tmp_path, env={**env, "COLUMNS": "200"}, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    transcript = next((out / "runs").glob("*/transcript.jsonl")).read_text().splitlines()
+    (said,) = [json.loads(line)["output"] for line in transcript if '"tool_call"' in line and '"bash"' in line]
+    assert "REACHED" not in said, said
+    assert said.splitlines()[-2] == "0", said  # no RAY_ variable (the token least of all) in the agent's commands

@@ -61,7 +61,7 @@ class ToolContext:
         env = {
             k: v
             for k, v in os.environ.items()
-            if not k.endswith("_API_KEY") and not k.startswith("LABKUBE_") and k not in self.secret_vars
+            if not k.endswith("_API_KEY") and not k.startswith(("LABKUBE_", "RAY_")) and k not in self.secret_vars
         }
         if TOKEN_VARIABLE in os.environ:  # how the run's processes are found at its end (agent/containment.py)
             env[TOKEN_VARIABLE] = os.environ[TOKEN_VARIABLE]
