@@ -31,14 +31,18 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel
 
+if TYPE_CHECKING:
+    from labkube.agent.run_sandbox import ProxyRoute
+    from labkube.task_card import TaskCard
+
 from labkube.agent.blocked_urls import is_blocked
 from labkube.agent.gateway.wire import unix_listener
-from labkube.agent.transcript import now_iso
+from labkube.agent.transcript import JsonlLog, now_iso
 
 __all__ = [
     "LOOPBACK_FOR_TESTS_VARIABLE",
@@ -517,3 +521,17 @@ async def answer(writer: asyncio.StreamWriter, refusal: Refused) -> None:
     with contextlib.suppress(OSError, RuntimeError):
         writer.write(head.encode() + body)
         await asyncio.wait_for(writer.drain(), 5.0)
+
+
+async def start_proxy(route: ProxyRoute | None, card: TaskCard, transcript: JsonlLog) -> SandboxProxy | None:
+    """The proxy of a `network: proxy` task's sandboxed run (rg-agent's commands, a vendor CLI), at the socket its
+    room's relay forwards to (`route`); every request it sees is a `network` line of the transcript. None where the
+    room has no proxy (`network: none`, or an unsandboxed run, which has the host's network)."""
+    if route is None:
+        return None
+
+    def record(line: NetworkRecord) -> None:
+        transcript.append(line.model_dump(mode="json"))
+
+    proxy = SandboxProxy(route.socket, card.blocked_urls, record, allow_for_tests=loopback_allowed_for_tests())
+    return await proxy.start()

@@ -36,7 +36,7 @@ from labkube.agent.rg.web import web_tools
 from labkube.agent.rg.workspace import Workspace
 from labkube.agent.rg.world_errors import WorldFailure
 from labkube.agent.rg.world_session import world_tools
-from labkube.agent.run_sandbox import ProxyRoute, run_room
+from labkube.agent.run_sandbox import run_room
 from labkube.agent.scaffolds.are_default import run_are_default
 from labkube.agent.telemetry import RunTelemetry, start_telemetry
 from labkube.agent.transcript import JsonlLog, now_iso, read_jsonl
@@ -61,7 +61,6 @@ from labkube.tasks.scoring import primary_scores
 from labkube.tasks.workspace import record_git
 
 if TYPE_CHECKING:
-    from labkube.agent.sandbox_proxy import SandboxProxy
     from labkube.integrity import WorkspaceChanges
 
 from labkube.agent.harness.gaia2_run import gaia2_grade, judge_failure, start_gaia2
@@ -320,7 +319,11 @@ async def run_agent(run_dir: Path, resume: bool = False) -> RunResult:
     write_status(rd, spec, ckpt, RunPhase.running)
 
     error = None
-    proxy = await start_proxy(ctx.room.proxy, card, transcript)
+    proxy = None
+    if ctx.room.proxy is not None:  # only a `network: proxy` task's run loads the proxy (and the gateway's wire)
+        from labkube.agent.sandbox_proxy import start_proxy
+
+        proxy = await start_proxy(ctx.room.proxy, card, transcript)
     try:
         reason = await run_loop(run)
     except asyncio.CancelledError:
@@ -370,21 +373,6 @@ async def run_agent(run_dir: Path, resume: bool = False) -> RunResult:
     transcript.close()
     conversation.close()
     return finalize(rd, spec, card, ckpt, error, telemetry)
-
-
-async def start_proxy(route: ProxyRoute | None, card: TaskCard, transcript: JsonlLog) -> SandboxProxy | None:
-    """The proxy of a `network: proxy` task's sandboxed run (rg-agent's commands, a vendor CLI), at the socket its
-    room's relay forwards to (`route`); every request it sees is a `network` line of the transcript. None where the
-    room has no proxy (`network: none`, or an unsandboxed run, which has the host's network)."""
-    if route is None:
-        return None
-    from labkube.agent.sandbox_proxy import NetworkRecord, SandboxProxy, loopback_allowed_for_tests
-
-    def record(line: NetworkRecord) -> None:
-        transcript.append(line.model_dump(mode="json"))
-
-    proxy = SandboxProxy(route.socket, card.blocked_urls, record, allow_for_tests=loopback_allowed_for_tests())
-    return await proxy.start()
 
 
 def run_capabilities(card: TaskCard, spec: RunSpec) -> list[str]:

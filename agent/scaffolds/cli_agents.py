@@ -402,7 +402,7 @@ async def run_cli_agent(
         if box is not None:
             assert isinstance(gw, ModelGateway)
             await gw.listen_unix(box.gateway_socket)
-            from labkube.agent.harness.entrypoint import start_proxy  # the harness's, rg-agent's commands' too
+            from labkube.agent.sandbox_proxy import start_proxy  # the one rg-agent's commands get too
 
             proxy = await start_proxy(box.proxy, card, transcript)
             route = GatewayRoute(box.gateway_url, gw.config.token)
