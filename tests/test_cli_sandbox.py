@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ import pytest
 from cli_helpers import labkube
 from fakellm import FakeLLM, Reply
 from test_cli_agents import MODELS, REAL_KEY, provider_env, responder, run_dir_of
+from test_sandbox_network import Greeter  # the same test server the network tests use
 from tinytask import make_run_dir, make_tiny_task
 
 from labkube.agent.run_sandbox import PROXY_VARIABLES
@@ -221,19 +222,6 @@ def test_through_its_shell_the_agent_reaches_nothing_of_the_host(
     while (left := host_processes_with(f"sleep {marker}")) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert left == [], left
-
-
-class Greeter(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        self.server.paths.append(self.path)  # type: ignore[attr-defined]
-        body = f"hello from the test server at {self.path}".encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
 
 
 @pytest.mark.parametrize("agent", AGENTS)
