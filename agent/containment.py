@@ -510,3 +510,28 @@ def end_run_processes() -> set[int]:
         return kill_pids(root=os.getpid())
     me = _stat(os.getpid())
     return kill_pids(token=os.environ.get(TOKEN_VARIABLE), root=os.getpid(), since=me[2] if me is not None else None)
+
+
+def end_the_rest_of_the_container(wait_s: float = KILL_WAIT_S) -> set[int] | None:
+    """As PID 1 of a container (a grading pod's `labkube agent --finalize`): SIGKILL every other process of its pid
+    namespace, reaping them, until none is left; what is still alive after `wait_s` (stuck in uninterruptible sleep)
+    is returned. None, having killed nothing, where this process is not PID 1: its /proc then shows processes that are
+    not its container's (a test's kubelet runs pods as host processes), and `end_run_processes` is what ends a run's.
+
+    A grading pod runs the task's grader, which may run the agent's code: a process it left (double-forked, its
+    environment cleared, so no token finds it) could rewrite the result after labkube wrote it, or the container's
+    termination message itself. With every other process gone, nothing but labkube writes either from then on."""
+    if os.getpid() != 1:
+        return None
+    deadline = time.monotonic() + wait_s
+    while True:
+        others = {p for p in _pids() if p != 1 and alive(p)}
+        reap_children()
+        if not others:
+            return set()
+        if time.monotonic() > deadline:
+            return others
+        for pid in others:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.02)

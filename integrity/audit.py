@@ -64,7 +64,7 @@ def audit_run(
         spec = rd.spec()
     if card is None:
         card = card_for_run(spec.task, spec.task_path, spec.task_id, spec.family, spec.task_overlay)
-    ev = gather(card, rd.root, changed, result)
+    ev = gather(card, rd.root, changed, result, spec.idea_hint)
     violations, checks = run_checks(ev)
     inspector = None
     if judge_model:

@@ -6,9 +6,12 @@ the run ends (`record_workspace_files`): every changed file's content id and its
 own mtime is not evidence after that: `cp -r` of a campaign, a restore from a backup or a sync to another machine
 resets it, and a re-audit would see logs "written" long after every command ended.
 
-The changes are taken against labkube's own record of the pristine task (`<run>/workspace.git`, tasks/workspace.py),
-never with the agent's `.git`: its config could run the agent's code in labkube's `git`, and its tag could be moved to
-the agent's last commit, leaving nothing to see. A run without that record says so (`MissingRecord`).
+The changes are taken against labkube's own record of the pristine task, never with the agent's `.git`: its config
+could run the agent's code in labkube's `git`, and its tag could be moved to the agent's last commit, leaving nothing
+to see. When the run's task is known (a run ending, `labkube audit`), that record is made again from the task in a
+private directory and compared with a copy of the workspace's files (`private_workspace`): on a cluster the agent's
+container can write the run folder's `workspace.git` too. Without the task, the run folder's record is read
+(`<run>/workspace.git`); a run without that record says so (`MissingRecord`).
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from labkube.result import RunResult
 from labkube.sandbox import SANDBOX_WORKSPACE
 from labkube.store import read_model, utcnow, write_model
 from labkube.task_card import TaskCard
-from labkube.tasks.workspace import PRISTINE_REF, SAFE_DIFF, pristine_is_empty, record_git
+from labkube.tasks import PristineTask
+from labkube.tasks.workspace import PRISTINE_REF, SAFE_DIFF, pristine_is_empty, private_workspace, record_repository
 
 PATCH_PATHS = re.compile(r"^\*\*\* (?:Add File|Update File|Delete File|Move to): (.+?)\s*$", re.MULTILINE)
 # Compiled as the module is imported (in the agent zygote, once for every run it forks), not on each run's audit.
@@ -55,6 +59,10 @@ class WorkspaceFiles(BaseModel):
 
     recorded_at: datetime
     files: dict[str, RecordedFile] = Field(default_factory=dict)
+    skipped: list[str] = Field(
+        default_factory=list,
+        description="What the copy of the workspace left out and why: a FIFO, socket, device, unreadable file.",
+    )
 
 
 @dataclass
@@ -156,36 +164,59 @@ def normpath(path: str) -> str:
     return os.path.normpath(path).removeprefix("./")
 
 
-def _git(workspace: Path, index: Path, *args: str) -> str:
-    """`git args` on labkube's record of `workspace` (never the agent's `.git`), in the scratch `index`: a
-    `RuntimeError` when it fails, `MissingRecord` (one) when the run has no record."""
-    return record_git(workspace, *args, index=index)
-
-
 @dataclass
 class WorkspaceChanges:
     """The workspace against the pristine commit: each changed file, and the diff as text; with `recorded`, the
-    run-end record written of these changes (`record_workspace_files`)."""
+    run-end record written of these changes (`record_workspace_files`). `modified`: each changed file's modification
+    time (None: unknown); `skipped`: what the copy of the workspace left out (`copy_workspace`)."""
 
     changes: list[FileChange]
     diff: str
     recorded: WorkspaceFiles | None = None
+    modified: dict[str, datetime | None] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
 
 
-def workspace_changes(workspace: Path) -> WorkspaceChanges:
-    """Every file added, modified or deleted since the pristine commit in labkube's record, ignored files included,
-    computed in a scratch index (the record's own index and the agent's repository are untouched). The agent's `.git`
-    is not among them: git skips it, as any `.git` in a work tree. A workspace that holds nothing but the agent's
-    repository, whose pristine commit is the empty tree, has no change: known without running `git`."""
+def workspace_changes(workspace: Path, pristine: PristineTask | None = None) -> WorkspaceChanges:
+    """Every file added, modified or deleted since the pristine commit, ignored files included, computed in a scratch
+    index. With `pristine` (the run's task), against a record made again from the task and on a copy of the
+    workspace's files, both private (`private_workspace`): nothing in the run folder but the files' bytes is read.
+    Without it, against the run folder's record (`record_repository`). The agent's `.git` is not among the changes: git
+    skips it, as any `.git` in a work tree. A workspace that holds nothing but the agent's repository, whose pristine
+    commit is the empty tree, has no change: known without running `git`."""
+    if pristine is not None:
+        if pristine.empty and _holds_nothing_but_its_repository(workspace):
+            return WorkspaceChanges([], "")
+        with private_workspace(workspace, pristine.make) as private:
+            found = _changes_against_record(private.workspace)
+            found.modified = {c.path: _link_mtime(private.workspace / c.path) for c in found.changes if c.blob}
+        found.skipped = list(private.skipped)
+        return found
     if _holds_nothing_but_its_repository(workspace) and pristine_is_empty(workspace):
         return WorkspaceChanges([], "")
-    with tempfile.TemporaryDirectory() as tmp:
+    found = _changes_against_record(workspace)
+    found.modified = {c.path: file_mtime(workspace / c.path) for c in found.changes if c.blob}
+    return found
+
+
+def _link_mtime(path: Path) -> datetime | None:
+    """`path`'s own modification time (a link's, not its target's)."""
+    try:
+        return datetime.fromtimestamp(path.lstat().st_mtime, UTC)
+    except OSError:
+        return None
+
+
+def _changes_against_record(workspace: Path) -> WorkspaceChanges:
+    """The changes against labkube's record of `workspace` (never the agent's `.git`): a `RuntimeError` when git
+    fails, `MissingRecord` when there is no record."""
+    with tempfile.TemporaryDirectory() as tmp, record_repository(workspace) as git:
         index = Path(tmp) / "index"
-        _git(workspace, index, "read-tree", PRISTINE_REF)
-        _git(workspace, index, "add", "-A", "-f", "--", ".")
+        git("read-tree", PRISTINE_REF, index=index)
+        git("add", "-A", "-f", "--", ".", index=index)
         diff_args = ("diff", "--cached", "--no-renames", *SAFE_DIFF)
-        raw = _git(workspace, index, *diff_args, "--raw", "--no-abbrev", "-z", PRISTINE_REF, "--")
-        diff = _git(workspace, index, *diff_args, PRISTINE_REF, "--")
+        raw = git(*diff_args, "--raw", "--no-abbrev", "-z", PRISTINE_REF, "--", index=index)
+        diff = git(*diff_args, PRISTINE_REF, "--", index=index)
     changes = []
     fields = raw.split("\0")
     # -z: ":<old mode> <new mode> <old id> <new id> <status>" NUL <path> NUL, per file
@@ -208,18 +239,18 @@ def _holds_nothing_but_its_repository(workspace: Path) -> bool:
         return False
 
 
-def record_workspace_files(run_dir: Path) -> WorkspaceChanges:
+def record_workspace_files(run_dir: Path, pristine: PristineTask | None = None) -> WorkspaceChanges:
     """Write `workspace-files.json`: each changed file's content id and modification time, as the run ends (before
-    anything can copy the run directory). The audit reads a file's time from here, never from the file again.
-    Returns the changes it recorded, which an audit right after may take instead of computing them again."""
-    workspace = run_dir / "workspace"
-    found = workspace_changes(workspace)
+    anything can copy the run directory), against the `pristine` task made again when it is given
+    (`workspace_changes`). The audit reads a file's time from here, never from the file again. Returns the changes
+    it recorded, which an audit right after may take instead of computing them again."""
+    found = workspace_changes(run_dir / "workspace", pristine)
     files = {}
     for change in found.changes:
-        modified = file_mtime(workspace / change.path) if change.blob else None
+        modified = found.modified.get(change.path) if change.blob else None
         if change.blob and modified is not None:
             files[change.path] = RecordedFile(blob=change.blob, modified_at=modified)
-    found.recorded = WorkspaceFiles(recorded_at=utcnow(), files=files)
+    found.recorded = WorkspaceFiles(recorded_at=utcnow(), files=files, skipped=found.skipped)
     write_model(run_dir / WORKSPACE_FILES, found.recorded)
     return found
 
@@ -278,14 +309,19 @@ def process_windows(calls: list[ToolCall], jobs: list[dict[str, Any]], run_end: 
 
 
 def gather(
-    card: TaskCard, run_dir: Path, changed: WorkspaceChanges | None = None, result: RunResult | None = None
+    card: TaskCard,
+    run_dir: Path,
+    changed: WorkspaceChanges | None = None,
+    result: RunResult | None = None,
+    idea_hint: bool = False,
 ) -> Evidence:
     """The evidence of the run in `run_dir`; `changed`: the workspace's changes when the caller has them already
-    (the run-end record's, with nothing run in the workspace since), else they are computed here; `result`: the
-    run's `result.json` as its writer holds it, else it is read here."""
+    (the run-end record's, with nothing run in the workspace since), else they are computed here, against the
+    pristine task made again from `card` (with the run's `idea_hint`); `result`: the run's `result.json` as its
+    writer holds it, else it is read here."""
     workspace = run_dir / "workspace"
     if changed is None:
-        changed = workspace_changes(workspace)
+        changed = workspace_changes(workspace, PristineTask(card, idea_hint))
     calls = read_tool_calls(run_dir / "transcript.jsonl")
     if result is None:
         with contextlib.suppress(FileNotFoundError, ValueError):

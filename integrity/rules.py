@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import stat
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 
 from labkube.agent.blocked_urls import blocked_in_command, is_blocked
 from labkube.integrity.evidence import WORKSPACE_FILES, Evidence, ToolCall, normpath
@@ -331,6 +334,22 @@ def check_blocked_urls(ev: Evidence) -> list[Violation]:
     return found
 
 
+LOG_LIMIT = 64 << 20  # how much of a grader input is read for the run times it claims
+
+
+def read_head(path: Path, limit: int) -> bytes:
+    """The first `limit` bytes of the agent's file `path`: never through a link (to /dev/zero, or out of the run
+    folder), never a FIFO's (which would wait for a writer) or a device's; an `OSError` for those."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path}: not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(limit)
+    finally:
+        os.close(fd)
+
+
 def check_run_durations(ev: Evidence) -> list[Violation]:
     """Logs that claim more compute time than the process that wrote them ran."""
     found = []
@@ -338,7 +357,7 @@ def check_run_durations(ev: Evidence) -> list[Violation]:
         if change.status == "D" or not is_grader_input(change.path):
             continue
         try:
-            text = (ev.workspace / change.path).read_text(errors="replace")
+            text = read_head(ev.workspace / change.path, LOG_LIMIT).decode(errors="replace")
         except OSError:
             continue
         claims = [float(x) for x in CLAIMED_SECONDS.findall(text)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from enum import StrEnum
 
@@ -121,6 +122,40 @@ class Spend(BaseModel):
             self.usd += usd
         elif model not in self.unpriced:
             self.unpriced.append(model)
+
+
+# The gateway's words when it refuses a call because a budget of the run is spent (agent/gateway/state.py `refusal`),
+# which a provider of rg-agent's reads back as that budget's stop (`refused_budget`), never as a rate limit to retry.
+BUDGET_REFUSAL = "labkube: this run's {reason} budget is spent"
+_REFUSED = re.compile(r"labkube: this run's (tokens|usd|steps) budget is spent")
+
+
+def refused_budget(text: str) -> StopReason | None:
+    """The budget a gateway refusal in `text` names; None for any other error."""
+    found = _REFUSED.search(text)
+    return StopReason(found.group(1)) if found else None
+
+
+def spend_floor(*spends: Spend | None) -> Spend:
+    """The least spend consistent with every account in `spends`: field by field the largest (the models without a
+    price, all of them). Spend only grows, so an account lower than another one seen is stale or forged: a run
+    resumed on a cluster starts from this over the cluster's record and its own checkpoint, never from the lower."""
+    known = [s for s in spends if s is not None]
+    if not known:
+        return Spend()
+    return Spend(
+        steps=max(s.steps for s in known),
+        usage=Usage(
+            input=max(s.usage.input for s in known),
+            output=max(s.usage.output for s in known),
+            reasoning=max(s.usage.reasoning for s in known),
+            cached=max(s.usage.cached for s in known),
+        ),
+        usd=max(s.usd for s in known),
+        unpriced=sorted({m for s in known for m in s.unpriced}),
+        partial_calls=max(s.partial_calls for s in known),
+        wall_seconds=max(s.wall_seconds for s in known),
+    )
 
 
 def total_cost(costs: Iterable[float | None]) -> float | None:

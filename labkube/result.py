@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -141,6 +141,10 @@ class GpuUse(BaseModel):
         return self.utilization_sum / self.samples if self.samples else None
 
 
+# How every report labels a score curve whose periodic gradings ran in the agent's pod (`score_curve_source`).
+AGENT_POD_CURVE_LABEL = "the agent pod's own gradings — not the referee's"
+
+
 class RunResult(BaseModel):
     run_id: str
     task: str
@@ -173,6 +177,16 @@ class RunResult(BaseModel):
     subtasks: list[SubtaskScore] = Field(default_factory=list)
     spend: Spend = Field(default_factory=Spend)
     score_curve: list[Grade] = Field(default_factory=list)
+    # Results written before this field existed read as "referee": right for local runs (the sandbox keeps the
+    # agent from the periodic grader), not for one an older labkube finalized in a Kubernetes grading pod, whose
+    # curve came from the agent's checkpoint as well; such a result cannot be told apart from its file alone.
+    score_curve_source: Literal["referee", "agent_pod"] = Field(
+        default="referee",
+        description="Who ran the periodic gradings of `score_curve`: `referee` (labkube, out of the agent's reach: "
+        "a local run's sandbox) or `agent_pod` (a Kubernetes run: they ran inside the agent's pod and the grading "
+        "pod copied them from the agent-writable checkpoint, so they are the agent's own claim, labelled so in every "
+        "report). The final grading (the last point, and `score`) is the grading pod's own either way.",
+    )
     integrity_verdict: str | None = None
     sandbox: SandboxMode | None = Field(
         default=None, description="Where the agent's processes ran: bwrap, none (unsandboxed) or pod; None: unknown."
@@ -215,6 +229,11 @@ class RunResult(BaseModel):
     @property
     def is_error(self) -> bool:
         return self.outcome is not None and self.outcome.is_error
+
+    @property
+    def curve_is_agent_claim(self) -> bool:
+        """The periodic gradings of `score_curve` ran in the agent's pod: its own claim, never the referee's."""
+        return self.score_curve_source == "agent_pod"
 
     @model_validator(mode="after")
     def _derive_outcome(self) -> RunResult:

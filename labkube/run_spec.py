@@ -55,6 +55,23 @@ DEFAULT_AGENT = "rg-agent"
 
 RUN_SPEC_VARIABLE = "LABKUBE_RUN_SPEC"  # a pod's containers get the Run's spec as JSON in this variable
 
+CLUSTER_ACCOUNT_VARIABLE = "LABKUBE_CLUSTER_ACCOUNT"  # a grading pod gets the operator's account of the run
+
+
+class ClusterAccount(BaseModel):
+    """What the operator saw of a run on a cluster, from sources the agent's container cannot write: given to the
+    grading pod (`CLUSTER_ACCOUNT_VARIABLE`), which charges the run with it instead of the checkpoint's account."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    spend: Spend | None = Field(
+        description="The gateway sidecars' reports (the Run's `clusterSpend`); None: no gateway reported (a "
+        "scripted model, which calls no API)."
+    )
+    wall_seconds: float = Field(ge=0, description="The run's pods' time as the API reported it (the GPU ledger).")
+    attempts: int = Field(ge=0, description="Agent pods started.")
+    budget_stop: StopReason | None = Field(default=None, description="The budget a gateway refused calls for.")
+
 
 class RunSpec(BaseModel):
     """What the supervisor hands a sandbox; written as `run.json`."""

@@ -110,12 +110,12 @@ _FILE_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_I
                (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"))  # fmt: skip
 
 
-def read_regular(path: Path) -> bytes:
+def read_regular(path: Path, limit: int | None = None) -> bytes:
     """The bytes of the regular file at `path`, never blocking on what is not one (issue 41: a FIFO named
     status.json froze the supervisor's event loop in its read). Opened without following a last symbolic link and
     without waiting for a FIFO's writer (`O_NOFOLLOW | O_NONBLOCK`), then checked with `fstat` before a byte is
-    read: anything but a regular file raises `NotRegularFile` with a one-line message. FileNotFoundError as
-    `open` raises it."""
+    read: anything but a regular file raises `NotRegularFile` with a one-line message, as does one of more than
+    `limit` bytes (a sparse file of a terabyte is regular too). FileNotFoundError as `open` raises it."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError as exc:
@@ -123,21 +123,27 @@ def read_regular(path: Path) -> bytes:
             raise NotRegularFile(f"{path} is a symbolic link, not a regular file: refused, not followed") from None
         raise
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = next((name for test, name in _FILE_KINDS if test(info.st_mode)), "not a regular file")
             raise NotRegularFile(f"{path} is {kind}, not a regular file: labkube reads its own JSON only from one")
+        if limit is not None and info.st_size > limit:
+            raise NotRegularFile(f"{path} holds {info.st_size} bytes, more than the {limit} expected: refused")
         with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read()
+            data = f.read() if limit is None else f.read(limit + 1)
+        if limit is not None and len(data) > limit:  # grew since the fstat
+            raise NotRegularFile(f"{path} holds more than the {limit} bytes expected: refused")
+        return data
     finally:
         os.close(fd)
 
 
-def read_model(path: Path, cls: type[M]) -> M | None:
+def read_model(path: Path, cls: type[M], limit: int | None = None) -> M | None:
     """The model stored at `path`, or None when the file is missing or unreadable, or is not a regular file (a FIFO,
-    a device, a link an agent planted: refused without blocking, `read_regular`, and said in one warning line)."""
+    a device, a link an agent planted: refused without blocking, `read_regular`, and said in one warning line), or
+    holds more than `limit` bytes."""
     try:
-        return cls.model_validate_json(read_regular(path))
+        return cls.model_validate_json(read_regular(path, limit))
     except (FileNotFoundError, ValidationError, ValueError):
         return None
     except NotRegularFile as exc:

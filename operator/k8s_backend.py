@@ -46,11 +46,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from labkube.agent.gateway.ledger import GatewayReport
 from labkube.agent.harness.entrypoint import DISK_FULL_EXIT
-from labkube.budgets import StopReason
+from labkube.budgets import StopReason, spend_floor
 from labkube.operator.k8s_grading import (
     LABEL_FINALIZE,
     agent_ended_reason,
+    gateway_report_of,
     grading_manifest,
     is_grading_pod,
     world_verdict_of,
@@ -69,12 +71,13 @@ from labkube.operator.pod_status import (
     pod_attempt,
     pod_exit_code,
     reason_of,
+    self_caused_eviction,
     stuck_condition,
     unseen_deletion,
 )
 from labkube.operator.run_failure import harness_failure, last_error_line
 from labkube.result import RunResult
-from labkube.run_spec import RunPhase
+from labkube.run_spec import ClusterAccount, RunPhase
 from labkube.store import RunDir
 
 __all__ = ["K8sBackend", "Outcome", "PodRun", "supervise_pod"]
@@ -170,10 +173,21 @@ class PodRun(PodRunRecord):
             attempt=attempt,
             resume=self.resume_for(attempt),
             spent_wall_seconds=self.ledger.seconds(),  # the API's pod times, not the run's own account
+            cluster_spend=self.status.cluster_spend,  # the gateways' reports, not the run's checkpoint
         )
         if finalize is not None:
+            account = ClusterAccount(
+                spend=self.status.cluster_spend,
+                wall_seconds=self.ledger.seconds(),
+                attempts=self.status.attempts,
+                budget_stop=self.status.budget_stop,
+            )
             pod = grading_manifest(
-                pod, finalize, self.backend.runs.deadline_grace_seconds, world_verdict=self.status.world_verdict
+                pod,
+                finalize,
+                self.backend.runs.deadline_grace_seconds,
+                world_verdict=self.status.world_verdict,
+                account=account,
             )
         return pod
 
@@ -221,6 +235,14 @@ class PodRun(PodRunRecord):
 
     def outcome(self, end: PodEnd) -> tuple[Outcome, str]:
         pod = end.pod
+        # An eviction the run caused (its own storage past its limit, or past its request under node pressure) is a
+        # crash, not a free disruption: else an agent could buy resumes, each from a checkpoint it wrote.
+        own = self_caused_eviction(pod if pod is not None else end.last)
+        if own is not None:
+            return "lost", (
+                f"pod {self.status.pod_name} was evicted by the kubelet because {own}: "
+                "the run's own doing, counted as a crash, not a disruption"
+            )
         if pod is None:
             disrupted = disruption_of(end.last)
             if disrupted is not None:
@@ -251,6 +273,18 @@ class PodRun(PodRunRecord):
             kind: Outcome = "world" if failed.startswith("container world:") else "lost"
             return kind, f"pod {name} failed before the agent started: {failed}"
         return "lost", f"pod {name} ended ({status.get('phase')}, exit code {code}) without a result"
+
+    def count_spend(self, report: GatewayReport | None) -> bool:
+        """Take an ended pod's gateway report into the Run's status; whether the status changed. The record never goes
+        down: a report below it (a gateway that started from an older record) changes nothing."""
+        if report is None:
+            return False
+        spend = spend_floor(self.status.cluster_spend, report.spend)
+        stop = self.status.budget_stop or report.stop_reason
+        if spend == self.status.cluster_spend and stop == self.status.budget_stop:
+            return False
+        self.status.cluster_spend, self.status.budget_stop = spend, stop
+        return True
 
     # -- the whole run --------------------------------------------------------------------------
 
@@ -292,6 +326,8 @@ class PodRun(PodRunRecord):
             if verdict is not None and verdict != self.status.world_verdict:
                 self.status.world_verdict = verdict  # recorded before a grading pod is given it
                 await self.publish()
+            if grading is None and self.count_spend(gateway_report_of(end.pod or end.last)):
+                await self.publish()  # recorded before the next pod, or the grading pod, is given it
             if end.gave_up is not None:
                 return await self.fail(end.gave_up)
             kind, why = self.outcome(end)

@@ -34,12 +34,14 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+from labkube.agent.gateway.ledger import CLUSTER_SPEND_VARIABLE, GatewayReport, report_from_message
 from labkube.agent.harness.entrypoint import GRADED_BY_OPERATOR_VARIABLE
-from labkube.budgets import StopReason
+from labkube.budgets import StopReason, spend_floor
 from labkube.operator.crds import dns_label
 from labkube.operator.k8s_models import RunStatus
 from labkube.operator.pod_manifest import GATEWAY_MOUNT, GATEWAY_TMP, WORLD_CONTROL, WORLD_CONTROL_MOUNT
 from labkube.result import RunResult, result_from_report, termination_report
+from labkube.run_spec import CLUSTER_ACCOUNT_VARIABLE, ClusterAccount
 from labkube.tasks.gaia2.verdict_message import (
     CONTROL_FILE_VARIABLE,
     WORLD_VERDICT_SOURCE,
@@ -52,6 +54,7 @@ __all__ = [
     "LABEL_FINALIZE",
     "agent_ended_reason",
     "container_terminated",
+    "gateway_report_of",
     "graded_result",
     "grading_manifest",
     "grading_pod_name",
@@ -72,11 +75,13 @@ _AGENT_ONLY_ENV = frozenset(
         "LABKUBE_STDIN_VARS",
         CONTROL_FILE_VARIABLE,
         GRADED_BY_OPERATOR_VARIABLE,
+        CLUSTER_SPEND_VARIABLE,  # the account (`CLUSTER_ACCOUNT_VARIABLE`) holds the spend as of the grading
     }
 )
 # Sidecars the agent talked to: a grading pod has neither (no key, no world; Gaia2's verdict comes from the operator,
 # which read it from the world sidecar's termination message).
-_AGENT_SIDECARS = frozenset({"world", "gateway"})
+GATEWAY_CONTAINER = "gateway"
+_AGENT_SIDECARS = frozenset({"world", GATEWAY_CONTAINER})
 
 
 def grading_pod_name(run: str, attempt: int) -> str:
@@ -88,11 +93,16 @@ def is_grading_pod(pod: Mapping[str, Any]) -> bool:
 
 
 def grading_manifest(
-    pod: dict[str, Any], reason: StopReason, deadline_s: int, world_verdict: str | None = None
+    pod: dict[str, Any],
+    reason: StopReason,
+    deadline_s: int,
+    world_verdict: str | None = None,
+    account: ClusterAccount | None = None,
 ) -> dict[str, Any]:
     """The agent pod `pod` (as built for this attempt) turned into the pod that grades the stopped run. A Gaia2 run's
     grader is given the verdict its world sidecar reported (`world_verdict`, that container's termination message),
-    and told to take no other: the checkpoint's copy is the agent's to write."""
+    and told to take no other: the checkpoint's copy is the agent's to write. The grader charges the run with the
+    operator's `account` (the gateways' spend, the API's pod times), never the checkpoint's."""
     pod = copy.deepcopy(pod)
     spec = pod["spec"]
     agent = next(c for c in spec["containers"] if c["name"] == "agent")
@@ -102,6 +112,8 @@ def grading_manifest(
         for e in agent.get("env", [])
         if e["name"] not in _AGENT_ONLY_ENV and "secretKeyRef" not in (e.get("valueFrom") or {})
     ]
+    if account is not None:
+        env.append({"name": CLUSTER_ACCOUNT_VARIABLE, "value": account.model_dump_json()})
     if any(c["name"] == "world" for c in spec.get("initContainers", [])):
         env.append({"name": WORLD_VERDICT_SOURCE, "value": "operator"})
         if world_verdict:
@@ -137,6 +149,31 @@ def world_verdict_of(pod: Mapping[str, Any] | None) -> str | None:
         return None
     message = (container_terminated(pod, "world") or {}).get("message")
     return message if verdict_from_report(message) is not None else None
+
+
+def gateway_report_of(pod: Mapping[str, Any] | None) -> GatewayReport | None:
+    """What an agent pod's gateway sidecar counted, from its termination messages (the one it ended with, and the one
+    before the kubelet restarted it): a file only that container writes. None: it reported nothing (no gateway, or
+    none that ended with a report)."""
+    if pod is None or is_grading_pod(pod):
+        return None
+    status = pod.get("status") or {}
+    reports = []
+    for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        if cs.get("name") != GATEWAY_CONTAINER:
+            continue
+        for state in (cs.get("state"), cs.get("lastState")):
+            report = report_from_message(((state or {}).get("terminated") or {}).get("message"))
+            if report is not None:
+                reports.append(report)
+    if not reports:
+        return None
+    stops = [r.stop_reason for r in reports if r.stop_reason is not None]
+    return GatewayReport(
+        spend=spend_floor(*(r.spend for r in reports)),
+        stop_reason=stops[0] if stops else None,
+        calls=max(r.calls for r in reports),
+    )
 
 
 def agent_ended_reason(code: int | None) -> StopReason | None:

@@ -19,7 +19,15 @@ from labkube.operator.k8s_models import PodTimeStatus, RunStatus
 from labkube.operator.kube import parse_time
 from labkube.store import read_model, write_model
 
-__all__ = ["PodLedger", "PodTime", "ledger_from_status", "ledger_path", "pod_time", "restore_ledger"]
+__all__ = [
+    "PodLedger",
+    "PodTime",
+    "campaign_gpu_seconds",
+    "ledger_from_status",
+    "ledger_path",
+    "pod_time",
+    "restore_ledger",
+]
 
 _TERMINAL = frozenset({"Succeeded", "Failed"})
 
@@ -53,6 +61,13 @@ class PodLedger(BaseModel):
 
 def ledger_path(campaign_root: Path, run_id: str) -> Path:
     return campaign_root / "pods" / f"{run_id}.json"
+
+
+def campaign_gpu_seconds(campaign_root: Path, run_ids: list[str]) -> float:
+    """GPU-seconds the campaign's runs held, from the operator's ledgers: what `labkube_campaign_gpu_seconds_total` and
+    its cap alert count on a cluster, never a run's own account of its wall time."""
+    ledgers = [read_model(ledger_path(campaign_root, run_id), PodLedger) for run_id in run_ids]
+    return sum(ledger.gpu_hours() * 3600.0 for ledger in ledgers if ledger is not None)
 
 
 def ledger_from_status(run_id: str, gpus: int, status: RunStatus) -> PodLedger:

@@ -297,6 +297,15 @@ class RunStatus(_Status):
         description="A Gaia2 run's verdict as its pod's world sidecar reported it (that container's termination "
         "message): what the grading pod is given, never the copy in the agent-writable checkpoint.",
     )
+    cluster_spend: Spend | None = Field(
+        default=None,
+        description="The run's spend as its pods' gateway sidecars reported it (each one's termination message), "
+        "never lower than before: what a resumed pod's gateway counts on from and the grading pod charges the run, "
+        "never the copy in the agent-writable checkpoint. Null: no gateway has reported (a scripted model).",
+    )
+    budget_stop: StopReason | None = Field(
+        default=None, description="The budget a gateway sidecar refused model calls for, as it reported it."
+    )
     observed_generation: int | None = Field(default=None, ge=0)
     conditions: list[Condition] = Field(default_factory=list)
 

@@ -33,7 +33,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from labkube.agent.gateway.ledger import CLUSTER_SPEND_VARIABLE, PRIVATE_STATE_VARIABLE
 from labkube.agent.harness.entrypoint import GRADED_BY_OPERATOR_VARIABLE
+from labkube.budgets import Spend
+from labkube.model_ref import API_PROVIDERS, parse_model
 from labkube.operator.crds import LABEL_CAMPAIGN, LABEL_RUN, SchemaError, dns_label, owner_reference
 from labkube.operator.k8s_models import PodOptions, RunResourceSpec, Toleration
 from labkube.run_spec import CLI_AGENTS, RUN_SPEC_VARIABLE
@@ -166,12 +169,15 @@ def build_pod_manifest(
     attempt: int = 0,
     resume: bool = False,
     spent_wall_seconds: float = 0.0,
+    cluster_spend: Spend | None = None,
 ) -> dict[str, Any]:
     """The Pod for attempt `attempt` of `run`, owned by the Run object `owner`.
 
     `resume` adds `--resume` (the workspace must persist: `workspace.mode: pvc`);
     `spent_wall_seconds` is the time already charged, so a resumed pod's
-    `activeDeadlineSeconds` covers only what is left of the budget, plus the grace period.
+    `activeDeadlineSeconds` covers only what is left of the budget, plus the grace period;
+    `cluster_spend` is the spend the Run's status records (`clusterSpend`, from earlier pods' gateways), which the
+    pod's gateway counts on from and the agent's harness never starts below (`agent/gateway/ledger.py`).
     """
     if attempt < 0:
         raise PodManifestError(f"run {run.run_id}: attempt must be >= 0, got {attempt}")
@@ -217,11 +223,20 @@ def build_pod_manifest(
         }
         for key in options.api_keys
     ]
-    gateway = run.agent in CLI_AGENTS
-    if gateway:  # a vendor CLI: the keys are the gateway sidecar's; the agent container gets none
-        # its world's clock stops during model calls: the world's address and control token
-        world = [e for e in env if e["name"] in ("LABKUBE_WORLD_URL", CONTROL_FILE_VARIABLE)]
-        init_containers.append(_gateway_container(run, options, run_dir, namespace, [*world, *keys], bool(world)))
+    if cluster_spend is not None:
+        env.append({"name": CLUSTER_SPEND_VARIABLE, "value": cluster_spend.model_dump_json()})
+    # Every model API call goes through the gateway sidecar, which alone holds the keys and counts the spend where
+    # the agent's container cannot write; a scripted model (replay, oracle) calls no API and has no gateway.
+    gateway = parse_model(run.model).provider in API_PROVIDERS
+    if gateway:  # the keys are the gateway sidecar's; the agent container gets none
+        # a vendor CLI's world clock stops during model calls (the harness stops it for rg-agent's own calls)
+        world = [
+            e for e in env if e["name"] in ("LABKUBE_WORLD_URL", CONTROL_FILE_VARIABLE) and run.agent in CLI_AGENTS
+        ]
+        seed = [e for e in env if e["name"] == CLUSTER_SPEND_VARIABLE]
+        init_containers.append(
+            _gateway_container(run, options, run_dir, namespace, [*world, *seed, *keys], bool(world))
+        )
         env += [
             {"name": "LABKUBE_GATEWAY_URL", "value": f"http://127.0.0.1:{GATEWAY_PORT}"},
             {"name": "LABKUBE_GATEWAY_TOKEN_FILE", "value": f"{GATEWAY_MOUNT}/token"},
@@ -513,8 +528,10 @@ def _gateway_container(
             {"name": "PYTHONSAFEPATH", "value": "1"},
             {"name": "PYTHONUNBUFFERED", "value": "1"},
             *({"name": k, "value": v} for k, v in sorted(options.env.items())),
-            # after the chart's variables, so that none of them can stand in for the Run's spec
+            # after the chart's variables, so that none of them can stand in for the Run's spec or the report's file
             {"name": RUN_SPEC_VARIABLE, "value": run.to_run_spec().model_dump_json()},
+            {"name": "LABKUBE_TERMINATION_LOG", "value": TERMINATION_LOG},
+            {"name": PRIVATE_STATE_VARIABLE, "value": "/tmp/labkube-gateway-spend.json"},  # its own gateway-tmp
             *keys,
         ],
         "startupProbe": {
@@ -528,6 +545,10 @@ def _gateway_container(
             options.cpu_limits,
         ),
         "securityContext": _secure(True),
+        # Its totals (`agent/gateway/ledger.py`), read by the operator from the API when the pod ends: a file only
+        # this container writes, unlike the run folder's gateway.json and checkpoint.
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "File",
         "volumeMounts": [
             _runs_mount(run, options, namespace),
             {"name": GATEWAY_TMP, "mountPath": "/tmp"},

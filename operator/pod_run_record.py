@@ -6,7 +6,8 @@ and writes, as against which pod it starts next.
 - the GPU ledger: pod start and finish times as the API reports them (`track`: the Run's `status.podTimes`, and
   the operator's own `<campaign>/pods/`);
 - the run's `status.json` while no agent writes it (`note`: why its pod does not start), and the live score,
-  tokens and dollars from it when the volume is shared (`refresh`);
+  tokens and dollars from it when the volume is shared (`refresh`), read in a thread with a time-out
+  (`read_store_status`): there the file is the agent's to replace;
 - result intake: the result a final Run status records (`recorded_result`), or a grading pod's termination
   message (`graded`), never anything the agent's own pod says (`k8s_grading`);
 - once the result is recorded (`finish`): the run's ended pods deleted, and with `runs.workspace.keepFinished:
@@ -15,6 +16,7 @@ and writes, as against which pod it starts next.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -43,6 +45,12 @@ __all__ = ["NotAdmitted", "PodRunRecord", "RunGone"]
 log = logging.getLogger("labkube.operator.k8s")
 
 T = TypeVar("T")
+
+# Bounds on reading what labkube wrote to the run folder, where on a shared claim the agent can put anything under
+# the same name. status.json and result.json are a few kilobytes (a result's score curve: a few hundred).
+STATUS_LIMIT = 1 << 20
+RESULT_LIMIT = 64 << 20
+STORE_READ_TIMEOUT_S = 5.0
 
 
 class NotAdmitted(RuntimeError):
@@ -76,6 +84,8 @@ class PodRunRecord:
         self.generation: int | None = None
         self.last_message = ""
         self.read_at = -1e9  # when the Run was last read
+        self.store: StoreStatus | None = None  # status.json as last read (`read_store_status`)
+        self._store_read: asyncio.Future[StoreStatus | None] | None = None
 
     # -- the API ------------------------------------------------------------------------------
 
@@ -105,12 +115,37 @@ class PodRunRecord:
     async def publish(self, pod_name: str | None = None) -> None:
         """Patch the Run's status if it changed. With `pod_name`, the status is refreshed from that pod as the cache
         has it when the patch's turn comes (during a campaign's start, patches queue behind each other's)."""
+        if pod_name is not None:
+            self.store = await self.read_store_status()
         self._refresh_from(pod_name)
         if self._status_body() == self.published:
             return  # nothing new: no turn taken, so the Runs that have something to say go first
         async with self.session.turns.take(STATUS_FIRST):
             self._refresh_from(pod_name)  # where the pod is now, after the wait for a turn
             await self._patch_status()
+
+    async def read_store_status(self) -> StoreStatus | None:
+        """The run's `status.json` on the shared volume (None with a claim per run: the file is not the operator's
+        to read there), read off the event loop, where every run of this actor is supervised. On a shared claim the
+        agent can put anything under that name: a FIFO or a link is refused without blocking and a file larger than
+        any status is refused unread (`read_regular`), but a read can still wait (a hung NFS server): after
+        `STORE_READ_TIMEOUT_S` the last status read is kept, and no second read starts while one waits."""
+        if not self.backend.shared:
+            return None
+        if self._store_read is None or self._store_read.done():
+            self._store_read = asyncio.ensure_future(
+                asyncio.to_thread(read_model, self.rd.status_json, StoreStatus, STATUS_LIMIT)
+            )
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._store_read), STORE_READ_TIMEOUT_S)
+        except TimeoutError:
+            log.warning(
+                "run %s: reading %s took more than %.0f s; its last status is kept",
+                self.name,
+                self.rd.status_json,
+                STORE_READ_TIMEOUT_S,
+            )
+            return self.store
 
     def _refresh_from(self, pod_name: str | None) -> None:
         """The status from pod `pod_name` as cached; a pod gone from the cache is the caller's to handle."""
@@ -198,7 +233,8 @@ class PodRunRecord:
     # -- the store (shared runs volume) ------------------------------------------------------
 
     def store_status(self) -> StoreStatus | None:
-        return read_model(self.rd.status_json, StoreStatus) if self.backend.shared else None
+        """status.json as `publish` last read it (`read_store_status`), never read here: this runs on the loop."""
+        return self.store if self.backend.shared else None
 
     def recorded_result(self) -> RunResult | None:
         """The run's result when its Run status is final (the API is the record; a file on the runs volume is
@@ -207,7 +243,7 @@ class PodRunRecord:
         if not self.status.phase.final:
             return None
         reported = result_from_status(self.status, self.spec.run_id)
-        cached = read_model(self.rd.result_json, RunResult)
+        cached = read_model(self.rd.result_json, RunResult, RESULT_LIMIT)
         mine = cached is not None and cached.final and cached.run_id == self.spec.run_id
         if cached is not None and mine and (reported is None or cached.finished_at == reported.finished_at):
             return cached
@@ -237,7 +273,7 @@ class PodRunRecord:
         if result is None:
             return None
         if self.backend.shared:
-            full = read_model(self.rd.result_json, RunResult)
+            full = read_model(self.rd.result_json, RunResult, RESULT_LIMIT)
             if full is not None and full.final and full.run_id == result.run_id:
                 return full if full.finished_at == result.finished_at else result
             return result
@@ -260,7 +296,8 @@ class PodRunRecord:
         if message == self.last_message:
             return
         self.last_message = message
-        current = read_model(self.rd.status_json, StoreStatus)
+        # On a shared claim, the status `publish` read off the loop; with a claim per run, the operator's own file.
+        current = self.store if self.backend.shared else read_model(self.rd.status_json, StoreStatus, STATUS_LIMIT)
         if current is not None and current.phase.final:
             return
         base = current or StoreStatus(run_id=self.spec.run_id, phase=RunPhase.starting)

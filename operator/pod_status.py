@@ -3,12 +3,15 @@ cluster.
 
 Whether it is starting or stuck (`pod_conditions`: `Scheduled`, `ImagePulled`, `PodReady` with the kubelet's or
 scheduler's reason; `stuck_condition`), its exit code and attempt, whether the cluster took it away
-(`disruption_of`: an eviction, a preemption, a node gone) and, once it ended (`PodEnd`), the reason a Run's
-`Resumed` condition gives for it. `pod_manifest` builds the pods; this module reads them.
+(`disruption_of`: an eviction, a preemption, a node gone), whether an eviction was the run's own doing
+(`self_caused_eviction`: its own storage past its limit, or past its request under node pressure; a crash, not a
+disruption) and, once it ended (`PodEnd`), the reason a Run's `Resumed` condition gives for it. `pod_manifest`
+builds the pods; this module reads them.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +37,7 @@ __all__ = [
     "pod_exit_code",
     "problem_message",
     "reason_of",
+    "self_caused_eviction",
     "stuck_condition",
     "unseen_deletion",
 ]
@@ -146,6 +150,63 @@ def disruption_of(pod: Mapping[str, Any] | None) -> str | None:
     return reason if reason in DISRUPTION_REASONS else None
 
 
+# The kubelet's eviction messages (pkg/kubelet/eviction/helpers.go; docs: "Node-pressure Eviction",
+# https://kubernetes.io/docs/concepts/scheduling-eviction/node-pressure-eviction/). Its local-storage check
+# (`localStorageEviction`, every housekeeping pass) evicts a pod whose own usage passes a limit its own spec set:
+# phase `Failed`, reason `Evicted`, one of these messages, and no `DisruptionTarget` condition (`evictPod` is given
+# none there; only node-pressure evictions get `TerminationByKubelet`).
+_OWN_LIMIT = re.compile(
+    r"Pod ephemeral local storage usage exceeds the total limit of containers \S+\.(?=\s|$)"
+    r'|Container \S+ exceeded its local ephemeral storage limit "[^"]*"\.'
+    r'|Usage of EmptyDir volume "[^"]*" exceeds the limit "[^"]*"\.'
+)
+# A node-pressure eviction's message ("The node was low on resource: ephemeral-storage. Threshold quantity: ...,
+# available: .... ") names each container that used more of the starved resource than it requested: "Container
+# agent was using 12Gi, which exceeds its request of 10Gi. " (older kubelets), "Container agent was using 12Gi,
+# request is 10Gi, has larger consumption of ephemeral-storage. " (newer).
+_OVER_REQUEST = re.compile(
+    r"Container (?P<name>\S+) was using (?P<usage>[^,\s]+), "
+    r"(?:which exceeds its request of (?P<old>\S+?)|request is (?P<new>[^,\s]+), has larger consumption of \S+?)"
+    r"\.(?=\s|$)"
+)
+
+
+def self_caused_eviction(pod: Mapping[str, Any] | None) -> str | None:
+    """Why the kubelet's eviction of `pod` was the run's own doing, as a clause ("it used more local storage than its
+    own spec allows ..."), or None: not evicted by the kubelet, or evicted for the node's sake within its requests.
+
+    Two kinds are the run's own, so they count as crashes, not disruptions (an agent could otherwise buy itself
+    resumes for free, each from a checkpoint it wrote): an eviction for passing a local-storage limit of the pod's own
+    spec (the pod's total ephemeral-storage limit, a container's, an emptyDir's `sizeLimit`: whichever container
+    wrote it, the run's pod did), and a node-pressure eviction (`DisruptionTarget`, `TerminationByKubelet`) whose
+    message says the pod's main container (`agent`, or a grading pod's `grade`) used more than it requested. A
+    node-pressure eviction of a pod within its requests, preemptions and drains are the cluster's doing."""
+    if pod is None:
+        return None
+    status = pod.get("status") or {}
+    by_kubelet = [
+        c
+        for c in status.get("conditions") or []
+        if c.get("type") == "DisruptionTarget"
+        and c.get("status") == "True"
+        and c.get("reason") == "TerminationByKubelet"
+    ]
+    if status.get("reason") != "Evicted" and not by_kubelet:
+        return None
+    main = GRADE_CONTAINER if is_grading_pod(pod) else "agent"
+    for message in [str(status.get("message") or ""), *(str(c.get("message") or "") for c in by_kubelet)]:
+        if (own := _OWN_LIMIT.search(message)) is not None:
+            return f"it used more local storage than its own spec allows (the kubelet: {own.group(0)!r})"
+        for over in _OVER_REQUEST.finditer(message):
+            if over["name"] == main:
+                request = over["old"] or over["new"]
+                return (
+                    f"under node pressure its container {main} was using {over['usage']}, more than its request of "
+                    f"{request} (the kubelet: {over.group(0)!r})"
+                )
+    return None
+
+
 def live_phase(pod: Mapping[str, Any] | None, store: StoreStatus | None) -> RunPhase:
     """The Run's phase while its pod lives."""
     if pod is None:
@@ -190,6 +251,8 @@ def unseen_deletion(end: PodEnd) -> bool:
 
 
 def reason_of(end: PodEnd) -> str:
+    if self_caused_eviction(end.pod if end.pod is not None else end.last) is not None:
+        return "SelfCausedEviction"
     if (disrupted := disruption_of(end.pod if end.pod is not None else end.last)) is not None:
         return disrupted
     if unseen_deletion(end):

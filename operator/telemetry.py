@@ -31,13 +31,15 @@ class CampaignTelemetry:
     def _l(self, name: str, **extra: str) -> Any:
         return self.m[name].labels(campaign=self.campaign, **extra)  # type: ignore[attr-defined]
 
-    def update(self, rows: list[ReportRow], gpus_by_run: dict[str, int]) -> None:
-        """Refresh from the results store (called on every tick of the driver)."""
+    def update(self, rows: list[ReportRow], gpus_by_run: dict[str, int], gpu_seconds: float | None = None) -> None:
+        """Refresh from the results store (called on every tick of the driver). `gpu_seconds`: the GPU time the
+        operator's pod ledgers hold (a cluster), which counts instead of the runs' own wall time."""
         for phase in RunPhase:
             self._l("labkube_campaign_runs", phase=phase.value).set(sum(r.status == phase.value for r in rows))
         final = sum(r.status in (RunPhase.finished.value, RunPhase.failed.value) for r in rows)
         self._l("labkube_campaign_progress_ratio").set(final / len(rows) if rows else 0.0)
-        gpu_seconds = sum(gpus_by_run.get(r.run_id, 0) * r.wall_seconds for r in rows)
+        if gpu_seconds is None:
+            gpu_seconds = sum(gpus_by_run.get(r.run_id, 0) * r.wall_seconds for r in rows)
         if gpu_seconds > self._gpu_seconds:
             self._l("labkube_campaign_gpu_seconds_total").inc(gpu_seconds - self._gpu_seconds)
             self._gpu_seconds = gpu_seconds

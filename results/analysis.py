@@ -41,6 +41,7 @@ from labkube.result import Outcome, RunResult
 from labkube.results.analysis_figures import build_figures
 from labkube.results.analysis_schema import (
     BUDGET_FRACTIONS,
+    CURVE_SOURCE_RULE,
     DENSITY_RULE,
     FLAG_RULES,
     HANDOFF_FLAG,
@@ -249,6 +250,7 @@ def efficiency(run: RunData) -> EfficiencyRow:
         since_last_improvement_s=since,
         plateaued=plateaued,
         share_of_final=shares,
+        curve_source=result.score_curve_source,
     )
 
 
@@ -460,10 +462,12 @@ def analyze_campaigns(
         errors=[excluded_run(r) for r in errors],
         excluded_suspicious=suspicious,
         excluded_unsandboxed=unsandboxed,
+        agent_pod_curves=[r.result.run_id for r in runs if r.result.curve_is_agent_claim],
         rules={
             "phases": PHASE_RULE,
             "plateau": PLATEAU_RULE,
             "share_of_final": SHARE_RULE,
+            "curve_source": CURVE_SOURCE_RULE,
             "action_density": DENSITY_RULE + " Its correlation with the score is over paper-task runs only.",
             "scores": SCORES_RULE,
             "pass": PASS_RULE,

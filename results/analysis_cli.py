@@ -38,6 +38,7 @@ def analyze(
 ) -> None:
     """Capability, reliability, efficiency, behaviour and failure-mode analysis of campaigns (pooled). Runs that
     ended in an error outcome are left out of every number and counted."""
+    from labkube.result import AGENT_POD_CURVE_LABEL
     from labkube.results.analysis import AnalysisError, analyze_campaigns  # numpy and friends: only when analysing
     from labkube.results.analysis_md import render_markdown
 
@@ -70,4 +71,7 @@ def analyze(
         click.echo(f"left out: {len(analysis.excluded_suspicious)} SUSPICIOUS runs (--exclude-suspicious)")
     if analysis.excluded_unsandboxed:
         click.echo(f"left out: {len(analysis.excluded_unsandboxed)} unsandboxed runs (--exclude-unsandboxed)")
+    if analysis.agent_pod_curves:
+        n = len(analysis.agent_pod_curves)
+        click.echo(f"marked: {n} runs whose score curve is {AGENT_POD_CURVE_LABEL} (their efficiency rows and curves)")
     click.echo(f"written: {out}")

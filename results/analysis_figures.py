@@ -3,7 +3,7 @@ HTML page draws exactly these series)."""
 
 from __future__ import annotations
 
-from labkube.result import RunResult
+from labkube.result import AGENT_POD_CURVE_LABEL, RunResult
 from labkube.results.analysis_schema import (
     DENSITY_RULE,
     PHASE_RULE,
@@ -64,18 +64,26 @@ def _task_curves(a: Analysis, task: str, results: dict[str, RunResult]) -> Figur
         series = []
         for e in rows:
             pts = curve_points(results[e.run_id])
-            series.append(Series(label=e.run_id, x=[p[axis] * scale for p in pts], y=[p[4] for p in pts]))
+            label = f"{e.run_id} (agent pod's claim)" if e.curve_source == "agent_pod" else e.run_id
+            series.append(Series(label=label, x=[p[axis] * scale for p in pts], y=[p[4] for p in pts]))
         panels.append(
             Panel(
                 title=f"against {name}", x_label=name, y_label="fraction of SOTA", series=series, hlines=_refs(a, task)
             )
         )
+    claims = [e.run_id for e in rows if e.curve_source == "agent_pod"]
+    claimed = (
+        f' The curves of {len(claims)} run(s) marked "agent pod\'s claim" are {AGENT_POD_CURVE_LABEL}: their '
+        "periodic gradings ran inside the agent's pod on a cluster; only their final scores are the grading pod's."
+        if claims
+        else ""
+    )
     return FigureData(
         id=f"curves-{_slug(task)}",
         kind="lines",
         title=f"Score curves: {task}",
         caption=f"{task}: normalised score at every grading against wall hours, dollars, tokens and steps; "
-        "one line per run.",
+        "one line per run." + claimed,
         panels=panels,
     )
 

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import math
 
-from labkube.results.analysis_schema import DENSITY_RULE, FLAG_RULES, PHASE_RULE, PLATEAU_RULE, SHARE_RULE, Analysis
+from labkube.result import AGENT_POD_CURVE_LABEL
+from labkube.results.analysis_schema import (
+    CURVE_SOURCE_RULE,
+    DENSITY_RULE,
+    FLAG_RULES,
+    PHASE_RULE,
+    PLATEAU_RULE,
+    SHARE_RULE,
+    Analysis,
+)
 from labkube.results.analysis_stats import Interval
 
 __all__ = ["render_markdown"]
@@ -60,13 +69,21 @@ def render_markdown(a: Analysis) -> str:
         lines += [f"- {rid}: integrity verdict SUSPICIOUS (--exclude-suspicious)" for rid in a.excluded_suspicious]
         lines += [f"- {rid}: ran unsandboxed (--exclude-unsandboxed)" for rid in a.excluded_unsandboxed]
     lines += ["", "## Efficiency", "", f"- {PLATEAU_RULE}", f"- {SHARE_RULE}", ""]
+    if a.agent_pod_curves:
+        lines[-1:] = [f"- {CURVE_SOURCE_RULE}", ""]
+        lines += [
+            f"**{len(a.agent_pod_curves)} run(s) have a score curve that is {AGENT_POD_CURVE_LABEL}** (their rows are "
+            "marked *agent pod's claim*): time to best, plateau and shares below are the agent's own claim for them.",
+            "",
+        ]
     lines += ["| run | final | time to best | since last improvement | plateaued | wall share at 25/50/75% |"]
     lines += ["|---|---|---|---|---|---|"]
     for e in a.efficiency:
         wall = e.share_of_final.get("wall", {})
         share = " / ".join(_f(wall.get(k), 2) for k in ("25%", "50%", "75%")) if wall else "—"
+        run = f"{e.run_id} (*agent pod's claim*)" if e.curve_source == "agent_pod" else e.run_id
         lines.append(
-            f"| {e.run_id} | {_f(e.final_score)} | {_f(e.time_to_best_s, 0)} s | "
+            f"| {run} | {_f(e.final_score)} | {_f(e.time_to_best_s, 0)} s | "
             f"{_f(e.since_last_improvement_s, 0)} s | {_yes_no(e.plateaued)} | {share} |"
         )
     d = a.density_vs_score

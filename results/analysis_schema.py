@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from labkube.result import RunResult
+from labkube.result import AGENT_POD_CURVE_LABEL, RunResult
 from labkube.results.analysis_stats import Correlation, Interval
 from labkube.results.analysis_transcript import FLAT_LOSS_MIN
 from labkube.results.passk import CapabilityScore
@@ -45,6 +45,11 @@ PASS_RULE = (
     "A paper-task run passes when it beats the baseline (a run with no value does not pass; error outcomes are left "
     "out); a Gaia2 run passes when ARE's judge says so (a judge or world error is neither a pass nor a fail: left out "
     "and counted in `excluded`)."
+)
+CURVE_SOURCE_RULE = (
+    "Score curves (time to best, plateau, share of the final score, the curves figures) come from the run's periodic "
+    f"gradings. A Kubernetes run's ran inside the agent's pod (curve_source `agent_pod`): {AGENT_POD_CURVE_LABEL}, "
+    "the agent's own claim, marked wherever they are used; only its final score is the grading pod's."
 )
 DENSITY_RULE = "Action density: tool calls per hour of the run's charged wall time."
 HANDOFF_FLAG = 2
@@ -120,6 +125,11 @@ class EfficiencyRow(BaseModel):
     plateaued: bool | None = Field(description="None when no grading gave a value.")
     share_of_final: dict[str, dict[str, float | None]] = Field(
         description="budget kind (wall, tokens, usd) -> '25%' / '50%' / '75%' -> share of the final score"
+    )
+    curve_source: Literal["referee", "agent_pod"] = Field(
+        default="referee",
+        description="Who ran the gradings this row is computed from (the result's `score_curve_source`): agent_pod "
+        "marks the agent pod's own claim, not the referee's (every number here but final_score).",
     )
 
 
@@ -213,6 +223,10 @@ class Analysis(BaseModel):
     )
     excluded_unsandboxed: list[str] = Field(
         default_factory=list, description="Runs left out by --exclude-unsandboxed (run with --sandbox none)."
+    )
+    agent_pod_curves: list[str] = Field(
+        default_factory=list,
+        description="Runs analysed whose score curve is the agent pod's own claim (`curve_source` agent_pod).",
     )
     rules: dict[str, str]
     groups: list[GroupStats]

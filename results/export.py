@@ -10,7 +10,8 @@ Rewards, each with its source (unknown is null, never 0):
   (fraction of SOTA of the primary subtask) since the previous one to the agent step at which it was taken. A
   grading that failed is skipped; a clean grading that gave no value counts as 0 (ResearchGym's convention), and
   the reward says so (`no_value_as_zero`). The final normalised score and beat-baseline are terminal rewards on the
-  last step (null when the run has no value).
+  last step (null when the run has no value). A Kubernetes run's periodic gradings ran in the agent's pod
+  (`score_curve_source: agent_pod`): the rewards taken from them carry `agent_pod_claim`.
 - Gaia2: ARE's judge verdict stored in `result.json` details["gaia2"] (success, rationale of the first failed
   hard check, soft-check verdict) as the terminal reward; each agent write action gets 1 when ARE's
   GraphPerEventJudge matched it to an oracle event (and which), 0 when not, from details["gaia2"]["matches"]
@@ -317,6 +318,7 @@ def write_trajectory(run_dir: Path, result: RunResult, path: Path) -> None:
             "step_reward_source": STEP_REWARD_SOURCE if placed_any else None,
             "gradings_without_value": sum(g.score is None and g.error is None for g in result.score_curve),
             "gradings_failed": sum(g.error is not None for g in result.score_curve),
+            "score_curve_source": result.score_curve_source,  # agent_pod: the step rewards are the agent's claim
             "terminal": terminal,
             "write_actions": acc.oracle_matches or None,
         }
@@ -359,6 +361,7 @@ def write_trajectory(run_dir: Path, result: RunResult, path: Path) -> None:
                     "message": result.message,
                     "integrity_verdict": result.integrity_verdict,
                     "sandbox": result.sandbox.value if result.sandbox else None,
+                    "score_curve_source": result.score_curve_source,
                     "score": result.score,
                     "beat_baseline": result.beat_baseline,
                     "completion": result.completion,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from itertools import pairwise
 from typing import Any
 
-from labkube.result import Outcome, RunResult
+from labkube.result import AGENT_POD_CURVE_LABEL, Outcome, RunResult
 
 STEP_REWARD_SOURCE = (
     "result.json score_curve: normalised score change since the previous grading that ran (a failed grading is "
@@ -36,6 +36,8 @@ def step_rewards(result: RunResult) -> dict[int, list[dict[str, Any]]]:
         }
         if before.score is None or after.score is None:
             reward["no_value_as_zero"] = True
+        if result.curve_is_agent_claim:
+            reward["agent_pod_claim"] = AGENT_POD_CURVE_LABEL
         out.setdefault(after.step, []).append(reward)
     return out
 
@@ -89,7 +91,12 @@ def _terminal_rewards(result: RunResult) -> list[dict[str, Any]]:
             "value": result.score,
             "source": "result.json score: normalised score (fraction of SOTA) of the final grading",
         },
-        {"kind": "first_grading_score", "value": first, "source": "result.json score_curve[0].score"},
+        {
+            "kind": "first_grading_score",
+            "value": first,
+            "source": "result.json score_curve[0].score",
+            **({"agent_pod_claim": AGENT_POD_CURVE_LABEL} if result.curve_is_agent_claim else {}),
+        },
         {"kind": "beat_baseline", "value": result.beat_baseline, "source": "result.json beat_baseline"},
     ]
 

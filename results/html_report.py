@@ -33,7 +33,7 @@ from pydantic import BaseModel, Field
 from labkube.budgets import lower_bound, total_cost
 from labkube.integrity_report import Verdict, verdict_basis
 from labkube.report import Aggregate, ReportRow, aggregate, report_rows, scaffold_rank
-from labkube.result import GpuUse, RunResult
+from labkube.result import AGENT_POD_CURVE_LABEL, GpuUse, RunResult
 from labkube.results.gpu_report import gpu_text
 from labkube.run_spec import RunSpec
 from labkube.store import CampaignDir
@@ -400,6 +400,8 @@ def render_report_html(
             excluded=excluded,
             exclude_suspicious=exclude_suspicious,
             unsandboxed=sum(r.unsandboxed for r in rows),
+            agent_pod_curves=sum(e.result is not None and e.result.curve_is_agent_claim for e in entries),
+            agent_pod_curve_label=AGENT_POD_CURVE_LABEL,
         )
     )
 
@@ -417,6 +419,11 @@ def _task_sections(entries: list[RunEntry]) -> list[TaskSection]:
         section.gpu_svg = gpu_plot(gpu_runs, "gpu-" + section.anchor, f"GPU use of {task}")
         sections.append(section)
     return sections
+
+
+def _claimed(entry: RunEntry) -> bool:
+    """The run's score curve is the agent pod's own claim (`RunResult.score_curve_source`)."""
+    return entry.result is not None and entry.result.curve_is_agent_claim
 
 
 def _curve(entry: RunEntry) -> list[tuple[float, float, float, float]]:
@@ -504,7 +511,7 @@ def _task_plot(section: TaskSection) -> tuple[Markup | None, str]:
                         markersize=3,
                         linewidth=1.4,
                         color=SEED_COLORS[e.row.seed % len(SEED_COLORS)],
-                        label=f"seed {e.row.seed}",
+                        label=f"seed {e.row.seed}" + (" (agent pod's claim)" if _claimed(e) else ""),
                     )
                     line.set_gid(f"curve-{col}-{html_id(e.row.run_id)}")
                 if section.ref.baseline is not None:
@@ -534,6 +541,13 @@ def _task_plot(section: TaskSection) -> tuple[Markup | None, str]:
             f"The dollars of {', '.join(unpriced)} are unknown (no price in labkube's table; give one in the "
             "campaign's prices): their runs have no dollar axis."
         )
+    claimed = [e for e in section.runs if _claimed(e)]
+    if claimed:
+        seeds = ", ".join(f"{e.row.label} seed {e.row.seed}" for e in claimed)
+        note = (
+            f'The curves of {seeds} (marked "agent pod\'s claim") are {AGENT_POD_CURVE_LABEL}: their periodic '
+            "gradings ran inside the agent's pod on a cluster; only the final score is the grading pod's. " + note
+        ).strip()
     return svg, note
 
 

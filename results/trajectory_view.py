@@ -26,7 +26,7 @@ from markupsafe import Markup
 from labkube.agent.transcript import iter_jsonl
 from labkube.budgets import total_cost
 from labkube.integrity_report import IntegrityReport, Violation
-from labkube.result import RunResult
+from labkube.result import AGENT_POD_CURVE_LABEL, RunResult
 from labkube.results.html_report import (
     BASELINE_COLOR,
     SOTA_COLOR,
@@ -443,7 +443,9 @@ def _score_plot(spec: RunSpec, result: RunResult | None, trajectory: Trajectory)
         valid = [(s, y) for s, y in grades if not math.isnan(y)]
         if valid:
             xs, ys = zip(*valid, strict=True)
-            ax_score.plot(xs, ys, drawstyle="steps-post", color="#1f77b4", linewidth=1.4, label="score")
+            claim = result is not None and result.curve_is_agent_claim
+            label = "score (the agent pod's own gradings)" if claim else "score"
+            ax_score.plot(xs, ys, drawstyle="steps-post", color="#1f77b4", linewidth=1.4, label=label)
             points = ax_score.scatter(xs, ys, s=14, color="#1f77b4", zorder=3)
             points.set_urls([f"#step-{s}" if s in trajectory.steps else None for s in xs])
             points.set_gid("grade-points")
@@ -518,6 +520,7 @@ def render_run_html(run_dir: Path) -> str:
             has_steps=has_steps,
             transcript_exists=rd.transcript.exists(),
             plot=_score_plot(spec, result, trajectory),
+            curve_claim=AGENT_POD_CURVE_LABEL if result is not None and result.curve_is_agent_claim else None,
             logs=_log_tail(rd) if not has_steps or (result and result.error) else [],
             root=str(rd.root),
             last_step=max(trajectory.steps, default=0),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ __all__ = [
     "GradeOutcome",
     "OverlayError",
     "PinnedTask",
+    "PristineTask",
     "TaskError",
     "bundled_tasks",
     "card_for_run",
@@ -185,6 +187,24 @@ def prepare_run_workspace(card: TaskCard, dest: Path, idea_hint: bool = False) -
         prepare_gaia_workspace(card, dest)
         commit_pristine(dest)
     return dest
+
+
+@dataclass(frozen=True)
+class PristineTask:
+    """A run's pristine workspace, to be made again from its task (the card's folder: the image's, or the one the
+    campaign pinned), never taken from the run folder, where on a cluster the agent can rewrite labkube's record
+    (`tasks.workspace.private_workspace`)."""
+
+    card: TaskCard
+    idea_hint: bool = False
+
+    @property
+    def empty(self) -> bool:
+        """Known to be the empty tree without making it: a Gaia2 world's workspace."""
+        return self.card.gaia2 is not None
+
+    def make(self, dest: Path) -> None:
+        prepare_run_workspace(self.card, dest, self.idea_hint)
 
 
 def grade_runs_in_workspace(card: TaskCard) -> bool:

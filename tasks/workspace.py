@@ -9,10 +9,20 @@ agent moved the tag to. labkube keeps its own record of the pristine commit in a
 and runs every `git` of its own there (`record_git`): `git --git-dir=<record> --work-tree=<workspace>`, with no
 configuration but its own (`SAFE_CONFIG`, `git_env`). A `.git` in the work tree is never read by that git: git skips
 the entry `.git` wherever it is, and takes a nested repository (`sub/.git`) as one entry, its commit id.
+
+On a cluster the agent's container mounts the whole run folder, record included: there the agent can rewrite
+`workspace.git` too (its config, `info/attributes`, refs, objects). So labkube's git never runs with the record's
+config, attributes or hooks: `record_repository` gives git a shadow git directory labkube writes for each use (its
+own config and attributes, the pristine commit id, the record's objects as an alternate). And what decides a result
+(the run-end record of the files, the audit's changes) trusts neither the record's tag nor its objects:
+`private_workspace` makes the pristine record again from the task itself and compares it with a copy of the
+workspace's files (`copy_workspace`: no symbolic link followed, nothing but regular files opened), both in a private
+temporary directory.
 """
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import os
 import shutil
@@ -20,8 +30,11 @@ import stat
 import subprocess
 import tempfile
 import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from labkube.task_card import TaskCard
 
@@ -337,11 +350,11 @@ def pristine_is_empty(workspace: Path) -> bool:
     fall back to `git`."""
     record = workspace_record(workspace)
     try:
-        commit = (record / "refs" / "tags" / PRISTINE_TAG).read_text().strip()
-        if len(commit) != 40 or not all(c in "0123456789abcdef" for c in commit):
+        commit = _read_small(record / "refs" / "tags" / PRISTINE_TAG).decode("ascii").strip()
+        if not _is_object_id(commit):
             return False
-        raw = zlib.decompress((record / "objects" / commit[:2] / commit[2:]).read_bytes())
-    except (OSError, zlib.error):
+        raw = zlib.decompress(_read_small(record / "objects" / commit[:2] / commit[2:]))
+    except (OSError, ValueError, zlib.error):
         return False
     header, _, body = raw.partition(b"\0")
     return header.startswith(b"commit ") and body.startswith(f"tree {EMPTY_TREE}\n".encode())
@@ -392,11 +405,198 @@ def _record_git(record: Path, workspace: Path, *args: str, index: Path | None = 
 
 def record_git(workspace: Path, *args: str, index: Path | None = None) -> str:
     """`git args` on labkube's record of `workspace` with the workspace as its work tree (paths relative to it), in
-    the scratch `index` when one is given; never on the agent's `.git`. `MissingRecord` without a record."""
+    the scratch `index` when one is given (else in one holding the pristine commit); never on the agent's `.git`.
+    `MissingRecord` without a record. One call of `record_repository`'s."""
+    with record_repository(workspace) as git:
+        return git(*args, index=index)
+
+
+class RecordGit(Protocol):
+    def __call__(self, *args: str, index: Path | None = None) -> str: ...
+
+
+@contextmanager
+def record_repository(workspace: Path) -> Iterator[RecordGit]:
+    """labkube's git on its record of `workspace` for the block: each call runs `git args` with the workspace as its
+    work tree, in the scratch `index` given (else in one holding the pristine commit). `MissingRecord` without a
+    record.
+
+    git always reads the config and `info/attributes` of the git directory it is given, and a filter or fsmonitor
+    defined there runs whatever `-c` says; where the agent can write the record (a cluster's run folder), that
+    would be the agent's program in labkube's git. So git is given a shadow of the record (`_shadow_record`): a
+    directory labkube writes for the block, whose config and attributes are labkube's, whose only ref is the pristine
+    commit id read from the record, which reads the record's objects as an alternate (objects are data: nothing in
+    one runs) and takes the objects the block's calls write. What the record's objects and tag say is still the
+    agent's word on a cluster: a result is never taken from them there (`private_workspace`)."""
     record = workspace_record(workspace)
     if not record.is_dir():
         raise MissingRecord(workspace)
-    return _record_git(record, workspace, *args, index=index)
+    with tempfile.TemporaryDirectory(prefix="labkube-record-") as tmp:
+        shadow = _shadow_record(record, Path(tmp) / "record.git", workspace)
+        pristine_index = Path(tmp) / "index"
+
+        def git(*args: str, index: Path | None = None) -> str:
+            if index is None:
+                index = pristine_index
+                if not index.exists():
+                    _record_git(shadow, workspace, "read-tree", PRISTINE_REF, index=index)
+            return _record_git(shadow, workspace, *args, index=index)
+
+        yield git
+
+
+# The whole config of a git directory labkube writes (a bare one: every use names the work tree).
+RECORD_CONFIG = "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = true\n"
+SMALL_FILE = 1 << 20  # a ref or a loose commit: never near this; what is larger is not one of labkube's
+
+
+def _read_small(path: Path) -> bytes:
+    """The bytes of the regular file `path` (at most `SMALL_FILE`), opened without following a last symbolic link
+    or waiting for a FIFO's writer: an `OSError` for anything else."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        data = os.read(fd, SMALL_FILE + 1)
+    finally:
+        os.close(fd)
+    if len(data) > SMALL_FILE:
+        raise OSError(errno.EFBIG, "too large", str(path))
+    return data
+
+
+def _is_object_id(text: str) -> bool:
+    return len(text) == 40 and all(c in "0123456789abcdef" for c in text)
+
+
+def _pristine_commit(record: Path) -> str | None:
+    """The object id `PRISTINE_REF` names in `record` (a loose ref, as labkube writes it, or a packed one)."""
+    try:
+        loose = _read_small(record / "refs" / "tags" / PRISTINE_TAG).decode("ascii").strip()
+        return loose if _is_object_id(loose) else None
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError):
+        return None
+    try:
+        packed = _read_small(record / "packed-refs").decode("ascii", errors="replace")
+    except OSError:
+        return None
+    for line in packed.splitlines():
+        commit, _, ref = line.partition(" ")
+        if ref.strip() == PRISTINE_REF and _is_object_id(commit):
+            return commit
+    return None
+
+
+def _shadow_record(record: Path, shadow: Path, workspace: Path) -> Path:
+    """A git directory at `shadow` standing for `record`: labkube's config and attributes, no hooks, the pristine
+    commit (read from the record) as its HEAD and tag, and the record's objects as an alternate. New objects (a
+    `git add` of the workspace's files) are written into the shadow, never into the record."""
+    commit = _pristine_commit(record)
+    if commit is None:
+        raise MissingRecord(workspace)
+    (shadow / "objects" / "info").mkdir(parents=True)
+    (shadow / "refs" / "tags").mkdir(parents=True)
+    (shadow / "refs" / "heads").mkdir()
+    (shadow / "info").mkdir()
+    (shadow / "objects" / "info" / "alternates").write_text(f"{(record / 'objects').absolute()}\n")
+    (shadow / "refs" / "tags" / PRISTINE_TAG).write_text(f"{commit}\n")
+    (shadow / "HEAD").write_text(f"{commit}\n")
+    (shadow / "config").write_text(RECORD_CONFIG)
+    (shadow / "info" / "attributes").write_text(RECORD_ATTRIBUTES)
+    return shadow
+
+
+@dataclass(frozen=True)
+class PrivateWorkspace:
+    """A copy of a workspace's files with labkube's record of its pristine commit beside it (`workspace_record`),
+    both made by labkube in a private temporary directory: `record_git` on `workspace` reads nothing the agent
+    wrote but the files' content. `skipped`: what the copy left out, and why."""
+
+    workspace: Path
+    skipped: tuple[str, ...]
+
+
+@contextmanager
+def private_workspace(workspace: Path, make_pristine: Callable[[Path], object]) -> Iterator[PrivateWorkspace]:
+    """The workspace's files (`copy_workspace`) and a record of the pristine commit made again by `make_pristine`
+    (called with a path that does not exist yet: it prepares the task's pristine workspace there, as for the run,
+    record included), in a temporary directory removed when the block ends. Where the agent could write the run
+    folder (a cluster), neither its `workspace.git` nor its `.git` is read: a moved tag or rewritten objects there
+    hide nothing, and no config, hook or attribute of either runs."""
+    with tempfile.TemporaryDirectory(prefix="labkube-workspace-") as tmp:
+        root = Path(tmp)
+        pristine = root / "pristine"
+        make_pristine(pristine)
+        copy = root / "workspace"
+        os.rename(workspace_record(pristine), workspace_record(copy))
+        shutil.rmtree(pristine)  # only its record is needed: the task's files need not be held twice
+        skipped = copy_workspace(workspace, copy)
+        yield PrivateWorkspace(copy, tuple(skipped))
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"))  # fmt: skip
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+
+
+def copy_workspace(src: Path, dest: Path) -> list[str]:
+    """Copy the workspace `src` to `dest` (not there yet) without following a symbolic link: directories and regular
+    files (their bytes, executable bit and modification time) as they are, each link as a link with the same target
+    (never read through), and nothing else: a FIFO, socket or device is left out, as is a file that cannot be read,
+    each with a line in the returned list. The agent's own repository (`src/.git`) is not copied: labkube's git
+    never reads it."""
+    skipped: list[str] = []
+    os.mkdir(dest, 0o700)
+    _copy_directory(src, dest, "", skipped)
+    return skipped
+
+
+def _copy_directory(src: Path, dest: Path, rel: str, skipped: list[str]) -> None:
+    with os.scandir(src) as listing:
+        entries = sorted(listing, key=lambda e: e.name)
+    for entry in entries:
+        name = f"{rel}{entry.name}"
+        if name == ".git":
+            continue
+        target = dest / entry.name
+        try:
+            info = entry.stat(follow_symlinks=False)
+            if stat.S_ISDIR(info.st_mode):
+                os.mkdir(target, 0o755)
+                _copy_directory(Path(entry.path), target, f"{name}/", skipped)
+            elif stat.S_ISLNK(info.st_mode):
+                os.symlink(os.readlink(entry.path), target)
+                os.utime(target, ns=(info.st_atime_ns, info.st_mtime_ns), follow_symlinks=False)
+            elif stat.S_ISREG(info.st_mode):
+                _copy_file(Path(entry.path), target, name, skipped)
+            else:
+                kind = next((k for test, k in _KINDS if test(info.st_mode)), "not a regular file")
+                skipped.append(f"{name}: {kind}, left out")
+        except OSError as exc:
+            skipped.append(f"{name}: {exc.strerror or exc}, left out")
+
+
+def _copy_file(src: Path, dest: Path, name: str, skipped: list[str]) -> None:
+    fd = os.open(src, _READ_FLAGS)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):  # replaced since it was listed
+            skipped.append(f"{name}: not a regular file when opened, left out")
+            return
+        mode = (stat.S_IMODE(info.st_mode) & 0o777) | 0o600
+        out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        try:
+            while chunk := os.read(fd, 1 << 20):
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(out, view) :]
+        finally:
+            os.close(out)
+        os.utime(dest, ns=(info.st_atime_ns, info.st_mtime_ns))
+    finally:
+        os.close(fd)
 
 
 def run_git(cwd: Path, *args: str) -> str:
@@ -410,6 +610,7 @@ def workspace_diff(workspace: Path) -> str:
     record, in a scratch index: neither the record's index nor the agent's repository is changed."""
     with tempfile.TemporaryDirectory(prefix="labkube-diff-") as tmp:
         index = Path(tmp) / "index"
-        record_git(workspace, "read-tree", PRISTINE_REF, index=index)
-        record_git(workspace, "add", "-A", "--intent-to-add", "--", ".", index=index)
-        return record_git(workspace, "diff", *SAFE_DIFF, PRISTINE_REF, "--", index=index)
+        with record_repository(workspace) as git:
+            git("read-tree", PRISTINE_REF, index=index)
+            git("add", "-A", "--intent-to-add", "--", ".", index=index)
+            return git("diff", *SAFE_DIFF, PRISTINE_REF, "--", index=index)

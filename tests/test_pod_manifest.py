@@ -218,17 +218,29 @@ def test_api_keys_come_from_secrets_by_reference_only(monkeypatch: pytest.Monkey
     for family in (TaskFamily.researchgym, TaskFamily.gaia2):
         pod = build_pod_manifest(make_run(family=family), make_options(), owner=OWNER)
         assert SENTINEL_KEY not in json.dumps(pod)
-        env = env_of(containers(pod)["agent"])
+        # An API model's calls go through the gateway sidecar: the keys are its alone (issue 41), rg-agent's too.
+        agent = env_of(containers(pod)["agent"])
+        assert not {"OPENAI_API_KEY", "ANTHROPIC_API_KEY", "LABKUBE_STDIN_VARS"} & set(agent)
+        assert agent["LABKUBE_GATEWAY_URL"]["value"].startswith("http://127.0.0.1:")
+        env = env_of(containers(pod)["gateway"])
         assert env["OPENAI_API_KEY"] == {
             "name": "OPENAI_API_KEY",
             "valueFrom": {"secretKeyRef": {"name": "labkube-api-keys", "key": "OPENAI_API_KEY", "optional": True}},
         }
         assert env["ANTHROPIC_API_KEY"]["valueFrom"]["secretKeyRef"]["optional"] is False
-        # the agent moves these to stdin and re-execs without them (tests/test_secrets.py)
-        assert env["LABKUBE_STDIN_VARS"]["value"] == "ANTHROPIC_API_KEY,OPENAI_API_KEY"
+    # A scripted model calls no API and has no gateway: the keys reach its agent by reference, and the agent moves
+    # them to stdin and re-execs without them (tests/test_secrets.py).
+    scripted = make_run().model_copy(update={"model": "replay:/plans/p.jsonl"})
+    pod = build_pod_manifest(scripted, make_options(), owner=OWNER)
+    assert "gateway" not in containers(pod)
+    env = env_of(containers(pod)["agent"])
+    assert env["LABKUBE_STDIN_VARS"]["value"] == "ANTHROPIC_API_KEY,OPENAI_API_KEY"
+    for family in (TaskFamily.researchgym, TaskFamily.gaia2):
+        pod = build_pod_manifest(make_run(family=family), make_options(), owner=OWNER)
         for c in containers(pod).values():
             for e in c.get("env", []):
-                if re.search("KEY|TOKEN|SECRET", e["name"]):
+                # a *_FILE variable names where a token is, as LABKUBE_GATEWAY_TOKEN_FILE does: a path, no secret
+                if re.search("KEY|TOKEN|SECRET", e["name"]) and not e["name"].endswith("_FILE"):
                     assert "value" not in e, (c["name"], e["name"])
 
 
@@ -306,12 +318,12 @@ def test_pod_names_differ_per_attempt_and_fit_a_dns_label() -> None:
 
 def test_world_sidecar_only_for_gaia2_runs() -> None:
     plain = build_pod_manifest(make_run(), make_options(), owner=OWNER)
-    assert [c["name"] for c in plain["spec"]["initContainers"]] == ["prepare"]
+    assert [c["name"] for c in plain["spec"]["initContainers"]] == ["prepare", "gateway"]
     assert "LABKUBE_WORLD_URL" not in env_of(containers(plain)["agent"])
 
     gaia2 = build_pod_manifest(make_run(family=TaskFamily.gaia2), make_options(), owner=OWNER)
     init = gaia2["spec"]["initContainers"]
-    assert [c["name"] for c in init] == ["prepare", "world"]
+    assert [c["name"] for c in init] == ["prepare", "world", "gateway"]
     world = init[1]
     assert world["restartPolicy"] == "Always"  # a native sidecar: the pod completes when the agent exits
     assert world["image"] == "ghcr.io/labkube/world:0.1.0" and world["command"] == ["labkube-world"]
@@ -537,7 +549,8 @@ def test_metrics_port_for_the_pod_monitor() -> None:
 
 def test_image_is_the_tasks_else_the_default() -> None:
     own = build_pod_manifest(make_run(image="ghcr.io/x/task:1"), make_options(), owner=OWNER)
-    assert {c["image"] for n, c in containers(own).items() if n != "world"} == {"ghcr.io/x/task:1"}
+    # the world and the gateway are labkube's own code: the default image, never the task's
+    assert {c["image"] for n, c in containers(own).items() if n not in ("world", "gateway")} == {"ghcr.io/x/task:1"}
     default = build_pod_manifest(make_run(), make_options(), owner=OWNER)
     assert containers(default)["agent"]["image"] == "ghcr.io/labkube/labkube:0.1.0"
 
@@ -647,7 +660,7 @@ def test_a_vendor_cli_pod_keeps_the_keys_in_the_gateway_sidecar(monkeypatch: pyt
     volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "gateway")
     assert volume["emptyDir"]["medium"] == "Memory"
     assert not pod["spec"].get("shareProcessNamespace")  # the agent cannot read the sidecar's environment
-    plain = build_pod_manifest(make_run(), make_options(), owner=OWNER)
+    plain = build_pod_manifest(make_run().model_copy(update={"model": "noop"}), make_options(), owner=OWNER)
     assert "gateway" not in containers(plain) and "LABKUBE_STDIN_VARS" in env_of(containers(plain)["agent"])
 
 

@@ -428,3 +428,47 @@ def test_killing_a_runs_cgroup_removes_the_cgroups_its_processes_made_below_it(t
         for directory in (inner, inner.parent, run):
             with contextlib.suppress(OSError):
                 directory.rmdir()
+
+
+def test_a_grading_pods_pid_1_ends_every_other_process_of_its_container(tmp_path: Path) -> None:
+    """A grading pod's `labkube agent --finalize` is PID 1 of its container. What the grader left (a double-forked
+    process that cleared its environment, so no token finds it, still writing) is killed before the result is
+    written for the last time; not PID 1, it kills nothing. A pid namespace of bwrap's (`--as-pid-1`) is the
+    container here."""
+    from labkube.agent import containment
+    from labkube.sandbox import find_bwrap
+
+    bwrap = find_bwrap()
+    if bwrap is None:
+        pytest.skip("no bwrap here")
+    assert containment.end_the_rest_of_the_container() is None  # this test's process is no container's PID 1
+    beat = tmp_path / "beat"
+    script = f"""
+import os, sys, time
+sys.path[:0] = {sys.path!r}
+from labkube.agent import containment
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.environ.clear()
+        while True:
+            open({str(beat)!r}, "a").write("x")
+            time.sleep(0.01)
+    os._exit(0)
+time.sleep(0.3)
+assert os.getpid() == 1
+others = [p for p in os.listdir("/proc") if p.isdigit() and p != "1"]
+left = containment.end_the_rest_of_the_container()
+now = [p for p in os.listdir("/proc") if p.isdigit() and p != "1"]
+print(len(others), left, now)
+"""
+    argv = [bwrap, "--dev-bind", "/", "/", "--unshare-pid", "--as-pid-1", "--proc", "/proc"]
+    ran = subprocess.run([*argv, sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    if ran.returncode != 0 and "Operation not permitted" in ran.stderr:
+        pytest.skip(f"no pid namespace here: {ran.stderr.strip()}")
+    assert ran.returncode == 0, ran.stderr
+    before, left, after = ran.stdout.split()
+    assert int(before) >= 1 and (left, after) == ("set()", "[]")  # the daemon (and its parent's zombie) are gone
+    size = beat.stat().st_size
+    time.sleep(0.2)
+    assert beat.stat().st_size == size  # nothing writes any more

@@ -30,11 +30,12 @@ from labkube.integrity.evidence import (
     record_workspace_files,
     workspace_changes,
 )
+from labkube.integrity_report import IntegrityReport
 from labkube.result import RunResult
 from labkube.run_spec import RunPhase
 from labkube.store import RunDir
 from labkube.task_card import TaskCard
-from labkube.tasks import card_for_run, make_empty_pristine, remove_empty_pristine
+from labkube.tasks import PristineTask, card_for_run, make_empty_pristine, remove_empty_pristine
 from labkube.tasks.workspace import (
     EMPTY_TREE,
     PRISTINE_TAG,
@@ -266,8 +267,9 @@ def test_the_empty_pristine_template_writes_a_valid_record_too(tmp_path: Path, e
 
 def test_a_run_without_a_record_says_so_instead_of_reading_the_agents_repository(tmp_path: Path) -> None:
     """A run directory of a labkube from before the record: its workspace's `.git` is the only pristine commit there
-    is, and the agent's to rewrite. The run-end record and the audit say the record is missing; the run ends as it
-    would after any failed audit (NEEDS_REVIEW, the reason in its message), without a crash."""
+    is, and the agent's to rewrite. What reads the run folder's record says it is missing (the run-end record taken
+    without the task, the hand-off's status); the audit, which makes the pristine record again from the task, sees
+    the agent's real change, whatever the agent's tag says."""
     task = make_tiny_task(tmp_path / "tasks", [])
     rd = RunDir(make_run_dir(tmp_path / "campaign", task))
     rd.workspace.mkdir(parents=True)
@@ -283,8 +285,10 @@ def test_a_run_without_a_record_says_so_instead_of_reading_the_agents_repository
     result = RunResult(run_id=spec.run_id, task=spec.task, model=spec.model, seed=spec.seed, status=RunPhase.finished)
     card = card_for_run(spec.task, spec.task_path, spec.task_id, spec.family, spec.task_overlay)
     audited = audit(rd, spec, result, card=card)
-    assert audited.integrity_verdict == "NEEDS_REVIEW"
-    assert "record of the workspace is missing" in (audited.message or "")
+    assert "record of the workspace is missing" not in (audited.message or "")
+    assert IntegrityReport.model_validate_json((rd.root / "integrity.json").read_text()).violations
+    changes = workspace_changes(rd.workspace, PristineTask(card)).changes
+    assert ("train.py", "A", blob_id(CHEATED.encode())) in {(c.path, c.status, c.blob) for c in changes}
     assert "(unknown)" in latest_state(rd.workspace, JobManager(rd.root / "jobs"))
 
 

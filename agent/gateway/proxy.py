@@ -91,6 +91,7 @@ class ModelGateway(GatewayAddress):
         after_call: AfterHook | None = None,
         on_refusal: Callable[[StopReason], None] | None = None,
         max_defer_s: float = MAX_DEFER_S,
+        keep_state: Callable[[GatewayState], None] | None = None,
     ) -> None:
         self.config = config
         self.max_defer_s = max_defer_s
@@ -98,6 +99,7 @@ class ModelGateway(GatewayAddress):
         self.telemetry = telemetry
         self.state = state or GatewayState()
         self.state_path = state_path
+        self.keep_state = keep_state  # called in a thread with every state written (a pod's `ledger.keep_report`)
         self.before_call, self.after_call = before_call, after_call
         self.on_refusal = on_refusal
         self._server: HttpServer | None = None
@@ -219,17 +221,16 @@ class ModelGateway(GatewayAddress):
         """Have `gateway.json` rewritten, off the calls' path (with the transcript's lines, `_defer`): a writer task
         writes the latest state in a thread, and once more if it changed meanwhile (a burst of calls costs a write
         or two, not one each)."""
-        if self.state_path is None or self._state_write_queued:
+        if (self.state_path is None and self.keep_state is None) or self._state_write_queued:
             return
         self._state_write_queued = True
         self._defer(self._start_state_writer)
 
     def _start_state_writer(self) -> None:
-        assert self.state_path is not None
         self._state_write_queued = False
         self._state_changed = True
         if self._state_writer is None or self._state_writer.done():
-            self._state_writer = asyncio.get_running_loop().create_task(self._write_state(self.state_path))
+            self._state_writer = asyncio.get_running_loop().create_task(self._write_state())
 
     # -- work that waits for the calls in flight
     def _defer(self, job: Callable[[], None]) -> None:
@@ -264,14 +265,22 @@ class ModelGateway(GatewayAddress):
             self._deferred_handle = None
         self._wake_deferred()
 
-    async def _write_state(self, path: Path) -> None:
+    async def _write_state(self) -> None:
         while self._state_changed:
             self._state_changed = False
-            snapshot = self.state.model_dump(mode="json")
+            snapshot = self.state.model_copy(deep=True)
             try:
-                await asyncio.to_thread(write_json_atomic, path, snapshot)
+                await asyncio.to_thread(self.write_state, snapshot)
             except OSError as exc:  # the call was counted in memory, and budgets are enforced from there
-                logging.getLogger(__name__).warning("labkube gateway: could not write %s: %s", path, exc)
+                logging.getLogger(__name__).warning("labkube gateway: could not write its state: %s", exc)
+
+    def write_state(self, state: GatewayState | None = None) -> None:
+        """Write `state` (now's, by default) to `gateway.json` and wherever `keep_state` keeps it."""
+        state = state or self.state
+        if self.state_path is not None:
+            write_json_atomic(self.state_path, state.model_dump(mode="json"))
+        if self.keep_state is not None:
+            self.keep_state(state)
 
     def _authorized(self, request: Request) -> bool:
         return self._token_in(request.headers)

@@ -14,7 +14,6 @@ from pathlib import Path
 from labkube.agent.gateway.proxy import AfterHook, GatewayAddress, Hook, ModelGateway
 from labkube.agent.gateway.state import GatewayConfig, GatewayError, GatewayState, run_config, upstream_for
 from labkube.agent.transcript import JsonlLog
-from labkube.budgets import Spend
 from labkube.model_ref import parse_model
 from labkube.run_spec import RUN_SPEC_VARIABLE, RunSpec
 
@@ -22,6 +21,8 @@ from labkube.run_spec import RUN_SPEC_VARIABLE, RunSpec
 # container's environment, which the pod manifest sets from the Run and nothing in the pod can change, never the run
 # folder's `run.json`, which the agent container may rewrite (issue 41: a rewritten base URL plus a sidecar restart
 # sent the provider's key to the agent's own listener).
+GATEWAY_URL_VARIABLE = "LABKUBE_GATEWAY_URL"  # set in a pod: the gateway is the `gateway` sidecar
+GATEWAY_TOKEN_VARIABLE = "LABKUBE_GATEWAY_TOKEN_FILE"
 STATE_TIMEOUT_S = 2.0  # a sidecar on the pod's loopback answers in milliseconds; a dead one must not stall the end
 
 
@@ -88,6 +89,27 @@ def world_clock_hooks(
     return pause, resume
 
 
+def kept_run_token(fresh: str) -> str:
+    """The run token this sidecar serves with: in a pod, the one an earlier instance of it kept in its own volume (the
+    kubelet restarted it, and the agent's container goes on with that token; a new one would refuse all its calls),
+    else `fresh`, kept there for a later instance. Outside a pod (no `PRIVATE_STATE_VARIABLE`): `fresh`."""
+    from labkube.agent.gateway.ledger import private_state_path
+
+    state = private_state_path()
+    if state is None:
+        return fresh
+    kept = state.with_name(state.name + ".token")
+    with contextlib.suppress(FileNotFoundError):
+        token = kept.read_text().strip()
+        if token:
+            return token
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as copy:
+        copy.write(fresh)
+    return fresh
+
+
 def world_control_token() -> str | None:
     """The control token the pod's world sidecar wrote before it listened (`LABKUBE_WORLD_CONTROL_FILE`, on a memory
     volume), read before this gateway listens: the agent container starts only after, and the world removes the
@@ -131,24 +153,34 @@ def gateway_run_spec(environ: Mapping[str, str] | None = None) -> RunSpec:
 async def serve_run_gateway(run_dir: Path, host: str, port: int, token_file: Path, spec: RunSpec) -> None:
     """The pod's gateway sidecar: the run's provider and budgets from `spec` (`gateway_run_spec`: this container's
     environment, not the run folder's run.json, which the agent writes), its key from this container's environment,
-    the spend so far from the run's checkpoint (a resumed run goes on counting); the token written to `token_file` (a
-    volume shared with the agent container only), then serve until SIGTERM."""
+    the spend so far from the operator's record and its own HOME (`ledger.starting_spend`; never the run folder's
+    checkpoint, which the agent's container writes); the token written to `token_file` (a volume shared with the
+    agent container only), then serve until SIGTERM. Its totals go to its own HOME and its termination message
+    (`ledger.keep_report`), where the operator reads them when the pod ends. An rg-agent run's harness writes the
+    transcript of its own calls: the gateway writes none for it, and its world's clock is the harness's to stop."""
     import signal
 
-    from labkube.agent.checkpoint import Checkpoint
+    from labkube.agent.gateway.ledger import keep_report, starting_spend
     from labkube.agent.providers.registry import api_key_for
-    from labkube.store import RunDir, read_model
+    from labkube.run_spec import CLI_AGENTS
+    from labkube.store import RunDir
 
     rd = RunDir(run_dir)
-    ckpt = read_model(rd.checkpoint_json, Checkpoint)
     ref = parse_model(spec.model)
     family, upstream = upstream_for(ref, api_key_for(ref, spec))
     config = run_config(spec, family, upstream)
-    state = GatewayState(spend=ckpt.spend.model_copy(deep=True) if ckpt else Spend())
-    before, after = world_clock_hooks(os.environ.get("LABKUBE_WORLD_URL"), spec.think_time_s, world_control_token())
+    config = config.model_copy(update={"token": kept_run_token(config.token)})
+    state = GatewayState(spend=starting_spend())
+    cli = spec.agent in CLI_AGENTS
+    before, after = (
+        world_clock_hooks(os.environ.get("LABKUBE_WORLD_URL"), spec.think_time_s, world_control_token())
+        if cli
+        else (None, None)
+    )
+    termination = os.environ.get("LABKUBE_TERMINATION_LOG")
     gateway = ModelGateway(
         config,
-        transcript=JsonlLog(rd.transcript),
+        transcript=JsonlLog(rd.transcript) if cli else None,
         state=state,
         state_path=rd.root / "gateway.json",
         before_call=before,
@@ -157,7 +189,9 @@ async def serve_run_gateway(run_dir: Path, host: str, port: int, token_file: Pat
         # the transcript a person follows in the pod stays current, and a gateway killed with its pod loses the
         # fewest lines. (The agent container has the rest flushed before it checkpoints: `GatewayView.checkpoint`.)
         max_defer_s=0.0,
+        keep_state=lambda kept: keep_report(kept, Path(termination) if termination else None),
     )
+    gateway.write_state()  # the operator's record is the report until a call adds to it, a restart included
     await gateway.start(host, port)
     token_file.parent.mkdir(parents=True, exist_ok=True)
     staged = token_file.with_suffix(".tmp")
@@ -172,3 +206,23 @@ async def serve_run_gateway(run_dir: Path, host: str, port: int, token_file: Pat
         await stop.wait()
     finally:
         await gateway.close()
+        gateway.write_state()
+
+
+def sidecar_gateway(environ: Mapping[str, str] | None = None, timeout_s: float = 60.0) -> GatewayView | None:
+    """The pod's gateway sidecar, as its address and the token it wrote (waiting out a slow start); None outside a
+    pod with one. rg-agent's own model calls go through it there: the keys are the sidecar's alone."""
+    import time
+
+    env = os.environ if environ is None else environ
+    url = env.get(GATEWAY_URL_VARIABLE)
+    if not url:
+        return None
+    token_file = Path(env.get(GATEWAY_TOKEN_VARIABLE, "/gateway/token"))
+    deadline = time.monotonic() + timeout_s
+    while not token_file.exists():
+        if time.monotonic() > deadline:
+            raise GatewayError(f"the gateway sidecar wrote no token to {token_file} in {timeout_s:.0f} s; see its log")
+        time.sleep(0.2)
+    run_dir = Path(env.get("LABKUBE_RUN_DIR", "."))
+    return GatewayView(url, token_file.read_text().strip(), run_dir / "gateway.json")

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from labkube.budgets import Budgets, Spend, StopReason
+from labkube.budgets import BUDGET_REFUSAL, Budgets, Spend, StopReason
 from labkube.model_ref import ModelRef, parse_model
 from labkube.run_spec import RunSpec
 
@@ -98,7 +98,7 @@ def upstream_for(ref: ModelRef, key: str | None, environ: dict[str, str] | None 
 
 def refusal(family: Family, reason: StopReason, detail: str) -> tuple[int, dict[str, Any]]:
     """The provider's own 'quota used up' answer, which clients do not retry."""
-    message = f"labkube: this run's {reason.value} budget is spent ({detail}); the run is over"
+    message = f"{BUDGET_REFUSAL.format(reason=reason.value)} ({detail}); the run is over"
     if family == "openai":
         code = "insufficient_quota"
         return 429, {"error": {"message": message, "type": code, "param": None, "code": code}}

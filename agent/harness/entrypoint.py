@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from labkube.agent.budget import BudgetTracker
 from labkube.agent.checkpoint import Checkpoint
-from labkube.agent.containment import adopt_run_processes, end_run_processes
+from labkube.agent.containment import adopt_run_processes, end_run_processes, end_the_rest_of_the_container
 from labkube.agent.harness.gpu import gpu_minor_numbers, read_gpu_use, start_gpu_meter
 from labkube.agent.jobs import JobManager
 from labkube.agent.messages import Message
@@ -40,16 +40,17 @@ from labkube.agent.run_sandbox import run_room
 from labkube.agent.scaffolds.are_default import run_are_default
 from labkube.agent.telemetry import RunTelemetry, start_telemetry
 from labkube.agent.transcript import JsonlLog, now_iso, read_jsonl
-from labkube.budgets import StopReason
+from labkube.budgets import Budgets, StopReason, spend_floor
 from labkube.model_ref import parse_model
 from labkube.result import Grade, Outcome, RunResult, completion_of, outcome_for
-from labkube.run_spec import CLI_AGENTS, RunPhase, RunSpec, RunStatus
+from labkube.run_spec import CLI_AGENTS, CLUSTER_ACCOUNT_VARIABLE, ClusterAccount, RunPhase, RunSpec, RunStatus
 from labkube.sandbox import SandboxMode
 from labkube.store import RunDir, read_model, utcnow, write_model
 from labkube.task_card import NetworkAccess, TaskCard
 from labkube.tasks import (
     GradeOutcome,
     PinnedTask,
+    PristineTask,
     card_for_run,
     grade_run,
     grade_runs_in_workspace,
@@ -190,6 +191,11 @@ async def run_agent(run_dir: Path, resume: bool = False) -> RunResult:
         conversation.truncate(ckpt.conversation_offset)
         messages = restore_messages(rd, ckpt)
         ckpt.resumes += 1
+    from labkube.agent.gateway.ledger import cluster_spend  # the gateway package is the sidecar's, not loaded before
+
+    seen = cluster_spend()  # on a cluster, what earlier pods' gateways counted: the checkpoint is the agent's to write
+    if seen is not None:
+        ckpt.spend = spend_floor(ckpt.spend, seen)
 
     ref = parse_model(spec.model)
     graded = [g.score for g in ckpt.score_curve if g.score is not None]
@@ -428,7 +434,11 @@ def finalize(
     pod, `hand_over_to_grading`)."""
     if os.environ.get(GRADED_BY_OPERATOR_VARIABLE) == "1":
         return hand_over_to_grading(rd, spec, ckpt, error, telemetry)
-    recorded = record_workspace(rd)
+    # The record is made again from the task wherever the agent could have written the run folder's: on a cluster
+    # (the grading pod), or unsandboxed. Under the local sandbox it is out of the agent's reach, and copying a
+    # workspace of many gigabytes at every run's end would buy nothing.
+    rebuilt = spec.sandbox is not SandboxMode.bwrap
+    recorded = record_workspace(rd, PristineTask(card, spec.idea_hint) if rebuilt else None)
     write_status(rd, spec, ckpt, RunPhase.grading)
     final = take_grade(rd, card, ckpt, final=True)
     ckpt.score_curve.append(final)
@@ -474,6 +484,8 @@ def finalize(
         subtasks=final.subtasks,
         spend=ckpt.spend,
         score_curve=ckpt.score_curve,
+        # a grading pod copied the periodic gradings from the agent's checkpoint: they are the agent pod's claim
+        score_curve_source="referee" if cluster_account() is None else "agent_pod",
         started_at=ckpt.started_at,
         capabilities=run_capabilities(card, spec),
         details=result_details(card, spec, ckpt),
@@ -506,14 +518,15 @@ def result_details(card: TaskCard, spec: RunSpec, ckpt: Checkpoint) -> dict[str,
     return details
 
 
-def record_workspace(rd: RunDir) -> WorkspaceChanges | None:
+def record_workspace(rd: RunDir, pristine: PristineTask | None = None) -> WorkspaceChanges | None:
     """The run-end record of the workspace's files (content ids, when each was last written) that the audit reads
-    file times from, taken before anything can copy the run. Every scaffold ends here; without a record the audit
-    falls back to the files' own times. Returns the workspace's changes it recorded (None when it failed)."""
+    file times from, taken before anything can copy the run, against the `pristine` task made again (in a grading
+    pod the run folder's `workspace.git` is the agent's to have rewritten). Every scaffold ends here; without a record
+    the audit falls back to the files' own times. Returns the workspace's changes it recorded (None when it failed)."""
     from labkube.integrity import record_workspace_files
 
     try:
-        return record_workspace_files(rd.root)
+        return record_workspace_files(rd.root, pristine)
     except (OSError, RuntimeError) as exc:
         rd.logs.mkdir(parents=True, exist_ok=True)
         (rd.logs / "audit-error.txt").write_text(f"recording the workspace's files failed: {exc}\n")
@@ -576,7 +589,15 @@ def finalize_stopped(run_dir: Path, reason: StopReason) -> RunResult:
     use_task_environment(rd, card)
     prepare_run_workspace(card, rd.workspace, spec.idea_hint)
     ckpt = read_model(rd.checkpoint_json, Checkpoint) or Checkpoint()
-    ckpt.stop_reason = ckpt.stop_reason or reason
+    account = cluster_account()
+    if account is None:
+        ckpt.stop_reason = ckpt.stop_reason or reason
+    else:  # a grading pod: the checkpoint is on the agent's volume, and the run is charged what the cluster saw
+        ckpt.stop_reason = cluster_stop_reason(reason, ckpt.stop_reason, account, spec.budgets)
+        if account.spend is not None:
+            ckpt.spend = account.spend.model_copy(deep=True)
+        ckpt.spend.wall_seconds = account.wall_seconds
+        ckpt.resumes = max(0, account.attempts - 1)
     error = None
     if card.gaia2 is not None and os.environ.get(WORLD_VERDICT_SOURCE) == "operator":
         # A grading pod: the checkpoint is on the agent's volume; the verdict is the one the world sidecar reported.
@@ -584,7 +605,46 @@ def finalize_stopped(run_dir: Path, reason: StopReason) -> RunResult:
         if ckpt.world_verdict is None and ckpt.stop_reason not in FAILURE_STOPS:
             ckpt.stop_reason = StopReason.world_error
             error = "the run's world sidecar reported no verdict (it never judged the run, or ended first)"
-    return finalize(rd, spec, card, ckpt, error, telemetry=start_telemetry(spec))
+    result = finalize(rd, spec, card, ckpt, error, telemetry=start_telemetry(spec))
+    if account is not None and end_the_rest_of_the_container() is not None:
+        # the grader may have run the agent's code: with every other process of the pod ended, the result written
+        # now (and the termination message read from it) is this process's, whatever a leftover wrote meanwhile
+        write_model(rd.result_json, result)
+    return result
+
+
+def cluster_account() -> ClusterAccount | None:
+    """The operator's account of the run, in a grading pod (`CLUSTER_ACCOUNT_VARIABLE`); None elsewhere."""
+    text = os.environ.get(CLUSTER_ACCOUNT_VARIABLE)
+    return ClusterAccount.model_validate_json(text) if text else None
+
+
+BUDGET_STOPS = (StopReason.tokens, StopReason.usd, StopReason.steps)
+
+
+def cluster_stop_reason(
+    reason: StopReason, claimed: StopReason | None, account: ClusterAccount, budgets: Budgets
+) -> StopReason:
+    """Why a run on a cluster stopped, from what the operator saw (`reason`: the agent pod's exit code, a deadline, the
+    attempts used up) and the gateways' account; the checkpoint's word (`claimed`) only names which failure an agent
+    that failed (exit 1) had, which changes no score."""
+    if reason is StopReason.error:
+        return claimed if claimed in FAILURE_STOPS else reason
+    if reason is not StopReason.done:
+        return reason
+    if account.budget_stop in BUDGET_STOPS:
+        return account.budget_stop
+    spend = account.spend
+    if spend is not None:
+        if budgets.tokens is not None and spend.usage.total >= budgets.tokens:
+            return StopReason.tokens
+        if budgets.usd is not None and spend.usd >= budgets.usd:
+            return StopReason.usd
+        if budgets.steps is not None and spend.steps >= budgets.steps:
+            return StopReason.steps
+    if budgets.wall_seconds is not None and account.wall_seconds >= budgets.wall_seconds:
+        return StopReason.time
+    return reason
 
 
 def time_is_up(spec: RunSpec, tracker: BudgetTracker) -> bool:

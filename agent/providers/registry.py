@@ -100,7 +100,41 @@ def make_provider(ref: ModelRef, card: TaskCard, spec: RunSpec) -> Provider:
             return ScriptedProvider(load_plan(plan).steps, model=f"cheat:{ref.name}", seed=spec.seed)
     except PlanError as exc:
         raise ProviderError(str(exc), retryable=False) from None
-    return make_api_provider(ref, api_key_for(ref, spec), spec.model_timeout_s)
+    return gateway_provider(ref, spec.model_timeout_s) or make_api_provider(
+        ref, api_key_for(ref, spec), spec.model_timeout_s
+    )
+
+
+def gateway_provider(ref: ModelRef, timeout_s: float) -> Provider | None:
+    """In a pod with a gateway sidecar, the provider for `ref` through it, with its run token (the keys are the
+    sidecar's alone, and it counts the run's spend where the agent's container cannot write); None elsewhere."""
+    from labkube.agent.gateway.sidecar import sidecar_gateway
+    from labkube.agent.gateway.state import GatewayError
+
+    try:
+        gateway = sidecar_gateway()
+    except GatewayError as exc:
+        raise ProviderError(str(exc), retryable=False) from None
+    if gateway is None:
+        return None
+    token = gateway.config.token
+    if ref.provider == "openai":
+        from labkube.agent.providers.openai_provider import OpenAIResponses
+
+        return OpenAIResponses(
+            ref.name, ref.effort, api_key=token, base_url=gateway.openai_base_url, timeout_s=timeout_s
+        )
+    if ref.provider in ("openai-chat", "openai-compatible"):
+        from labkube.agent.providers.openai_provider import OpenAIChat
+
+        return OpenAIChat(ref.name, ref.effort, api_key=token, base_url=gateway.openai_base_url, timeout_s=timeout_s)
+    if ref.provider == "anthropic":
+        from labkube.agent.providers.anthropic_provider import AnthropicMessages
+
+        return AnthropicMessages(
+            ref.name, ref.effort, api_key=token, base_url=gateway.anthropic_base_url, timeout_s=timeout_s
+        )
+    return None
 
 
 def make_api_provider(ref: ModelRef, key: str | None, timeout_s: float = 900.0) -> Provider:

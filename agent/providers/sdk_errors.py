@@ -13,7 +13,7 @@ from types import ModuleType
 
 from labkube.agent.providers.provider import ContextOverflow, ProviderError
 from labkube.agent.providers.transport_errors import answer_may_have_begun, is_transport_error
-from labkube.budgets import StopReason
+from labkube.budgets import StopReason, refused_budget
 
 OVERFLOW_HINTS = ("context_length", "maximum context", "too long", "prompt is too long")
 
@@ -25,6 +25,9 @@ def one_line(exc: BaseException) -> str:
 def map_sdk_error(exc: Exception, sdk: ModuleType) -> ProviderError:
     """`exc` from the `openai` or `anthropic` SDK as a ProviderError; anything else is re-raised."""
     text = one_line(exc)
+    if isinstance(exc, sdk.APIStatusError) and (budget := refused_budget(str(exc))) is not None:
+        # the pod's gateway refused the call: the run's budget is spent as the cluster counts it (never retried)
+        return ProviderError(f"the model gateway refused the call: {text}", retryable=False, reason=budget)
     if isinstance(exc, sdk.AuthenticationError | sdk.PermissionDeniedError):
         return ProviderError(f"authentication failed: {text}", retryable=False, reason=StopReason.auth)
     if isinstance(exc, sdk.NotFoundError):

@@ -58,6 +58,7 @@ from labkube.agent.gateway import (
     run_config,
     upstream_for,
 )
+from labkube.agent.gateway.sidecar import GATEWAY_TOKEN_VARIABLE, GATEWAY_URL_VARIABLE
 from labkube.agent.prompts import initial_messages
 from labkube.agent.providers.provider import ProviderError
 from labkube.agent.providers.registry import api_key_for
@@ -98,8 +99,6 @@ log = logging.getLogger(__name__)
 
 # The tools a CLI's calls are recorded as (agent/scaffolds/cli_events.py), for the run's series from the first scrape.
 CLI_TOOL_NAMES = ("bash", "write_file", "replace", "read_file", "search", "web_browser", "web_search")
-GATEWAY_URL_VARIABLE = "LABKUBE_GATEWAY_URL"  # set in a pod: the gateway is the `gateway` sidecar
-GATEWAY_TOKEN_VARIABLE = "LABKUBE_GATEWAY_TOKEN_FILE"
 INTERRUPT_GRACE_S = 15.0
 TURN_ENDING_TOOL = "AgentUserInterface__send_message_to_user"  # a Gaia2 turn ends when the agent messages the user
 WORLD_TOOLS_NOTE = (

@@ -21,13 +21,18 @@
   `failureThreshold` honoured; no probe: at once). While it starts, `initContainerStatuses` shows it
   running with `started: false`. A sidecar whose probe fails `failureThreshold` times, or that exits
   before, is killed and fails the pod like a failed init container (real Kubernetes would restart it
-  in `CrashLoopBackOff` and leave the pod `Pending`). A sidecar is not restarted if it dies later.
+  in `CrashLoopBackOff` and leave the pod `Pending`). A sidecar that exits once started (any exit code) is
+  restarted while the pod runs, as the real kubelet restarts a container whose `restartPolicy` is `Always`: its
+  status waits in `CrashLoopBackOff` for a back-off (`restart_backoff_s`, doubling up to `max_restart_backoff_s`;
+  the real one is 10 s doubling to 300 s), then runs again with `restartCount` one higher, `lastState.terminated`
+  holding the exit code, times and termination message of the run before, and `started: false` until its startup
+  probe passes again (one that fails is killed and restarted once more); its termination-message file starts empty.
   Sidecars get SIGTERM (then SIGKILL after `grace_s`) once the agent has exited, and the pod ends only
-  then; deleting, evicting or deadlining the pod, and leaving the kubelet, kill them too.
+  then (no more restarts); deleting, evicting or deadlining the pod, and leaving the kubelet, kill them too.
 - Ports: every pod has its own network; here they share one. So the agents' metrics servers get
-  `LABKUBE_METRICS_PORT=0`, and each world sidecar a free local port: its `LABKUBE_WORLD_PORT` (and
-  a command or probe argument equal to the old port) is replaced, and the agent's
-  `LABKUBE_WORLD_URL` is rewritten to the new port.
+  `LABKUBE_METRICS_PORT=0`, and each sidecar's port a free local port: a world's `LABKUBE_WORLD_PORT`, a
+  gateway's `--port` argument (and any command or probe argument equal to the old port) is replaced, and the
+  agent's `LABKUBE_WORLD_URL` and `LABKUBE_GATEWAY_URL` are rewritten to the new port.
 - Termination messages: a container's (a sidecar's too) `terminationMessagePath` is a file of its own (an environment
   value naming that path is rewritten to it); after the container ends, its first 4096 bytes become
   `state.terminated.message`, or, with `terminationMessagePolicy: FallbackToLogsOnError` and an empty
@@ -40,9 +45,23 @@
   container that fails: `Failed`, with a pod `message` naming it, which real Kubernetes leaves to the
   container's status; the agent then stays `waiting`); `activeDeadlineSeconds` (from
   `startTime`, init containers included) ends the pod `Failed`/`DeadlineExceeded`; `evict()`
-  terminates it `Failed`/`Evicted` with `DisruptionTarget=True` (reason `TerminationByKubelet`);
-  `preempt()` adds `DisruptionTarget=True` (e.g. `PreemptionByScheduler`) and deletes it; deleting
-  the pod kills its processes.
+  terminates it `Failed`/`Evicted` with `DisruptionTarget=True` (reason `TerminationByKubelet`), as a
+  node-pressure eviction; `preempt()` adds `DisruptionTarget=True` (e.g. `PreemptionByScheduler`) and deletes
+  it; deleting the pod kills its processes.
+
+Local storage (the kubelet's `localStorageEviction`, pkg/kubelet/eviction/eviction_manager.go; docs: "Local
+ephemeral storage" under "Resource Management for Pods and Containers"): every `storage_poll_s` (0.5 s; None: never)
+the kubelet measures each running pod as `du` does (allocated blocks, a hard link once): its emptyDir volumes that are
+not `medium: Memory` (directories here), its container logs and termination-message files; what is written to a
+claim is not the pod's. In the real kubelet's order, a pod is evicted when an emptyDir passes its `sizeLimit`
+(message `Usage of EmptyDir volume "tmp" exceeds the limit "1Gi". `), when the total passes the sum of its
+containers' `ephemeral-storage` limits (sidecars' included, plain init containers' as a maximum, the pod's limit as
+`resource.PodLimits` computes it: `Pod ephemeral local storage usage exceeds the total limit of containers 10Gi. `),
+or when a container's logs pass its own limit (`Container agent exceeded its local ephemeral storage limit "10Gi".
+`; here there is no writable layer to add). Such an eviction, as the real one, is `Failed`/`Evicted` with that
+message and no `DisruptionTarget` condition (only node-pressure evictions carry one), and gives the containers 1 s
+of grace (`immediateEvictionGracePeriodSeconds`). Paths an agent's commands name are not rewritten: its `HOME`
+(the `tmp` emptyDir at `/tmp` in a run pod) is where it writes to fill it.
 
 Isolation (`isolate=True`, opt-in): as above, every process runs as root on this machine's file system
 and network, so a pod can read any path (another pod's volume included) and reach every local port;
@@ -71,7 +90,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -80,6 +101,7 @@ import tempfile
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -93,6 +115,8 @@ NODE_NAME = "fake-node"
 Simulate = Callable[[dict[str, Any], Path | None, Path], Awaitable[int]]  # (pod, run dir, termination file)
 WORLD_PORT_ENV = "LABKUBE_WORLD_PORT"
 WORLD_URL_ENV = "LABKUBE_WORLD_URL"
+GATEWAY_URL_ENV = "LABKUBE_GATEWAY_URL"
+SIDECAR_URL_ENVS = (WORLD_URL_ENV, GATEWAY_URL_ENV)  # the agent's addresses of its sidecars
 _ENDED: weakref.WeakSet[asyncio.subprocess.Process] = weakref.WeakSet()  # process groups already killed
 Proc = asyncio.subprocess.Process | ContainerProcess  # a container's main process: plain, or isolated
 
@@ -120,6 +144,9 @@ class PodState:
     init_statuses: dict[str, dict[str, Any]] = field(default_factory=dict)
     agent_status: dict[str, Any] = field(default_factory=dict)
     disruption: dict[str, Any] | None = None  # the DisruptionTarget condition of a pod taken away
+    stop_grace_s: float | None = None  # the grace of an eviction that gives less than the kubelet's own
+    keepers: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # sidecar name -> its restarter
+    stopping: bool = False  # its sidecars are being stopped: none is restarted
 
 
 class FakeKubelet:
@@ -137,6 +164,9 @@ class FakeKubelet:
         work: Path | None = None,
         isolate: bool = False,
         image_dirs: Sequence[Path] = (),
+        storage_poll_s: float | None = 0.5,
+        restart_backoff_s: float = 0.2,
+        max_restart_backoff_s: float = 5.0,
     ) -> None:
         self.api = api
         self.claims = claims
@@ -149,6 +179,9 @@ class FakeKubelet:
         self.work = work or Path(tempfile.mkdtemp(prefix="kubelet-"))
         self.isolate = isolate
         self.image_dirs = [Path(d) for d in image_dirs]
+        self.storage_poll_s = storage_poll_s
+        self.restart_backoff_s = restart_backoff_s
+        self.max_restart_backoff_s = max_restart_backoff_s
         self.pods: dict[tuple[str, str], PodState] = {}
         self.queue: list[tuple[str, str]] = []  # pods waiting to be scheduled, in arrival order
         self.started: list[str] = []  # pod names whose agent started (in order)
@@ -156,6 +189,7 @@ class FakeKubelet:
         self.phase_changes: list[tuple[float, str, str]] = []  # (monotonic time, pod, phase)
         self._events: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
         self._loop_task: asyncio.Task[None] | None = None
+        self._storage_task: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._gone: list[PodState] = []  # deleted pods, whose processes may still be ending
         self._ports: set[int] = set()  # local ports handed to sidecars of live pods
@@ -174,14 +208,17 @@ class FakeKubelet:
         for pod in self.api.objects(PODS):
             self._events.put_nowait(("ADDED", pod))
         self._loop_task = asyncio.create_task(self._loop())
+        if self.storage_poll_s is not None and self.simulate is None:
+            self._storage_task = asyncio.create_task(self._watch_storage())
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         self.api.listeners.remove(self._hear)
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop_task
+        for task in (self._loop_task, self._storage_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for state in [*self.pods.values(), *self._gone]:
             state.deleted = True
             await self._kill(state, grace_s=0.5)
@@ -349,9 +386,9 @@ class FakeKubelet:
                 with contextlib.suppress(asyncio.CancelledError):
                     await work
             else:
-                await _terminate(state.proc, self.grace_s)
+                await _terminate(state.proc, state.stop_grace_s or self.grace_s)
                 await work  # the agent's exit code goes into its status
-            await self._stop_sidecars(state)
+            await self._stop_sidecars(state, state.stop_grace_s)
             self._publish(state, "Failed", reason, message)
         finally:
             if not work.done():
@@ -410,7 +447,66 @@ class FakeKubelet:
             return problem
         state.init_statuses[name] = {**_container(c, running, ready=True), "started": True}
         self._publish(state, "Pending")
+        state.keepers[name] = asyncio.create_task(self._keep_sidecar(state, c, mounts, proc))
         return ""
+
+    async def _keep_sidecar(
+        self, state: PodState, c: dict[str, Any], mounts: dict[str, Path], proc: asyncio.subprocess.Process
+    ) -> None:
+        """Restart sidecar `c` each time it exits while the pod runs (the module docstring says how)."""
+        name = c["name"]
+        backoff = self.restart_backoff_s
+        while True:
+            await proc.wait()
+            if state.stopping or state.deleted:
+                return
+            _kill_rest(proc)
+            code = _exit_code(proc)
+            previous = state.init_statuses.get(name) or {}
+            last = _terminated(c, code, message=self.termination_message(state, c, code))["state"]
+            if started_at := ((previous.get("state") or {}).get("running") or {}).get("startedAt"):
+                last["terminated"]["startedAt"] = started_at
+            restarts = int(previous.get("restartCount", 0)) + 1
+            message = f"back-off {backoff:g}s restarting failed container={name} pod={state.name}_{state.namespace}"
+            waiting = {"waiting": {"reason": "CrashLoopBackOff", "message": message}}
+            kept = {"restartCount": restarts, "lastState": last, "started": False}
+            state.init_statuses[name] = {**_container(c, waiting), **kept}
+            self._publish(state, state.status.get("phase") or "Pending")
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self.max_restart_backoff_s)
+            if state.stopping or state.deleted:
+                return
+            self._termination_file(state, c).write_bytes(b"")  # a new container: a new termination-message file
+            spawn = asyncio.ensure_future(self._spawn(state, c, mounts))
+            try:
+                started = await asyncio.shield(spawn)
+            except asyncio.CancelledError:  # stopping: hand the new process to whoever stops the sidecars
+                with contextlib.suppress(Exception):
+                    if isinstance(new := await spawn, asyncio.subprocess.Process):
+                        state.sidecars[name] = new
+                raise
+            assert isinstance(started, asyncio.subprocess.Process)  # sidecars are neither simulated nor isolated
+            proc = state.sidecars[name] = started
+            self.sidecars_started.append((state.name, name, proc.pid))
+            running = {"running": {"startedAt": now_rfc3339()}}
+            state.init_statuses[name] = {**_container(c, running), **kept}
+            self._publish(state, state.status.get("phase") or "Pending")
+            if await self._startup_probe(state, c, mounts, proc):
+                await _terminate(proc, self.grace_s)  # restarted again, after a longer back-off
+                continue
+            state.init_statuses[name] = {**_container(c, running, ready=True), **kept, "started": True}
+            self._publish(state, state.status.get("phase") or "Pending")
+
+    async def _halt_keepers(self, state: PodState) -> None:
+        """No sidecar of the pod is restarted from now on."""
+        state.stopping = True
+        keepers = list(state.keepers.values())
+        state.keepers.clear()
+        for task in keepers:
+            task.cancel()
+        for task in keepers:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
     async def _startup_probe(
         self, state: PodState, c: dict[str, Any], mounts: dict[str, Path], proc: asyncio.subprocess.Process
@@ -445,13 +541,17 @@ class FakeKubelet:
 
     async def _stop_sidecars(self, state: PodState, grace_s: float | None = None) -> None:
         """SIGTERM the sidecars, last started first (SIGKILL after the grace period), as Kubernetes does."""
+        await self._halt_keepers(state)
         for name, proc in reversed(list(state.sidecars.items())):
             await _terminate(proc, self.grace_s if grace_s is None else grace_s)
             container = next(c for c in state.pod["spec"]["initContainers"] if c["name"] == name)
             code = _exit_code(proc)
-            state.init_statuses[name] = _terminated(
-                container, code, message=self.termination_message(state, container, code)
-            )
+            previous = state.init_statuses.get(name) or {}
+            state.init_statuses[name] = {
+                **_terminated(container, code, message=self.termination_message(state, container, code)),
+                "restartCount": previous.get("restartCount", 0),
+                **({"lastState": previous["lastState"]} if "lastState" in previous else {}),
+            }
 
     def _volumes(self, state: PodState) -> dict[str, Path]:
         paths: dict[str, Path] = {}
@@ -518,11 +618,12 @@ class FakeKubelet:
         env["LABKUBE_METRICS_PORT"] = "0"  # every pod has its own network; here they share one
         if container.get("restartPolicy") == "Always" and env.get(WORLD_PORT_ENV) in state.ports:
             env[WORLD_PORT_ENV] = state.ports[env[WORLD_PORT_ENV]]
-        if WORLD_URL_ENV in env:
-            url = urlsplit(env[WORLD_URL_ENV])
-            if str(url.port) in state.ports:
-                netloc = f"{url.hostname}:{state.ports[str(url.port)]}"
-                env[WORLD_URL_ENV] = url._replace(netloc=netloc).geturl()
+        for variable in SIDECAR_URL_ENVS:
+            if variable in env:
+                url = urlsplit(env[variable])
+                if str(url.port) in state.ports:
+                    netloc = f"{url.hostname}:{state.ports[str(url.port)]}"
+                    env[variable] = url._replace(netloc=netloc).geturl()
         return env
 
     def _argv(self, state: PodState, words: list[str], sidecar: bool = True) -> list[str]:
@@ -669,6 +770,7 @@ class FakeKubelet:
 
     async def _kill(self, state: PodState, grace_s: float | None = None) -> None:
         """Terminate the agent, then the sidecars."""
+        await self._halt_keepers(state)
         grace = self.grace_s if grace_s is None else grace_s
         if state.proc is not None:
             await _terminate(state.proc, grace)
@@ -686,6 +788,22 @@ class FakeKubelet:
         assert state.stop is not None and not state.stop.done(), f"pod {name} is not running"
         state.disruption = _disruption("TerminationByKubelet", message)
         state.stop.set_result(("Evicted", message))
+
+    async def _watch_storage(self) -> None:
+        """Evict the running pods that pass a local-storage limit of their own (the module docstring says how)."""
+        assert self.storage_poll_s is not None
+        while True:
+            await asyncio.sleep(self.storage_poll_s)
+            for state in list(self.pods.values()):
+                if state.stop is None or state.stop.done() or state.root is None or state.deleted:
+                    continue
+                try:
+                    message = await asyncio.to_thread(_storage_violation, state.pod, state.root)
+                except (OSError, ValueError):  # a quantity the API would have refused; a pod going away
+                    continue
+                if message and not state.stop.done() and not state.deleted:
+                    state.stop_grace_s = 1.0  # immediateEvictionGracePeriodSeconds
+                    state.stop.set_result(("Evicted", message))
 
     def preempt(self, name: str, namespace: str = "default", reason: str = "PreemptionByScheduler") -> None:
         """Take a pod away as the scheduler's preemption (or Kueue, or a drain through the Eviction API) does: add
@@ -777,14 +895,111 @@ def _exit_code(proc: Proc) -> int:
 
 
 def _sidecar_ports(inits: list[dict[str, Any]]) -> list[str]:
-    """The ports the pod's sidecars listen on (their `LABKUBE_WORLD_PORT`)."""
-    return [
-        str(item["value"])
-        for c in inits
-        if c.get("restartPolicy") == "Always"
-        for item in c.get("env", [])
-        if item.get("name") == WORLD_PORT_ENV and "value" in item
-    ]
+    """The ports the pod's sidecars listen on: a world's `LABKUBE_WORLD_PORT`, a gateway's `--port` argument."""
+    ports: list[str] = []
+    for c in inits:
+        if c.get("restartPolicy") != "Always":
+            continue
+        ports += [
+            str(item["value"]) for item in c.get("env", []) if item.get("name") == WORLD_PORT_ENV and "value" in item
+        ]
+        words = [str(w) for w in [*c.get("command", []), *c.get("args", [])]]
+        ports += [port for flag, port in pairwise(words) if flag == "--port"]
+    return ports
+
+
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+
+
+def _quantity(text: object) -> int:
+    """A resource quantity ("10Gi", "500M", "1e3", "1.5Gi") in bytes, rounded up."""
+    match = re.fullmatch(r"([0-9.]+(?:[eE][-+]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?", str(text).strip())
+    if match is None:
+        raise ValueError(f"not a quantity: {text!r}")
+    scale = 1e-3 if match[2] == "m" else {**_BINARY, **_DECIMAL}.get(match[2] or "", 1)
+    return math.ceil(float(match[1]) * scale)
+
+
+def _format_quantity(n: int) -> str:
+    """Bytes as the API prints a binary quantity: the largest suffix that divides it ("8Mi", "10Gi")."""
+    for suffix, size in reversed(_BINARY.items()):
+        if n and n % size == 0:
+            return f"{n // size}{suffix}"
+    return str(n)
+
+
+def _disk_usage(path: Path) -> int:
+    """The disk a directory tree holds, as `du` counts it: allocated blocks, a hard-linked file once."""
+    total, seen, stack = 0, set(), [path]
+    while stack:
+        try:
+            entries = os.scandir(stack.pop())
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(Path(entry.path))
+                if (st.st_dev, st.st_ino) not in seen:
+                    seen.add((st.st_dev, st.st_ino))
+                    total += st.st_blocks * 512
+    return total
+
+
+def _storage_limit(c: dict[str, Any]) -> int | None:
+    limit = ((c.get("resources") or {}).get("limits") or {}).get("ephemeral-storage")
+    return _quantity(limit) if limit is not None else None
+
+
+def _pod_storage_limit(spec: dict[str, Any]) -> int | None:
+    """The pod's ephemeral-storage limit as `resource.PodLimits` computes it: its containers' and sidecars' limits
+    summed, at least each plain init container's; None when no container sets one."""
+    inits = spec.get("initContainers", [])
+    running = [*spec.get("containers", []), *(c for c in inits if c.get("restartPolicy") == "Always")]
+    limits = [limit for c in running if (limit := _storage_limit(c)) is not None]
+    plain = [limit for c in inits if c.get("restartPolicy") != "Always" and (limit := _storage_limit(c)) is not None]
+    if not limits and not plain:
+        return None
+    return max([sum(limits), *plain])
+
+
+def _storage_violation(pod: dict[str, Any], root: Path) -> str | None:
+    """The kubelet's eviction message for a pod past a local-storage limit of its own spec, else None: an emptyDir
+    past its `sizeLimit`, the pod past its containers' total limit, a container's logs past its own limit (in
+    `localStorageEviction`'s order, its messages)."""
+    spec = pod["spec"]
+    disk = [v for v in spec.get("volumes", []) if "emptyDir" in v and (v["emptyDir"] or {}).get("medium") != "Memory"]
+    used = {v["name"]: _disk_usage(root / "volumes" / v["name"]) for v in disk}
+    for volume in disk:
+        size = (volume["emptyDir"] or {}).get("sizeLimit")
+        if size is not None and 0 < _quantity(size) < used[volume["name"]]:
+            return (
+                f'Usage of EmptyDir volume "{volume["name"]}" exceeds the limit "{_format_quantity(_quantity(size))}". '
+            )
+    logs = {
+        c["name"]: sum(_disk_usage_file(root / "logs" / f"{c['name']}.{stream}") for stream in ("out", "err"))
+        for c in [*spec.get("initContainers", []), *spec.get("containers", [])]
+    }
+    limit = _pod_storage_limit(spec)
+    if limit is not None and sum(used.values()) + sum(logs.values()) > limit:
+        return f"Pod ephemeral local storage usage exceeds the total limit of containers {_format_quantity(limit)}. "
+    for c in spec.get("containers", []):
+        own = _storage_limit(c)
+        if own and logs[c["name"]] > own:
+            return f'Container {c["name"]} exceeded its local ephemeral storage limit "{_format_quantity(own)}". '
+    return None
+
+
+def _disk_usage_file(path: Path) -> int:
+    try:
+        return path.stat().st_blocks * 512
+    except OSError:
+        return 0
 
 
 def _gpus(pod: dict[str, Any], resource: str) -> int:
