@@ -41,6 +41,7 @@ from labkube.operator.k8s_models import (
     RunResourceSpec,
     RunStatus,
     set_condition,
+    status_patch,
 )
 from labkube.operator.k8s_record import restore_from_statuses
 from labkube.operator.telemetry import OperatorMetrics
@@ -183,7 +184,10 @@ async def run_campaign(
 
     async def fail(reason: str, message: str) -> None:
         await api.patch_status(
-            "campaigns", namespace, name, _failed_status(status, generation, reason, message).to_status()
+            "campaigns",
+            namespace,
+            name,
+            status_patch(status.to_status(), _failed_status(status, generation, reason, message).to_status()),
         )
         raise kopf.PermanentError(message)
 
@@ -254,7 +258,7 @@ async def run_campaign(
             gpu_run_ids = [run_id for run_id, n in gpus.items() if n]
             telemetry.update(rows, gpus, await asyncio.to_thread(campaign_gpu_seconds, cdir.root, gpu_run_ids))
         if _strip_times(new.to_status()) != _strip_times(status.to_status()):
-            await api.patch_status("campaigns", namespace, name, new.to_status())
+            await api.patch_status("campaigns", namespace, name, status_patch(status.to_status(), new.to_status()))
         status = new
         return new
 
@@ -299,7 +303,7 @@ async def run_campaign(
             status.conditions, "Ready", False, "DriverError", str(exc), observed_generation=generation
         )
         await api.patch_status(
-            "campaigns", namespace, name, status.model_copy(update={"conditions": conditions}).to_status()
+            "campaigns", namespace, name, {"conditions": [c.model_dump(mode="json") for c in conditions]}
         )
         raise kopf.TemporaryError(f"campaign {name}: {exc}", delay=30) from None
     await asyncio.gather(*marks, return_exceptions=True)
@@ -344,7 +348,9 @@ async def _create_runs(
             if await api.create_run(obj):
                 created += 1
                 meta = obj["metadata"]
-                await api.patch_status("runs", meta["namespace"], meta["name"], RunStatus().to_status())
+                await api.patch_status(
+                    "runs", meta["namespace"], meta["name"], status_patch({}, RunStatus().to_status())
+                )
 
     await asyncio.gather(*(one(r) for r in runs))
     return created
@@ -380,10 +386,13 @@ async def _publish_final_results(
         )
         final.show_spend(result.spend)
         log.warning("run %s: its final status was not published; publishing it from result.json", run.run_id)
-        await api.patch_status("runs", namespace, run_name(campaign, run.run_id), final.to_status())
+        patch = status_patch(status.to_status(), final.to_status())  # what the result changes, nothing else
+        await api.patch_status("runs", namespace, run_name(campaign, run.run_id), patch)
 
 
 async def _mark_held(api: ClusterApi, namespace: str, campaign: str, result: RunResult, generation: int | None) -> None:
     conditions: list[Condition] = set_condition([], "Started", False, "GpuHoursCapReached", result.error or "")
-    status = RunStatus(phase=RunPhase.pending, conditions=conditions, observed_generation=None)
-    await api.patch_status("runs", namespace, run_name(campaign, result.run_id), status.to_status())
+    status = RunStatus(phase=RunPhase.pending, conditions=conditions)
+    # the phase and why, nothing else: the Run's pod times, GPU-hours and spend stay as recorded
+    patch = {k: v for k, v in status.to_status().items() if k in ("phase", "conditions")}
+    await api.patch_status("runs", namespace, run_name(campaign, result.run_id), patch)

@@ -55,7 +55,9 @@ __all__ = [
     "check_structural",
     "crd_files",
     "crd_yaml",
+    "crds_problem",
     "dns_label",
+    "missing_fields",
     "object_schema",
     "openapi_to_jsonschema",
     "owner_reference",
@@ -615,6 +617,69 @@ def apply_crds(client: ApiClient) -> list[tuple[str, str]]:
         after = json.loads(response.data)["metadata"]["resourceVersion"]
         outcomes.append((name, "created" if before is None else "unchanged" if after == before else "updated"))
     return outcomes
+
+
+def missing_fields(expected: Mapping[str, Any], stored: Mapping[str, Any], path: str = "") -> list[str]:
+    """The fields (dotted paths) the CRD schema `expected` declares and the installed `stored` one does not: what the
+    API server prunes from every write, answering 200. Nothing is missing below a node that keeps unknown fields."""
+    missing: list[str] = []
+    keeps = stored.get("x-kubernetes-preserve-unknown-fields") is True
+    props = stored.get("properties") or {}
+    extra = stored.get("additionalProperties")
+    for name, sub in (expected.get("properties") or {}).items():
+        where = f"{path}.{name}" if path else name
+        have = props.get(name, extra if isinstance(extra, dict) else None)
+        if have is not None:
+            missing += missing_fields(sub, have, where)
+        elif not keeps:
+            missing.append(where)
+    for key, suffix in (("items", "[]"), ("additionalProperties", "{}")):
+        if isinstance(expected.get(key), dict) and isinstance(stored.get(key), dict):
+            missing += missing_fields(expected[key], stored[key], f"{path}{suffix}")
+    return missing
+
+
+def crds_problem(client: ApiClient) -> str | None:
+    """Why the installed Campaign and Run CRDs cannot hold what this operator writes and reads, in one line naming
+    the fix; None when they can (newer CRDs can: only fields this labkube declares and they lack count). The API
+    server prunes a field its CRD lacks from every write and answers 200, so an operator leading with older CRDs
+    would lose `report`, `clusterSpend` and the like without an error. Reads with `list` (what kopf's RBAC has);
+    an API error is raised."""
+    from kubernetes.client import ApiextensionsV1Api
+
+    from labkube.operator.kube import answered
+
+    api = ApiextensionsV1Api(client)
+    problems = []
+    for crd in (campaign_crd(), run_crd()):
+        name = crd["metadata"]["name"]
+        listed = answered(
+            api.list_custom_resource_definition,
+            field_selector=f"metadata.name={name}",
+            _preload_content=False,
+            _request_timeout=30,
+        )
+        items = json.loads(listed.data).get("items") or []
+        versions = (items[0].get("spec") or {}).get("versions") or [] if items else []
+        version = next((v for v in versions if v.get("name") == VERSION and v.get("served")), None)
+        if not items or version is None:
+            problems.append(f"{name} {'does not serve ' + VERSION if items else 'is not installed'}")
+            continue
+        expected = crd["spec"]["versions"][0]
+        missing = missing_fields(
+            expected["schema"]["openAPIV3Schema"], (version.get("schema") or {}).get("openAPIV3Schema") or {}
+        )
+        if "status" not in (version.get("subresources") or {}):
+            missing.insert(0, "the status subresource")
+        if missing:
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            problems.append(f"{name} lacks {', '.join(missing[:5])}{more}")
+    if not problems:
+        return None
+    return (
+        f"the installed CRDs are older than this operator ({'; '.join(problems)}): refusing to lead until they are "
+        "upgraded with `labkube crds apply` (Helm never upgrades a chart's CRDs)"
+    )
 
 
 def _status_message(body: object) -> str:

@@ -58,7 +58,7 @@ from labkube.operator.k8s_grading import (
     world_verdict_of,
 )
 from labkube.operator.k8s_ledger import restore_ledger
-from labkube.operator.k8s_models import PodOptions, RunStatus
+from labkube.operator.k8s_models import PodOptions
 from labkube.operator.kube import KubeTarget, raw_json, status_of
 from labkube.operator.kube_session import session_for
 from labkube.operator.pod_manifest import build_pod_manifest, build_pvc_manifest
@@ -294,10 +294,9 @@ class PodRun(PodRunRecord):
             return self.detached("its Run resource does not exist")
         self.owner = run
         self.generation = (run.get("metadata") or {}).get("generation")
-        self.status = RunStatus.model_validate(run.get("status") or {})
+        self.adopt(run.get("status"))  # the status as stored: the base of this supervisor's patches
         root = self.rd.root.parent.parent
         self.ledger = restore_ledger(root, self.spec.run_id, self.spec.gpus, self.status)
-        self.published = None
         done = self.recorded_result()
         if done is not None:
             return await self.finish(done)

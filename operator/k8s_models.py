@@ -18,6 +18,7 @@ Field naming (see docs/kubernetes.md, "Field names"):
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Literal
@@ -54,6 +55,8 @@ __all__ = [
     "check_pod_metadata",
     "labkube_key",
     "set_condition",
+    "status_patch",
+    "unrecorded",
 ]
 
 # camelCase on the wire, snake_case in Python; either spelling is accepted on input.
@@ -244,8 +247,32 @@ class _Status(BaseModel):
     model_config = _KUBE_STATUS
 
     def to_status(self) -> dict[str, Any]:
-        """The `status` body to patch (camelCase, JSON types)."""
+        """The whole status (camelCase, JSON types); what to patch is `status_patch` of it against a base."""
         return self.model_dump(mode="json")
+
+
+def status_patch(base: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) of what the writer changed: the fields of `status` that differ from `base`
+    (what the writer last wrote or read), objects compared field by field. A field is sent as null only to clear a
+    value `base` had; a field `status` leaves null, or that `base` lacks, is never sent as null, so a writer never
+    erases what another one recorded (a stale supervisor's patch keeps the new one's `report`)."""
+    patch: dict[str, Any] = {}
+    for key, value in status.items():
+        old = base.get(key)
+        if value == old:
+            continue
+        if isinstance(value, Mapping) and isinstance(old, Mapping):
+            if nested := status_patch(old, value):
+                patch[key] = nested
+        elif value is not None or old is not None:
+            patch[key] = value
+    return patch
+
+
+def unrecorded(status: Mapping[str, Any], stored: Mapping[str, Any]) -> list[str]:
+    """The fields of `status` with a value that `stored` (what the API server answered) does not hold: pruned by a
+    CRD older than the writer, or changed by another writer since."""
+    return [key for key, value in status.items() if value is not None and stored.get(key) != value]
 
 
 class PodTimeStatus(BaseModel):

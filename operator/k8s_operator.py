@@ -33,6 +33,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -42,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from labkube.operator.campaign_daemon import run_campaign
 from labkube.operator.cluster_api import ClusterApi
-from labkube.operator.crds import GROUP, LABEL_CAMPAIGN, VERSION
+from labkube.operator.crds import GROUP, LABEL_CAMPAIGN, VERSION, crds_problem
 from labkube.operator.driver import RayContext, connect, shutdown
 from labkube.operator.k8s_backend import K8sBackend
 from labkube.operator.k8s_models import OperatorConfig
@@ -61,12 +62,14 @@ __all__ = [
     "check_runs_root",
     "cluster_gpus",
     "run_operator",
+    "wait_for_current_crds",
 ]
 
 log = logging.getLogger("labkube.operator")
 
 DEFAULT_RUNS_ROOT = Path("/runs")
 RAY_CONNECT_PATIENCE_S = 120.0
+CRD_RECHECK_S = 10.0
 
 
 class OperatorRuntime(BaseModel):
@@ -265,6 +268,8 @@ def _lead_while_leader(
         stop_flag = threading.Event()
         done_leading = threading.Event()
         holding = None
+        if not wait_for_current_crds(client, replica, terminating):
+            break
         if elector is not None:
             replica.now("standing by for the leader lease", leader=False)
             if not asyncio.run(elector.acquire(terminating)):
@@ -320,6 +325,34 @@ def _lead_while_leader(
         )
         replica.now("fenced: lost the leader lease; standing by", leader=False)
     return ctx
+
+
+def wait_for_current_crds(
+    client: Any, replica: ReplicaState, stop: threading.Event, every_s: float = CRD_RECHECK_S
+) -> bool:
+    """Until the installed CRDs hold what this operator writes (True), or `stop` is set (False). Until then this
+    replica refuses to lead, before it stands by for the lease (an older replica with CRDs of its own age leads on):
+    it says why in one error line naming `labkube crds apply` (again only when the reason changes), `/healthz`
+    answers 503 with that line, and it checks again every `every_s`, so it goes on once the CRDs are applied."""
+    said = None
+    while not stop.is_set():
+        try:
+            problem = crds_problem(client)
+        except Exception as exc:  # the API unreachable or refusing: not leading on CRDs nobody checked
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            problem = f"cannot read the installed CRDs to check them ({first}); refusing to lead until it can"
+        if problem is None:
+            if said is not None:
+                log.info("the installed CRDs hold what this operator writes: going on")
+            return True
+        if problem != said:
+            log.error("%s", problem)
+            said = problem
+        replica.refuse(problem)
+        deadline = time.monotonic() + every_s
+        while not stop.is_set() and time.monotonic() < deadline:
+            stop.wait(0.2)
+    return False
 
 
 def _hold(

@@ -26,7 +26,7 @@ from labkube.operator.admission import read_admitted
 from labkube.operator.crds import GROUP, VERSION, run_name
 from labkube.operator.k8s_grading import graded_result, is_grading_pod, report_of, result_from_status
 from labkube.operator.k8s_ledger import PodLedger, ledger_path, pod_time
-from labkube.operator.k8s_models import RunResourceSpec, RunStatus, set_condition
+from labkube.operator.k8s_models import RunResourceSpec, RunStatus, set_condition, status_patch, unrecorded
 from labkube.operator.kube import PATIENCE_S, raw_json, status_of
 from labkube.operator.kube_session import STATUS_FIRST, KubeSession
 from labkube.operator.pod_manifest import pvc_name
@@ -79,7 +79,11 @@ class PodRunRecord:
         self.namespace = backend.namespace
         self.watcher = session.pods(self.namespace, self.spec.campaign)
         self.status = RunStatus()
+        # What this supervisor last wrote (or read, `adopt`): the base its status patches are the difference from,
+        # so a patch carries only what it changed. `stored`: the status as the API server last answered it.
         self.published: dict[str, Any] | None = None
+        self.stored: dict[str, Any] = {}
+        self.dropped: set[str] = set()  # fields the API server dropped from a patch, said once each
         self.owner: dict[str, Any] = {}
         self.generation: int | None = None
         self.last_message = ""
@@ -118,7 +122,7 @@ class PodRunRecord:
         if pod_name is not None:
             self.store = await self.read_store_status()
         self._refresh_from(pod_name)
-        if self._status_body() == self.published:
+        if not status_patch(self.published or {}, self._status_body()):
             return  # nothing new: no turn taken, so the Runs that have something to say go first
         async with self.session.turns.take(STATUS_FIRST):
             self._refresh_from(pod_name)  # where the pod is now, after the wait for a turn
@@ -152,24 +156,35 @@ class PodRunRecord:
         if pod_name is not None and (pod := self.watcher.get(pod_name)) is not None:
             self.refresh(pod)
 
+    def adopt(self, stored: Mapping[str, Any] | None) -> None:
+        """Take the Run's status as read from the API (a supervisor starting, or taking over): its fields are this
+        supervisor's from now on, and the base of its patches."""
+        self.status = RunStatus.model_validate(stored or {})
+        self.stored = dict(stored or {})
+        self.published = self.status.to_status()
+
     def _status_body(self) -> dict[str, Any]:
         body = self.status.to_status()
         body["observedGeneration"] = self.generation
         return body
 
     async def _patch_status(self) -> None:
+        """Patch the fields that changed since this supervisor's last patch (`status_patch`: never a null for a
+        field it did not clear), and keep what the API server answered: a field it dropped (a Run CRD older than
+        this operator prunes what it does not declare, and answers 200) is said, once, as an error naming the fix."""
         body = self._status_body()
-        if body == self.published:
+        patch = status_patch(self.published or {}, body)
+        if not patch:
             return
         try:
-            await self.api(
+            resp = await self.api(
                 self.session.custom.patch_namespaced_custom_object_status,
                 GROUP,
                 VERSION,
                 self.namespace,
                 "runs",
                 self.name,
-                {"status": body},
+                {"status": patch},
                 _preload_content=False,
                 in_turn=True,
                 conflicts=True,
@@ -180,6 +195,15 @@ class PodRunRecord:
             log.warning("run %s: status patch failed: %s", self.name, str(exc).splitlines()[0][:200])
             return
         self.published = body
+        self.stored = dict(raw_json(resp).get("status") or {})
+        if dropped := [k for k in unrecorded({k: body[k] for k in patch}, self.stored) if k not in self.dropped]:
+            self.dropped.update(dropped)
+            message = (
+                f"the API server dropped status field(s) {', '.join(dropped)} of Run {self.name} and answered "
+                f"200: its CRD is older than this operator; upgrade the CRDs with `labkube crds apply`"
+            )
+            log.error("run %s: %s", self.name, message)
+            self.condition("Recorded", False, "CRDOutdated", message)
 
     # -- once the result is recorded ------------------------------------------------------------
 
@@ -341,7 +365,26 @@ class PodRunRecord:
             self.condition("Measured", False, result.outcome.value, last[0][-300:])
         self.status.report = report_of(result)
         await self.publish()
-        recorded = self.published == self._status_body()
+        if missing := unrecorded(self._status_body(), self.stored):
+            # Not what the server holds (dropped, another writer's since, a patch that failed): sent again, once.
+            self.published = {**(self.published or {}), **dict.fromkeys(missing)}
+            await self.publish()
+        # Recorded: the API server answered with every field of the result, not merely took the patch.
+        missing = unrecorded(self._status_body(), self.stored)
+        recorded = not missing
+        if missing:
+            outdated = bool(self.dropped.intersection(missing))
+            log.error(
+                "run %s: its result is not recorded: the Run's status holds no %s; its pods are kept (%s)",
+                self.name,
+                ", ".join(missing),
+                "the Run CRD is older than this operator: upgrade the CRDs with `labkube crds apply`"
+                if outdated
+                else "the status patch did not go through",
+            )
+        elif any(c.type == "Recorded" and c.status != "True" for c in self.status.conditions):
+            self.condition("Recorded", True, "Recorded", "the API server holds the run's result")
+            await self.publish()
         if self.backend.delete_finished_pods and recorded:
             await self.delete_pods()
         if recorded and not self.backend.runs.workspace.keep_finished:

@@ -34,11 +34,25 @@ class ReplicaState:
         self._doing = "starting"
         self._leader = False
         self._beat = time.monotonic()
+        self._refusing = False
         self.stall_s = stall_s
 
     def now(self, doing: str, *, leader: bool) -> None:
         with self._lock:
             self._doing, self._leader, self._beat = doing, leader, time.monotonic()
+            self._refusing = False
+
+    def refuse(self, why: str) -> None:
+        """This replica will not lead (`why`: one line naming the fix, e.g. CRDs older than the operator): `/healthz`
+        answers 503 with it, so the replica is not Ready and a rolling upgrade stops at it, the old replicas
+        leading on, until `now` says otherwise."""
+        with self._lock:
+            self._doing, self._leader, self._refusing = why, False, True
+
+    @property
+    def refusing(self) -> bool:
+        with self._lock:
+            return self._refusing
 
     def beat(self) -> None:
         with self._lock:
@@ -81,7 +95,7 @@ def serve_health(port: int, state: ReplicaState) -> Iterator[None]:
         def do_GET(self) -> None:
             found = self.path.split("?", 1)[0] == "/healthz"
             stalled = state.stalled() if found else None
-            code = 404 if not found else 503 if stalled is not None else 200
+            code = 404 if not found else 503 if stalled is not None or state.refusing else 200
             text = (
                 "not found: try /healthz"
                 if not found

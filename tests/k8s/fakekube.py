@@ -32,6 +32,8 @@ kmock's own emulator lacks, and this subclass adds (DESIGN.md, "Testing without 
   the URL's, a missing object is created. More lenient than kube-apiserver: no `managedFields` are kept, so there
   is never a 409 for a field another manager owns, and the applied object is merged as a JSON merge patch (a field
   this manager applied before and no longer sends is kept, where the real server would drop it);
+- CRDs older than the operator (`serve_older_crds`): the Run CRD of an older chart, whose status lacks the newer
+  fields, so they are pruned from every status patch that answers 200;
 - `GET /api/v1/namespaces`, which kmock's own path parser fails on (kopf lists namespaces when it
   watches given ones).
 
@@ -829,3 +831,30 @@ def merge_patch(target: Any, patch: Any) -> Any:
         else:
             out[key] = merge_patch(out.get(key), value)
     return out
+
+
+# -- CRDs older than the operator -------------------------------------------------------------------------------
+
+# The Run status fields an older chart's CRD lacks (added since: the grading report, the GPU ledger's pod times, the
+# Gaia2 world's verdict, the gateways' spend).
+OLD_RUN_STATUS = ("report", "podTimes", "worldVerdict", "clusterSpend", "budgetStop")
+
+
+def older_crd(crd: dict[str, Any], status_without: Iterable[str]) -> dict[str, Any]:
+    """`crd` as an older labkube generated it: without the status fields `status_without`."""
+    old = copy.deepcopy(crd)
+    status = old["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    for name in status_without:
+        del status["properties"][name]
+    return old
+
+
+def serve_older_crds(api: FakeKube, run_status_without: Iterable[str] = OLD_RUN_STATUS) -> dict[str, Any]:
+    """What `helm upgrade` leaves in a cluster installed by an older chart (Helm never upgrades CRDs): the Run CRD
+    without `run_status_without`. From then on the server prunes those fields from every write of a Run, its status
+    patches included, and answers 200 with what it stored, as kube-apiserver does with a structural schema. Returns
+    the CRD as stored."""
+    old = older_crd(run_crd(), run_status_without)
+    changed = api.update_object(CRDS, "", run_crd()["metadata"]["name"], lambda crd: crd.update(spec=old["spec"]))
+    assert changed is not None
+    return changed

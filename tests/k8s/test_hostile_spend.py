@@ -35,7 +35,8 @@ from conftest import CLAIM, NAMESPACE, PODS, Cluster, eventually, tiny_task
 from fakellm import FakeLLM, Reply
 from fakellm import Usage as FakeUsage
 
-from labkube.agent.gateway.ledger import report_from_message
+from labkube.agent.gateway.ledger import PRIVATE_STATE_VARIABLE, report_from_message
+from labkube.agent.gateway.sidecar import kept_run_token
 from labkube.agent.pricing import cost_usd
 from labkube.budgets import StopReason, Usage
 from labkube.operator.k8s_models import ApiKeySecret, OperatorConfig, PodOptions
@@ -266,3 +267,17 @@ async def test_a_zeroed_spend_a_planted_endpoint_and_a_self_caused_resume_change
         next(s for s in last["initContainerStatuses"] if s["name"] == "gateway")["state"]["terminated"]["message"]
     )
     assert report is not None and report.spend.usage.input == tokens.input and report.spend.steps == 4
+
+
+def test_a_restarted_gateway_serves_with_the_token_the_agent_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kubelet restarts a dead gateway sidecar; the agent's container read the run token once, at its start. The
+    new instance serves with the token its predecessor kept in the gateway's own volume; outside a pod (no volume of
+    its own) every gateway makes a new one."""
+    monkeypatch.setenv(PRIVATE_STATE_VARIABLE, str(tmp_path / "gateway-tmp" / "spend.json"))
+    assert kept_run_token("lk-run-first") == "lk-run-first"
+    assert kept_run_token("lk-run-second") == "lk-run-first"
+    assert (tmp_path / "gateway-tmp" / "spend.json.token").stat().st_mode & 0o077 == 0
+    monkeypatch.delenv(PRIVATE_STATE_VARIABLE)
+    assert kept_run_token("lk-run-third") == "lk-run-third"
