@@ -241,7 +241,10 @@ def build_pod_manifest(
             {"name": "LABKUBE_GATEWAY_URL", "value": f"http://127.0.0.1:{GATEWAY_PORT}"},
             {"name": "LABKUBE_GATEWAY_TOKEN_FILE", "value": f"{GATEWAY_MOUNT}/token"},
         ]
-    else:
+    # A Gaia2 world that calls models (ARE's soft judge, app agents) is given their key in the harness's request to it:
+    # that harness gets the keys too, on stdin. A scripted model calls no API, and has no gateway to hold them.
+    world_models = run.family == TaskFamily.gaia2 and bool(run.judge_model or run.gaia2_a2a)
+    if not gateway or world_models:
         env += keys
         if options.api_keys:  # the agent moves these to stdin and re-execs without them (see `labkube agent`)
             env.append({"name": "LABKUBE_STDIN_VARS", "value": ",".join(sorted({k.env for k in options.api_keys}))})

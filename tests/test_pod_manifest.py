@@ -833,3 +833,18 @@ def test_a_planted_user_site_never_runs_in_the_gateway(tmp_path: Path) -> None:
     assert not marker.exists(), "planted code ran in the gateway"
     start_python(by_name["agent"])
     assert marker.exists(), "the plant never ran, even with the agent's own environment: the test proves nothing"
+
+
+def test_a_gaia2_world_that_calls_models_gets_their_key_through_the_harness() -> None:
+    """The soft judge and ARE's app agents are called by the world sidecar, with the key the harness puts in its
+    request to it: a Gaia2 run with a judge hands the keys to its harness on stdin as well as to the gateway."""
+    judged = make_run(family=TaskFamily.gaia2).model_copy(update={"judge_model": "openai:gpt-5-mini"})
+    pod = build_pod_manifest(judged, make_options(), owner=OWNER)
+    agent, gateway = env_of(containers(pod)["agent"]), env_of(containers(pod)["gateway"])
+    assert agent["LABKUBE_STDIN_VARS"]["value"] == "ANTHROPIC_API_KEY,OPENAI_API_KEY"
+    assert (
+        "secretKeyRef" in agent["OPENAI_API_KEY"]["valueFrom"]
+        and "secretKeyRef" in gateway["OPENAI_API_KEY"]["valueFrom"]
+    )
+    plain = build_pod_manifest(make_run(family=TaskFamily.gaia2), make_options(), owner=OWNER)
+    assert "OPENAI_API_KEY" not in env_of(containers(plain)["agent"])

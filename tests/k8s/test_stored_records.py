@@ -76,11 +76,11 @@ def test_a_status_patch_holds_what_changed_and_a_null_only_for_what_its_writer_c
 # -- the operator checks the installed CRDs ---------------------------------------------------------------------------
 
 
-def test_crds_older_than_the_operator_are_named_in_one_line(api: Api) -> None:
+async def test_crds_older_than_the_operator_are_named_in_one_line(api: Api) -> None:
     client = api_client(KubeTarget(server=api.url))
-    assert crds_problem(client) is None
+    assert await asyncio.to_thread(crds_problem, client) is None
     serve_older_crds(api.fake, ["report", "clusterSpend"])
-    problem = crds_problem(client)
+    problem = await asyncio.to_thread(crds_problem, client)
     assert problem is not None and "\n" not in problem
     assert "runs.labkube.dev lacks status.report, status.clusterSpend" in problem
     assert "campaigns.labkube.dev" not in problem and "`labkube crds apply`" in problem
@@ -107,7 +107,8 @@ async def test_the_operator_refuses_to_lead_with_old_crds_and_goes_on_once_they_
     api.fake.create_object(LEASES, "labkube-system", lease)
     serve_older_crds(api.fake)
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)
-    config, port = operator_config(tmp_path, leaderElection={"leaseSeconds": 3, "renewDeadlineSeconds": 2})
+    runs = {"defaultImage": "labkube:test", "workspace": {"mode": "pvc"}}
+    config, port = operator_config(tmp_path, runs=runs, leaderElection={"leaseSeconds": 3, "renewDeadlineSeconds": 2})
     runs_root = tmp_path / "runs"
     env = {"LABKUBE_OPERATOR_NAMESPACE": "labkube-system"}
     op = await OperatorProcess.start(config, kubeconfig, runs_root, tmp_path / "operator.log", env=env)
@@ -120,7 +121,7 @@ async def test_the_operator_refuses_to_lead_with_old_crds_and_goes_on_once_they_
             return said[1] if said is not None and said[0] == 503 else None
 
         text = await eventually(refusing, 60, every=0.3, what=f"/healthz to refuse: {op.said()}")
-        assert "runs.labkube.dev lacks status.report" in text and "`labkube crds apply`" in text
+        assert "runs.labkube.dev lacks status.podTimes, status.report" in text and "`labkube crds apply`" in text
         await asyncio.sleep(11)  # past a second check: the reason is said once, not on every check
         lines = [line for line in op.said(100_000).splitlines() if "labkube crds apply" in line]
         assert len(lines) == 1 and "refusing to lead" in lines[0], op.said()
