@@ -330,8 +330,8 @@ def campaign_overview() -> Board:
         "Time since each unfinished run's last agent step; LabkubeRunStuck fires past 30 minutes.",
         [
             q(
-                f"time() - max by (run_id) (labkube_run_last_step_timestamp_seconds{{{RUNS}}})"
-                f" unless on (run_id) (max by (run_id) (labkube_run_finished{{{RUNS}}}) == 1)",
+                f"time() - max by (namespace, run_id) (labkube_run_last_step_timestamp_seconds{{{RUNS}}})"
+                f" unless on (namespace, run_id) (max by (namespace, run_id) (labkube_run_finished{{{RUNS}}}) == 1)",
                 "{{run_id}}",
             )
         ],
@@ -358,7 +358,7 @@ def campaign_overview() -> Board:
             q(f"campaign_task_model:labkube_run_best_score:max{{{RUNS}}}", instant=True, table=True, ref="A"),
             q(f"campaign_task_model:labkube_run_best_score:avg{{{RUNS}}}", instant=True, table=True, ref="B"),
             q(
-                f"count by (campaign, task, model) (labkube_run_best_score{{{RUNS}}})",
+                f"count by (namespace, campaign, task, model) (labkube_run_best_score{{{RUNS}}})",
                 instant=True,
                 table=True,
                 ref="C",
@@ -436,8 +436,9 @@ def campaign_overview() -> Board:
         " reports show with 'unknown' and '≥'. 0: every figure here is whole.",
         [
             q(
-                f"count(max by (campaign, run_id) (labkube_run_cost_unknown{{{RUNS}}}) > 0"
-                f" or max by (campaign, run_id) (labkube_run_model_calls_partial{{{RUNS}}}) > 0) or vector(0)",
+                f"count(max by (namespace, campaign, run_id) (labkube_run_cost_unknown{{{RUNS}}}) > 0"
+                f" or max by (namespace, campaign, run_id) (labkube_run_model_calls_partial{{{RUNS}}}) > 0)"
+                " or vector(0)",
                 "runs",
                 instant=True,
             )
@@ -476,8 +477,8 @@ def campaign_overview() -> Board:
         "Fraction of the campaign's GPU-hour cap used (no value: uncapped).",
         [
             q(
-                f"sum by (campaign) (labkube_campaign_gpu_seconds_total{{{CAMPAIGN}}})"
-                f" / sum by (campaign) (labkube_campaign_gpu_seconds_cap{{{CAMPAIGN}}} > 0)",
+                f"sum by (namespace, campaign) (labkube_campaign_gpu_seconds_total{{{CAMPAIGN}}})"
+                f" / sum by (namespace, campaign) (labkube_campaign_gpu_seconds_cap{{{CAMPAIGN}}} > 0)",
                 "{{campaign}}",
                 instant=True,
             )

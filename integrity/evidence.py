@@ -28,6 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from labkube.integrity.gateway_calls import TranscriptCheck, compare, read_gateway_calls
 from labkube.result import RunResult
 from labkube.sandbox import SANDBOX_WORKSPACE
 from labkube.store import read_model, utcnow, write_model
@@ -110,6 +111,8 @@ class Evidence:
     grader_summary: object = None
     diff_by_file: dict[str, str] = field(default_factory=dict)
     recorded: WorkspaceFiles | None = None
+    # The transcript held against the gateway's record of the model's tool calls (`gateway_calls.py`); None: no record
+    transcript_check: TranscriptCheck | None = None
 
     @property
     def pristine(self) -> Path:
@@ -314,15 +317,23 @@ def gather(
     changed: WorkspaceChanges | None = None,
     result: RunResult | None = None,
     idea_hint: bool = False,
+    gateway_records: Path | None = None,
 ) -> Evidence:
     """The evidence of the run in `run_dir`; `changed`: the workspace's changes when the caller has them already
     (the run-end record's, with nothing run in the workspace since), else they are computed here, against the
     pristine task made again from `card` (with the run's `idea_hint`); `result`: the run's `result.json` as its
-    writer holds it, else it is read here."""
+    writer holds it, else it is read here; `gateway_records`: the folder of the gateway's record of the model's tool
+    calls (a grading pod's, read-only), held against the transcript: the tool calls are the transcript's plus every
+    recorded one it does not show (`gateway_calls.py`)."""
     workspace = run_dir / "workspace"
     if changed is None:
         changed = workspace_changes(workspace, PristineTask(card, idea_hint))
     calls = read_tool_calls(run_dir / "transcript.jsonl")
+    check = None
+    recorded_calls = read_gateway_calls(gateway_records) if gateway_records is not None else None
+    if recorded_calls is not None:
+        gateway_calls, answers = recorded_calls
+        check = compare(gateway_calls, calls, answers)
     if result is None:
         with contextlib.suppress(FileNotFoundError, ValueError):
             result = RunResult.model_validate_json((run_dir / "result.json").read_text())
@@ -342,7 +353,8 @@ def gather(
         workspace=workspace,
         changes=changed.changes,
         diff=changed.diff,
-        tool_calls=calls,
+        # a call only the gateway recorded may never have run: no process window of its own
+        tool_calls=calls + [c.as_tool_call() for c in check.not_in_transcript] if check is not None else calls,
         processes=process_windows(calls, checkpoint.get("jobs", []), run_end),
         result=result,
         grader_summary=summary,
@@ -350,4 +362,5 @@ def gather(
         recorded=changed.recorded
         if changed.recorded is not None
         else read_model(run_dir / WORKSPACE_FILES, WorkspaceFiles),
+        transcript_check=check,
     )

@@ -31,6 +31,7 @@ class ViolationType(StrEnum):
     blocked_url = "blocked_url"
     run_too_short = "run_too_short"
     seeds_not_used = "seeds_not_used"
+    transcript_edited = "transcript_edited"  # the transcript disagrees with the gateway's record of the model's calls
     inspector = "inspector"  # raised by the LLM inspector
 
 

@@ -12,11 +12,11 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from labkube.operator.crds import GROUP, LABEL_CAMPAIGN, VERSION
 from labkube.operator.k8s_models import POLICY_PLURALS
-from labkube.operator.kube import KubeTarget, answered, api_client, raw_json, retrying, status_of
+from labkube.operator.kube import KubeTarget, answered, api_client, list_pages, raw_json, retrying, status_of
 from labkube.operator.pod_manifest import LABEL_RUN, pvc_name
 
 __all__ = ["ClusterApi"]
@@ -48,6 +48,7 @@ class ClusterApi:
 
     async def runs_of(self, namespace: str, campaign: str) -> list[dict[str, Any]]:
         listing = await self.call(
+            list_pages,
             self.custom.list_namespaced_custom_object,
             GROUP,
             VERSION,
@@ -55,7 +56,7 @@ class ClusterApi:
             "runs",
             label_selector=f"{LABEL_CAMPAIGN}={campaign}",
         )
-        return list(cast(dict[str, Any], listing).get("items") or [])
+        return list(listing["items"])
 
     async def create_run(self, obj: dict[str, Any]) -> bool:
         """Create a Run; False when it exists already (a restarted operator)."""
@@ -114,30 +115,51 @@ class ClusterApi:
                 )
         self.policed.add(namespace)
 
-    async def delete_run_objects(self, namespace: str, run: str, *, claim: bool) -> int:
+    async def delete_run_objects(self, namespace: str, run: str, *, uid: str, claim: bool) -> int:
         """Delete a Run's pods, and its claim when the operator made one (`claim`: a claim per run; in emptyDir and
         shared-claim modes there is none, and the chart grants no right to delete claims); returns how many pods
-        there were."""
-        resp = await self.call(
-            self.core.list_namespaced_pod, namespace, label_selector=f"{LABEL_RUN}={run}", _preload_content=False
+        there were. Only objects owned by this Run (an ownerReference with its `uid`) go, each by a DELETE
+        conditional on its own uid, as `release_claim` deletes a claim: a pod or claim that merely carries the
+        label, or belongs to a Run of the same name created since (another uid), is kept."""
+        listing = await self.call(
+            list_pages, self.core.list_namespaced_pod, namespace, label_selector=f"{LABEL_RUN}={run}"
         )
-        pods = raw_json(resp).get("items") or []
+        pods = [p for p in listing["items"] if _owned_by(p, uid)]
         for pod in pods:
-            try:
-                await self.call(
-                    self.core.delete_namespaced_pod, pod["metadata"]["name"], namespace, _preload_content=False
-                )
-            except Exception as exc:  # gone already (404) is the aim; anything else is logged, the rest go on
-                if status_of(exc) != 404:
-                    name = pod["metadata"]["name"]
-                    log.warning("run %s: deleting pod %s: %s", run, name, str(exc).splitlines()[0][:200])
+            await self._delete_owned(self.core.delete_namespaced_pod, namespace, pod, f"run {run}: deleting pod")
         if not claim:
             return len(pods)
         try:
-            await self.call(
-                self.core.delete_namespaced_persistent_volume_claim, pvc_name(run), namespace, _preload_content=False
+            resp = await self.call(
+                self.core.read_namespaced_persistent_volume_claim, pvc_name(run), namespace, _preload_content=False
             )
         except Exception as exc:
-            if status_of(exc) not in (404, 405):
-                log.warning("run %s: deleting its claim: %s", run, str(exc).splitlines()[0][:200])
+            if status_of(exc) not in (403, 404, 405):
+                log.warning("run %s: reading its claim: %s", run, str(exc).splitlines()[0][:200])
+            return len(pods)
+        pvc = raw_json(resp)
+        if _owned_by(pvc, uid):
+            delete = self.core.delete_namespaced_persistent_volume_claim
+            await self._delete_owned(delete, namespace, pvc, f"run {run}: deleting its claim")
+        else:
+            log.warning("run %s: claim %s is not the one the operator made for this Run; kept", run, pvc_name(run))
         return len(pods)
+
+    async def _delete_owned(
+        self, delete: Callable[..., Any], namespace: str, obj: Mapping[str, Any], what: str
+    ) -> None:
+        """DELETE `obj` on condition that it is still the object read (its uid); gone already (404) is the aim, and
+        a 409 (the name now holds another object) leaves that one alone."""
+        meta = obj["metadata"]
+        body = {"preconditions": {"uid": meta["uid"]}}
+        try:
+            await self.call(delete, meta["name"], namespace, body=body, _preload_content=False)
+        except Exception as exc:
+            if status_of(exc) not in (404, 409):
+                log.warning("%s %s: %s", what, meta["name"], str(exc).splitlines()[0][:200])
+
+
+def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:
+    """Whether `obj` has an ownerReference to the Run whose uid is `uid`."""
+    owners = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return bool(uid) and any(o.get("kind") == "Run" and o.get("uid") == uid for o in owners)

@@ -35,11 +35,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from labkube.agent.gateway.ledger import CLUSTER_SPEND_VARIABLE, GatewayReport, report_from_message
+from labkube.agent.gateway.record import RECORDS_VARIABLE
 from labkube.agent.harness.entrypoint import GRADED_BY_OPERATOR_VARIABLE
 from labkube.budgets import StopReason, spend_floor
 from labkube.operator.crds import dns_label
 from labkube.operator.k8s_models import RunStatus
-from labkube.operator.pod_manifest import GATEWAY_MOUNT, GATEWAY_TMP, WORLD_CONTROL, WORLD_CONTROL_MOUNT
+from labkube.operator.pod_manifest import (
+    GATEWAY_MOUNT,
+    GATEWAY_RECORDS_MOUNT,
+    GATEWAY_TMP,
+    WORLD_CONTROL,
+    WORLD_CONTROL_MOUNT,
+)
 from labkube.result import RunResult, result_from_report, termination_report
 from labkube.run_spec import CLUSTER_ACCOUNT_VARIABLE, ClusterAccount
 from labkube.tasks.gaia2.verdict_message import (
@@ -119,6 +126,15 @@ def grading_manifest(
         if world_verdict:
             env.append({"name": WORLD_VERDICT_VARIABLE, "value": world_verdict})
     mounts = [m for m in agent.get("volumeMounts", []) if m["mountPath"] not in (GATEWAY_MOUNT, WORLD_CONTROL_MOUNT)]
+    # The gateway's record of the model's tool calls (`agent/gateway/record.py`), read-only, for the audit to hold the
+    # transcript against: the gateway sidecar's mount, which the agent's container never had.
+    gateway = next((c for c in spec.get("initContainers", []) if c["name"] == GATEWAY_CONTAINER), None)
+    records = next(
+        (m for m in (gateway or {}).get("volumeMounts", []) if m["mountPath"] == GATEWAY_RECORDS_MOUNT), None
+    )
+    if records is not None:
+        mounts.append({**records, "readOnly": True})
+        env.append({"name": RECORDS_VARIABLE, "value": GATEWAY_RECORDS_MOUNT})
     grade = {**agent, "name": GRADE_CONTAINER, "command": command, "env": env, "volumeMounts": mounts}
     grade.pop("ports", None)
     spec["containers"] = [grade]

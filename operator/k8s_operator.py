@@ -196,7 +196,9 @@ def build_registry(
                 await api.delete_run(namespace, run["metadata"]["name"])
                 # its pods and claim now, not when the garbage collector gets to them
                 claim = runtime.config.runs.workspace.claim_per_run
-                await api.delete_run_objects(namespace, run["metadata"]["name"], claim=claim)
+                await api.delete_run_objects(
+                    namespace, run["metadata"]["name"], uid=run["metadata"]["uid"], claim=claim
+                )
         if runs:
             raise kopf.TemporaryError(f"waiting for {len(runs)} Run(s) of campaign {name} to be deleted", delay=1)
         if metrics is not None:
@@ -209,11 +211,12 @@ def build_registry(
 def run_operator(
     runtime: OperatorRuntime, *, gpus: int | None = None, max_runs: int = 1000, verbose: bool = False
 ) -> None:
-    """`labkube operator`: serve `/healthz` and `/metrics` from the start (`replica`), reach the API, win the leader
-    lease, start (or join) Ray, run kopf while leading. Losing the lease (the API unreachable past the renew
-    deadline, or another replica took it) fences this replica: kopf stops, its campaign daemons and supervisors end
-    (pods keep running), and it stands by for the lease again in the same process, healthy, so an API outage is
-    waited out rather than crashed through. SIGTERM/SIGINT: stop driving, release the lease (a standby takes it at
+    """`labkube operator`: serve `/healthz` and `/metrics` from the start (`replica`), reach the API, refuse to lead
+    while the installed CRDs are older than this operator (`wait_for_current_crds`), win the leader lease, start (or
+    join) Ray, run kopf while leading. Losing the lease (the API unreachable past the renew deadline, or another
+    replica took it) fences this replica: kopf stops, its campaign daemons and supervisors end (pods keep running),
+    and it stands by for the lease again in the same process, healthy, so an API outage is waited out rather than
+    crashed through. SIGTERM/SIGINT: stop driving, release the lease (a standby takes it at
     once), exit."""
     import kopf
 

@@ -19,7 +19,7 @@ from labkube.operator.crds import (
     validate_resource,
 )
 from labkube.operator.k8s_models import ConditionStatus, RunStatus
-from labkube.operator.kube import KubeError
+from labkube.operator.kube import KubeError, list_pages
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -89,13 +89,15 @@ def read_campaign(client: ApiClient, namespace: str, name: str) -> tuple[dict[st
         if exc.status == 404:
             return None, []
         raise
-    runs = cast(
-        dict[str, Any],
-        custom.list_namespaced_custom_object(
-            GROUP, VERSION, namespace, "runs", label_selector=f"{LABEL_CAMPAIGN}={name}"
-        ),
+    runs = list_pages(
+        custom.list_namespaced_custom_object,
+        GROUP,
+        VERSION,
+        namespace,
+        "runs",
+        label_selector=f"{LABEL_CAMPAIGN}={name}",
     )
-    return campaign, list(runs.get("items") or [])
+    return campaign, list(runs["items"])
 
 
 def run_rows(runs: list[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -49,6 +49,7 @@ __all__ = [
     "check_reachable",
     "connection_info",
     "default_namespace",
+    "list_pages",
     "load_configuration",
     "parse_time",
     "raw_json",
@@ -224,6 +225,26 @@ def answered(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return resp
 
 
+LIST_PAGE = 500  # items per page of a list (`limit`): kube-apiserver's own default chunk for kubectl
+
+
+def list_pages(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """Every item of a list call (`fn`, e.g. `CoreV1Api.list_namespaced_pod`), read page by page with `limit` and
+    `_continue` as kube-apiserver pages a long list, as one list: `items` all of them, `metadata.resourceVersion`
+    the list's (every page reports the first page's, which a watch can start from). A page's error is raised: an
+    expired continue token (410) is transient to `retrying`, which then lists again from the start."""
+    items: list[Any] = []
+    token: str | None = None
+    while True:
+        page = kwargs | ({"_continue": token} if token else {})
+        listing = raw_json(answered(fn, *args, limit=LIST_PAGE, _preload_content=False, **page))
+        items.extend(listing.get("items") or [])
+        meta = listing.get("metadata") or {}
+        token = meta.get("continue") or None
+        if token is None:
+            return {**listing, "metadata": {**meta, "continue": ""}, "items": items}
+
+
 def parse_time(text: object) -> datetime | None:
     """A Kubernetes timestamp (RFC 3339, `Time` or `MicroTime`) as an aware datetime; None when absent or malformed."""
     if not isinstance(text, str) or not text:
@@ -240,17 +261,18 @@ def allocatable_gpus(client: ApiClient, resource: str) -> int | None:
     from kubernetes.client import ApiException, CoreV1Api
 
     try:
-        nodes = CoreV1Api(client).list_node(_request_timeout=30).items
+        nodes = list_pages(CoreV1Api(client).list_node, _request_timeout=30)["items"]
     except ApiException as exc:
         if exc.status in (401, 403, 404):
             return None
         raise
     total = 0
     for node in nodes:
-        ready = any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
-        if node.spec.unschedulable or not ready:
+        status = node.get("status") or {}
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+        if (node.get("spec") or {}).get("unschedulable") or not ready:
             continue
-        text = str((node.status.allocatable or {}).get(resource, "0"))
+        text = str((status.get("allocatable") or {}).get(resource, "0"))
         total += int(text) if text.isdigit() else 0
     return total
 

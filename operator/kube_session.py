@@ -26,7 +26,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from labkube.operator.crds import LABEL_CAMPAIGN
-from labkube.operator.kube import KubeTarget, answered, api_client, raw_json, retrying
+from labkube.operator.kube import KubeTarget, answered, api_client, list_pages, retrying
 from labkube.operator.pod_manifest import LABEL_COMPONENT, LABEL_RUN
 
 __all__ = [
@@ -184,10 +184,8 @@ class PodWatcher:
             try:
                 if rv is None:
                     listed_at = time.monotonic()
-                    listing = raw_json(
-                        core.list_namespaced_pod(
-                            self.namespace, label_selector=self.selector, _preload_content=False, _request_timeout=30
-                        )
+                    listing = list_pages(
+                        core.list_namespaced_pod, self.namespace, label_selector=self.selector, _request_timeout=30
                     )
                     rv = str(listing["metadata"]["resourceVersion"])
                     self._post("reset", (listing.get("items") or [], listed_at))

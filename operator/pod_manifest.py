@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from labkube.agent.gateway.ledger import CLUSTER_SPEND_VARIABLE, PRIVATE_STATE_VARIABLE
+from labkube.agent.gateway.record import RECORD_POD_VARIABLE, RECORDS_VARIABLE
 from labkube.agent.harness.entrypoint import GRADED_BY_OPERATOR_VARIABLE
 from labkube.budgets import Spend
 from labkube.model_ref import API_PROVIDERS, parse_model
@@ -61,6 +62,7 @@ __all__ = [
     "build_pvc_manifest",
     "pod_name",
     "pvc_name",
+    "records_subpath",
     "run_labels",
     "shared_subpath",
 ]
@@ -235,7 +237,9 @@ def build_pod_manifest(
         ]
         seed = [e for e in env if e["name"] == CLUSTER_SPEND_VARIABLE]
         init_containers.append(
-            _gateway_container(run, options, run_dir, namespace, [*world, *seed, *keys], bool(world))
+            _gateway_container(
+                run, options, run_dir, namespace, [*world, *seed, *keys], bool(world), pod_name(name, attempt)
+            )
         )
         env += [
             {"name": "LABKUBE_GATEWAY_URL", "value": f"http://127.0.0.1:{GATEWAY_PORT}"},
@@ -406,6 +410,25 @@ def shared_subpath(namespace: str, campaign: str, run_id: str) -> str:
     return f"{namespace}/{campaign}/runs/{run_id}"
 
 
+def records_subpath(namespace: str, campaign: str, run_id: str) -> str:
+    """Where a run's gateway keeps its record of the model's tool calls on the shared claim (`agent/gateway/record.py`):
+    a sibling of the run's folder, which the agent's container (mounting only `shared_subpath`) cannot reach."""
+    return f"{namespace}/{campaign}/gateway-records/{run_id}"
+
+
+GATEWAY_RECORDS_MOUNT = "/gateway-records"
+
+
+def records_mount(run: RunResourceSpec, options: PodOptions, namespace: str | None) -> dict[str, Any] | None:
+    """The gateway's record folder (read-write: the gateway's only; the grading pod mounts it read-only), on the shared
+    claim; None in claim-per-run mode, whose agent container mounts the whole claim (no record there: documented in
+    docs/kubernetes.md), and with an emptyDir workspace."""
+    if options.workspace.mode != "pvc" or not options.workspace.existing_claim:
+        return None
+    subpath = records_subpath(namespace or "default", run.campaign, run.run_id)
+    return {"name": "runs", "mountPath": GATEWAY_RECORDS_MOUNT, "subPath": subpath}
+
+
 def _runs_mount(
     run: RunResourceSpec, options: PodOptions, namespace: str | None, read_only: bool = False
 ) -> dict[str, Any]:
@@ -504,6 +527,7 @@ def _gateway_container(
     namespace: str | None,
     keys: list[dict[str, Any]],
     world: bool = False,
+    pod: str = "",
 ) -> dict[str, Any]:
     """The run's model gateway as a native sidecar (docs/third-party-agents.md): it alone holds the API keys (no
     other container of the pod can read its environment), listens on the pod's loopback, writes the run token to a
@@ -515,7 +539,16 @@ def _gateway_container(
     the one writable volume both mount: the gateway appends the transcript there and imports nothing from it, and
     takes its model, base URL, key variable and budgets from `LABKUBE_RUN_SPEC` in its own environment (the Run's
     spec, as `prepare` writes it to run.json), never from run.json, which the agent may rewrite before making the
-    sidecar restart."""
+    sidecar restart.
+
+    On the shared claim it also mounts its record folder (`records_mount`, which no other container of the pod mounts)
+    and appends the tool calls of every answer there (`agent/gateway/record.py`), for the grading pod's audit."""
+    records = records_mount(run, options, namespace)
+    record_env = (
+        [{"name": RECORDS_VARIABLE, "value": GATEWAY_RECORDS_MOUNT}, {"name": RECORD_POD_VARIABLE, "value": pod}]
+        if records is not None
+        else []
+    )
     return {
         "name": "gateway",
         "image": options.default_image,
@@ -535,6 +568,7 @@ def _gateway_container(
             {"name": RUN_SPEC_VARIABLE, "value": run.to_run_spec().model_dump_json()},
             {"name": "LABKUBE_TERMINATION_LOG", "value": TERMINATION_LOG},
             {"name": PRIVATE_STATE_VARIABLE, "value": "/tmp/labkube-gateway-spend.json"},  # its own gateway-tmp
+            *record_env,
             *keys,
         ],
         "startupProbe": {
@@ -556,6 +590,7 @@ def _gateway_container(
             _runs_mount(run, options, namespace),
             {"name": GATEWAY_TMP, "mountPath": "/tmp"},
             {"name": "gateway", "mountPath": GATEWAY_MOUNT},
+            *([records] if records is not None else []),
             *([{"name": WORLD_CONTROL, "mountPath": WORLD_CONTROL_MOUNT, "readOnly": True}] if world else []),
         ],
     }

@@ -2,7 +2,8 @@
 and writes, as against which pod it starts next.
 
 - the Run resource: read it, patch its status when it changed (`publish`, in a turn before pod creations), with
-  the API's patience bounded by the run's own deadline;
+  the API's patience bounded by the run's own deadline; a patch holds only the fields this supervisor changed
+  (`status_patch`), and what the API server answered with is what counts as recorded (`stored`);
 - the GPU ledger: pod start and finish times as the API reports them (`track`: the Run's `status.podTimes`, and
   the operator's own `<campaign>/pods/`);
 - the run's `status.json` while no agent writes it (`note`: why its pod does not start), and the live score,

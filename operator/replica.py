@@ -5,7 +5,8 @@ leader lease, else 0) on `/metrics`, beside the campaign series of the campaigns
 Both answer from process start: while the replica stands by for the lease, while it connects to Ray (up to
 `RAY_CONNECT_PATIENCE_S`), while it leads, and while it is fenced waiting for the API to come back. A replica
 that stopped answering is a replica that is stuck or gone, which is what the probes and `LabkubeOperatorDown`
-are for; a replica that is merely not leading is healthy.
+are for; a replica that is merely not leading is healthy. One that refuses to lead (`ReplicaState.refuse`: the
+installed CRDs are older than the operator) answers 503 with the reason, so it is not Ready.
 """
 
 from __future__ import annotations

@@ -848,3 +848,40 @@ def test_a_gaia2_world_that_calls_models_gets_their_key_through_the_harness() ->
     )
     plain = build_pod_manifest(make_run(family=TaskFamily.gaia2), make_options(), owner=OWNER)
     assert "OPENAI_API_KEY" not in env_of(containers(plain)["agent"])
+
+
+def test_the_gateways_call_record_is_mounted_by_the_gateway_and_the_grader_only() -> None:
+    """On the shared claim the gateway's record of the model's tool calls is a sibling of the run's folder, mounted
+    read-write by the `gateway` sidecar and read-only by the grading pod's `grade` container, never by the agent's
+    container; a claim per run (whose agent mounts the whole claim) has no record."""
+    from labkube.agent.gateway.record import RECORD_POD_VARIABLE, RECORDS_VARIABLE
+    from labkube.budgets import StopReason
+    from labkube.operator.k8s_grading import grading_manifest
+    from labkube.operator.pod_manifest import GATEWAY_RECORDS_MOUNT, records_subpath
+
+    owner = {**OWNER, "metadata": {**OWNER["metadata"], "namespace": "team-a"}}
+    pod = build_pod_manifest(make_run(), make_options(workspace=WORKSPACES["pvc-shared"]), owner=owner, attempt=2)
+    check_pod(pod)
+    mount = {
+        "name": "runs",
+        "mountPath": GATEWAY_RECORDS_MOUNT,
+        "subPath": records_subpath("team-a", "cl-sweep", RUN_ID),
+    }
+    assert mount["subPath"] == f"team-a/cl-sweep/gateway-records/{RUN_ID}"
+    by_name = containers(pod)
+    assert mount in by_name["gateway"]["volumeMounts"]
+    assert env_of(by_name["gateway"])[RECORDS_VARIABLE]["value"] == GATEWAY_RECORDS_MOUNT
+    assert env_of(by_name["gateway"])[RECORD_POD_VARIABLE]["value"] == pod["metadata"]["name"]
+    for name, container in by_name.items():
+        if name != "gateway":
+            assert all(m["mountPath"] != GATEWAY_RECORDS_MOUNT for m in container.get("volumeMounts", [])), name
+            assert "gateway-records" not in json.dumps(container), name
+    grading = grading_manifest(pod, StopReason.done, 600)
+    check_pod(grading)
+    (grade,) = grading["spec"]["containers"]
+    assert {**mount, "readOnly": True} in grade["volumeMounts"]
+    assert env_of(grade)[RECORDS_VARIABLE]["value"] == GATEWAY_RECORDS_MOUNT
+
+    per_run = build_pod_manifest(make_run(), make_options(workspace=WORKSPACES["pvc"]), owner=OWNER)
+    assert "gateway-records" not in json.dumps(per_run) and RECORDS_VARIABLE not in json.dumps(per_run)
+    assert "gateway-records" not in json.dumps(grading_manifest(per_run, StopReason.done, 600))

@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 from labkube.agent.gateway.digest import CallDigest, request_body, request_summary, with_stream_usage
+from labkube.agent.gateway.record import CallRecord
 from labkube.agent.gateway.state import (
     FORWARDED_HEADERS,
     MODEL_CALLS,
@@ -92,8 +93,11 @@ class ModelGateway(GatewayAddress):
         on_refusal: Callable[[StopReason], None] | None = None,
         max_defer_s: float = MAX_DEFER_S,
         keep_state: Callable[[GatewayState], None] | None = None,
+        call_record: CallRecord | None = None,
     ) -> None:
         self.config = config
+        # A pod's record of the tool calls the model issued (`record.py`), where the agent's container cannot write
+        self.call_record = call_record
         self.max_defer_s = max_defer_s
         self.transcript = transcript
         self.telemetry = telemetry
@@ -516,6 +520,11 @@ class ModelGateway(GatewayAddress):
         else:
             s.last_error = error
         self._save()
+        if self.call_record is not None and error is None:
+            # Written now, before the answer's last bytes go to the agent: a tool call the agent runs is on record
+            # before it can run (the grading pod compares the transcript with it).
+            tool_calls = digest.message().get("tool_calls") or []
+            self.call_record.append(now_iso(), s.calls, s.spend.steps, tool_calls)
         duration = time.monotonic() - started
         line = {
             "type": "model_call",

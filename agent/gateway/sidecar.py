@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from labkube.agent.gateway.proxy import AfterHook, GatewayAddress, Hook, ModelGateway
+from labkube.agent.gateway.record import CallRecord
 from labkube.agent.gateway.state import GatewayConfig, GatewayError, GatewayState, run_config, upstream_for
 from labkube.agent.transcript import JsonlLog
 from labkube.model_ref import parse_model
@@ -190,6 +191,8 @@ async def serve_run_gateway(run_dir: Path, host: str, port: int, token_file: Pat
         # fewest lines. (The agent container has the rest flushed before it checkpoints: `GatewayView.checkpoint`.)
         max_defer_s=0.0,
         keep_state=lambda kept: keep_report(kept, Path(termination) if termination else None),
+        # its record of the model's tool calls, in a folder only it writes (`record.py`; a pod on a shared claim)
+        call_record=CallRecord.from_environment(),
     )
     gateway.write_state()  # the operator's record is the report until a call adds to it, a restart included
     await gateway.start(host, port)

@@ -543,6 +543,7 @@ def audit(
 ) -> RunResult:
     """The integrity audit (of `card`'s task, with the workspace's `changed` files when they are known already); a
     failure of the audit itself is recorded, never fatal to the run."""
+    from labkube.agent.gateway.record import records_dir
     from labkube.integrity import audit_run
 
     try:
@@ -554,6 +555,8 @@ def audit(
             changed=changed,
             spec=spec,
             result=result,
+            # a grading pod's read-only mount of the gateway's record of the model's tool calls (the pod manifest)
+            gateway_records=records_dir(),
         )
     except Exception as exc:
         (rd.logs / "audit-error.txt").write_text(traceback.format_exc())

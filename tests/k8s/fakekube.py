@@ -51,6 +51,7 @@ callback` can answer instead of it (a callback may raise `KubeError` for a Statu
 from __future__ import annotations
 
 import asyncio
+import base64
 import bisect
 import collections
 import copy
@@ -490,6 +491,39 @@ class FakeKube(kmock.KubernetesScaffold):
             if labels(obj["metadata"].get("labels") or {}) and fields(obj):
                 yield obj
 
+    # -- paginated lists (`limit`, `continue`) ------------------------------------------------------
+
+    list_page_cap: int | None = None  # a test's cap on any page: the server may answer fewer items than `limit`
+
+    def _page(self, items: list[dict[str, Any]], params: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """One page of a list, as kube-apiserver serves it: without `limit` and `continue`, every item (in store
+        order, as before). With `limit`, the items in key order (namespace, name), at most `limit` of them (and at
+        most `list_page_cap` when a test sets one), `metadata.continue` a token for the rest ("" on the last page)
+        and `remainingItemCount` how many are left. The token carries the first page's resourceVersion, which every
+        page reports; a malformed one answers 400. Unlike kube-apiserver, later pages are read from the current
+        store, not from a snapshot at that resourceVersion."""
+        limit_text, token = params.get("limit"), params.get("continue")
+        if not limit_text and not token:
+            return items, {"resourceVersion": str(self.rv), "continue": ""}
+        try:
+            limit = int(limit_text) if limit_text else 0
+            state = json.loads(base64.urlsafe_b64decode(token)) if token else {"rv": self.rv, "after": None}
+            rv, after = int(state["rv"]), state["after"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise KubeError(400, f"invalid limit or continue parameter: {exc}", "BadRequest") from None
+        key = lambda o: [o["metadata"].get("namespace", ""), o["metadata"]["name"]]  # noqa: E731
+        rest = sorted((o for o in items if after is None or key(o) > after), key=key)
+        size = min(n for n in (limit, self.list_page_cap, len(rest)) if n) if rest else 0
+        page, left = rest[:size], rest[size:]
+        meta: dict[str, Any] = {"resourceVersion": str(rv), "continue": ""}
+        if left:
+            meta["continue"] = base64.urlsafe_b64encode(
+                json.dumps({"rv": rv, "after": key(page[-1])}).encode()
+            ).decode()
+            meta["remainingItemCount"] = len(left)
+        self.request_counts["list-page"] += 1
+        return page, meta
+
     # -- HTTP ---------------------------------------------------------------------------------------
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
@@ -591,12 +625,13 @@ class FakeKube(kmock.KubernetesScaffold):
                 label_matcher(params.get("labelSelector")),
                 field_matcher(params.get("fieldSelector")),
             )
+            page, list_meta = self._page(list(items), params)
             return aiohttp.web.json_response(
                 {
                     "apiVersion": f"{res[0]}/{res[1]}" if res[0] else res[1],
                     "kind": f"{kind.kind}List",
-                    "metadata": {"resourceVersion": str(self.rv), "continue": ""},
-                    "items": list(items),
+                    "metadata": list_meta,
+                    "items": page,
                 }
             )
         if method == "POST" and name is None:
