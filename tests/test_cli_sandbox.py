@@ -321,8 +321,14 @@ def test_the_relay_forwards_connections_signals_and_the_clis_exit(tmp_path: Path
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    script = "trap 'echo interrupted > seen.txt; exit 7' INT; echo up > up.txt; while :; do sleep 0.1; done"
-    process = subprocess.Popen([*relay, str(path), str(port), "--", "sh", "-c", script], cwd=tmp_path)
+    # One process with no child of its own: a shell's `trap` loop around `sleep` lost the signal when it came between
+    # a fork and the child's reset of the trap (the child ran the trap, the loop went on), seen once under load.
+    script = (
+        "import signal, sys, time\n"
+        "def stop(*_):\n    open('seen.txt', 'w').write('interrupted')\n    sys.exit(7)\n"
+        "signal.signal(signal.SIGINT, stop)\nopen('up.txt', 'w').write('up')\ntime.sleep(120)\n"
+    )
+    process = subprocess.Popen([*relay, str(path), str(port), "--", sys.executable, "-c", script], cwd=tmp_path)
     try:
         deadline = time.monotonic() + 20
         while not (tmp_path / "up.txt").exists():

@@ -90,14 +90,23 @@ def forward(routes: list[tuple[str, int]], argv: list[str]) -> int:
     for target, port in routes:  # every port listens before the command starts
         listener = socket.create_server(("127.0.0.1", port), backlog=64)
         threading.Thread(target=accept_forever, args=(listener, target), daemon=True).start()
-    child = subprocess.Popen(argv, start_new_session=True)
+    started: list[subprocess.Popen[bytes]] = []
+    early: list[int] = []  # a signal that came before the command started: passed on once it has
 
     def pass_on(signum: int, _frame: object) -> None:
+        if not started:
+            early.append(signum)
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(started[0].pid, signum)
+
+    for signum in FORWARDED_SIGNALS:  # before the command starts: a signal right after its start is not lost
+        signal.signal(signum, pass_on)
+    child = subprocess.Popen(argv, start_new_session=True)
+    started.append(child)
+    for signum in early:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(child.pid, signum)
-
-    for signum in FORWARDED_SIGNALS:
-        signal.signal(signum, pass_on)
     code = child.wait()
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(child.pid, signal.SIGKILL)  # what the CLI's commands left running in its group
