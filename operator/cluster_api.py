@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from labkube.operator.crds import GROUP, LABEL_CAMPAIGN, VERSION
 from labkube.operator.k8s_models import POLICY_PLURALS
 from labkube.operator.kube import KubeTarget, answered, api_client, list_pages, raw_json, retrying, status_of
-from labkube.operator.pod_manifest import LABEL_RUN, pvc_name
+from labkube.operator.pod_manifest import LABEL_RUN, pvc_name, records_pvc_name
 
 __all__ = ["ClusterApi"]
 
@@ -129,21 +129,25 @@ class ClusterApi:
             await self._delete_owned(self.core.delete_namespaced_pod, namespace, pod, f"run {run}: deleting pod")
         if not claim:
             return len(pods)
+        for name in (pvc_name(run), records_pvc_name(run)):  # the run's claim, its gateway record's
+            await self._delete_claim(namespace, run, name, uid)
+        return len(pods)
+
+    async def _delete_claim(self, namespace: str, run: str, name: str, uid: str) -> None:
         try:
             resp = await self.call(
-                self.core.read_namespaced_persistent_volume_claim, pvc_name(run), namespace, _preload_content=False
+                self.core.read_namespaced_persistent_volume_claim, name, namespace, _preload_content=False
             )
         except Exception as exc:
             if status_of(exc) not in (403, 404, 405):
-                log.warning("run %s: reading its claim: %s", run, str(exc).splitlines()[0][:200])
-            return len(pods)
+                log.warning("run %s: reading its claim %s: %s", run, name, str(exc).splitlines()[0][:200])
+            return
         pvc = raw_json(resp)
         if _owned_by(pvc, uid):
             delete = self.core.delete_namespaced_persistent_volume_claim
             await self._delete_owned(delete, namespace, pvc, f"run {run}: deleting its claim")
         else:
-            log.warning("run %s: claim %s is not the one the operator made for this Run; kept", run, pvc_name(run))
-        return len(pods)
+            log.warning("run %s: claim %s is not the one the operator made for this Run; kept", run, name)
 
     async def _delete_owned(
         self, delete: Callable[..., Any], namespace: str, obj: Mapping[str, Any], what: str

@@ -39,16 +39,20 @@ The pieces: `PodRun` here decides which pod comes next (start, follow, outcome);
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Mapping
-from typing import Any, Literal
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from labkube.agent.gateway.ledger import GatewayReport
 from labkube.agent.harness.entrypoint import DISK_FULL_EXIT
 from labkube.budgets import StopReason, spend_floor
+from labkube.operator.crds import API_VERSION
 from labkube.operator.k8s_grading import (
     LABEL_FINALIZE,
     agent_ended_reason,
@@ -59,9 +63,17 @@ from labkube.operator.k8s_grading import (
 )
 from labkube.operator.k8s_ledger import restore_ledger
 from labkube.operator.k8s_models import PodOptions
-from labkube.operator.kube import KubeTarget, raw_json, status_of
+from labkube.operator.kube import (
+    KubeTarget,
+    backoff_delay,
+    largest_node_gpus,
+    list_pages,
+    quota_refusal,
+    raw_json,
+    status_of,
+)
 from labkube.operator.kube_session import session_for
-from labkube.operator.pod_manifest import build_pod_manifest, build_pvc_manifest
+from labkube.operator.pod_manifest import build_pod_manifest, build_pvc_manifest, build_records_pvc_manifest
 from labkube.operator.pod_run_record import NotAdmitted, PodRunRecord, RunGone
 from labkube.operator.pod_status import (
     TERMINAL,
@@ -70,6 +82,7 @@ from labkube.operator.pod_status import (
     failed_init_container,
     pod_attempt,
     pod_exit_code,
+    problem_message,
     reason_of,
     self_caused_eviction,
     stuck_condition,
@@ -83,6 +96,13 @@ from labkube.store import RunDir
 __all__ = ["K8sBackend", "Outcome", "PodRun", "supervise_pod"]
 
 log = logging.getLogger("labkube.operator.k8s")
+
+T = TypeVar("T")
+
+QUOTA_FIRST_DELAY_S = 2.0  # a full quota frees when pods end: minutes, not the API server's seconds
+EVENT_COMPONENT = "labkube-operator"
+# Start-up reasons that are no trouble: no Warning event for them (Kueue's gate is queueing, not a fault).
+QUIET_REASONS = frozenset({"SchedulingGated", "PodCreated"})
 
 
 class K8sBackend(BaseModel):
@@ -109,9 +129,19 @@ class K8sBackend(BaseModel):
     delete_finished_pods: bool = Field(
         default=True, description="Delete a run's ended pods once its result is recorded (their logs go with them)."
     )
-    image_pull_timeout_s: float = Field(
-        default=600.0, gt=0, description="A run whose image cannot be pulled for this long fails."
+    image_pull_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="A run whose image cannot be pulled for this long fails; None: the chart's "
+        "runs.imagePullTimeoutSeconds (`runs.image_pull_timeout_seconds`).",
     )
+
+    @property
+    def pull_give_up_s(self) -> float:
+        """How long a pod may be stuck (`stuck_condition`) before the run fails."""
+        if self.image_pull_timeout_s is not None:
+            return self.image_pull_timeout_s
+        return float(self.runs.image_pull_timeout_seconds)
 
     @property
     def shared(self) -> bool:
@@ -127,13 +157,21 @@ Outcome = Literal["deadline", "disk_full", "disrupted", "lost", "world"]
 class PodRun(PodRunRecord):
     """Supervision of one run on the cluster (see the module docstring): the record it keeps is its base's."""
 
+    # what the supervisor adds to the scheduler's word on a pod: a run needing more GPUs than any one node has
+    gpu_shortfall: str | None = None
+    _nodes_checked: str | None = None  # the pod whose Unschedulable state the node list was read for
+    _announced: set[tuple[str, str]] | None = None  # (pod, reason) of the Warning events sent
+
     # -- pods -----------------------------------------------------------------------------------
 
     async def create_pod(self, manifest: dict[str, Any]) -> str:
         name = manifest["metadata"]["name"]
         try:
-            resp = await self.api(
-                self.session.core.create_namespaced_pod, self.namespace, manifest, _preload_content=False
+            resp = await self.past_quota(
+                f"pod {name}",
+                lambda: self.api(
+                    self.session.core.create_namespaced_pod, self.namespace, manifest, _preload_content=False
+                ),
             )
             self.watcher.seen(raw_json(resp))
         except Exception as exc:
@@ -145,19 +183,134 @@ class PodRun(PodRunRecord):
         return name
 
     async def ensure_claim(self) -> None:
-        pvc = build_pvc_manifest(self.resource, self.backend.runs, owner=self.owner)
-        if pvc is None:
-            return
-        try:
-            await self.api(
+        """In claim-per-run mode, the run's claim and its gateway record's (an existing one, 409, is kept)."""
+        for build in (build_pvc_manifest, build_records_pvc_manifest):
+            pvc = build(self.resource, self.backend.runs, owner=self.owner)
+            if pvc is None:
+                return
+            create = partial(
+                self.api,
                 self.session.core.create_namespaced_persistent_volume_claim,
                 self.namespace,
                 pvc,
                 _preload_content=False,
             )
+            try:
+                await self.past_quota(f"claim {pvc['metadata']['name']}", create)
+            except Exception as exc:
+                if status_of(exc) != 409:
+                    raise
+
+    async def past_quota(self, what: str, create: Callable[[], Awaitable[T]]) -> T:
+        """`create()`, again while a ResourceQuota refuses it (403 `exceeded quota`: `quota_refusal`), with capped
+        exponential back-off and jitter, for as long as the run's own deadline allows (`patience`, as for an API
+        outage). Meanwhile the Run is `Pending` with `Scheduled=False`, reason `QuotaExceeded` and the API server's
+        message, and one Warning event says so. The wait holds no turn of the session: the Runs' status patches
+        and the other runs' creations go on."""
+        give_up_at = time.monotonic() + self.patience()
+        attempt = 0
+        while True:
+            try:
+                created = await create()
+            except Exception as exc:
+                refusal = quota_refusal(exc)
+                delay = backoff_delay(attempt, QUOTA_FIRST_DELAY_S)
+                if refusal is None or time.monotonic() + delay > give_up_at:
+                    raise
+                if attempt == 0 or attempt % 10 == 0:
+                    log.warning("run %s: %s refused by a quota (%s); trying again", self.name, what, refusal[:300])
+                self.status.phase = RunPhase.pending
+                self.condition("Scheduled", False, "QuotaExceeded", f"{what} not created: {refusal}")
+                self.note(problem_message(self.status.conditions))
+                await self.publish()
+                await self.announce(what)
+                await asyncio.sleep(delay)
+                attempt += 1
+                continue
+            if attempt:
+                log.info("run %s: %s created after %d quota refusal(s)", self.name, what, attempt)
+                self.condition("Scheduled", False, "PodCreated", f"{what} created; waiting for the scheduler")
+            return created
+
+    # -- what the Run shows while its pod does not start -----------------------------------------
+
+    def condition(self, type_: str, ok: bool, reason: str, message: str = "") -> None:
+        """The base's, with the scheduler's `Unschedulable` made plain when no node has the GPUs the run needs."""
+        if type_ == "Scheduled" and not ok and reason == "Unschedulable" and self.gpu_shortfall:
+            message = self.gpu_shortfall + (f" ({message})" if message else "")
+        super().condition(type_, ok, reason, message)
+
+    async def check_gpu_fit(self, pod: Mapping[str, Any]) -> None:
+        """Once per pod the scheduler finds Unschedulable, for a run that needs GPUs: read the nodes and, when the
+        largest Ready one has fewer allocatable GPUs than the run needs, say so in the `Scheduled` condition
+        (`needs N GPUs, largest node has M`): no amount of waiting places it. Nothing is said when the nodes cannot
+        be read (no RBAC to list them): the scheduler's message stands."""
+        name = pod["metadata"]["name"]
+        needs = self.spec.gpus or 0
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        scheduled = next((c for c in conditions if c.get("type") == "PodScheduled"), {})
+        if needs <= 0 or scheduled.get("status") != "False" or scheduled.get("reason") != "Unschedulable":
+            return
+        if self._nodes_checked == name:
+            return
+        self._nodes_checked = name
+        try:
+            listing = await self.session.call(
+                list_pages, self.session.core.list_node, _request_timeout=30, patience_s=60.0
+            )
         except Exception as exc:
-            if status_of(exc) != 409:
-                raise
+            log.info("run %s: nodes not read (%s)", self.name, (str(exc).splitlines() or [repr(exc)])[0][:200])
+            return
+        largest = largest_node_gpus(listing.get("items") or [], self.backend.runs.gpu_resource_name)
+        self.gpu_shortfall = f"needs {needs} GPUs, largest node has {largest}" if needs > largest else None
+
+    async def announce(self, subject: str) -> None:
+        """A Kubernetes Event (core/v1, type Warning) on the Run for its first unmet start-up condition, once per
+        pod (`subject`) and reason: `kubectl describe run` and `kubectl get events` show why the run waits. An
+        event that cannot be written is logged, never the run's failure."""
+        kinds = ("Scheduled", "ImagePulled", "PodReady")
+        problem = next((c for c in self.status.conditions if c.type in kinds and c.status == "False"), None)
+        if problem is None or problem.reason in QUIET_REASONS:
+            return
+        if self._announced is None:
+            self._announced = set()
+        if (subject, problem.reason) in self._announced:
+            return
+        self._announced.add((subject, problem.reason))
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        meta = self.owner.get("metadata") or {}
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{self.name}.{time.time_ns():x}"[-253:], "namespace": self.namespace},
+            "involvedObject": {
+                "apiVersion": API_VERSION,
+                "kind": "Run",
+                "name": self.name,
+                "namespace": self.namespace,
+                "uid": meta.get("uid"),
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "reason": problem.reason,
+            "message": (f"{subject}: {problem.message}" if problem.message else subject)[:1024],
+            "type": "Warning",
+            "source": {"component": EVENT_COMPONENT},
+            "reportingComponent": EVENT_COMPONENT,
+            "reportingInstance": EVENT_COMPONENT,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self.session.call(
+                self.session.core.create_namespaced_event,
+                self.namespace,
+                event,
+                _preload_content=False,
+                patience_s=30.0,
+            )
+        except Exception as exc:
+            log.warning("run %s: event %s not written: %s", self.name, problem.reason, str(exc)[:200])
 
     def resume_for(self, attempt: int) -> bool:
         ws = self.backend.runs.workspace
@@ -185,7 +338,7 @@ class PodRun(PodRunRecord):
             pod = grading_manifest(
                 pod,
                 finalize,
-                self.backend.runs.deadline_grace_seconds,
+                self.backend.runs.grading_deadline_seconds,
                 world_verdict=self.status.world_verdict,
                 account=account,
             )
@@ -221,14 +374,16 @@ class PodRun(PodRunRecord):
                 return PodEnd(None, last=gone.last, unobserved=not gone.observed)
             if (pod.get("status") or {}).get("phase") in TERMINAL:
                 return PodEnd(pod)
+            await self.check_gpu_fit(pod)
             await self.publish(name)
+            await self.announce(name)
             pod = self.watcher.get(name) or pod
             stuck = stuck_condition(pod)
             if stuck is None:
                 stuck_since = None
             else:
                 stuck_since = stuck_since or time.monotonic()
-                if time.monotonic() - stuck_since > self.backend.image_pull_timeout_s:
+                if time.monotonic() - stuck_since > self.backend.pull_give_up_s:
                     await self.delete_pod(name)
                     return PodEnd(pod, gave_up=stuck[3])
             await self.watcher.wait(name, self.backend.poll_seconds, since=seen)

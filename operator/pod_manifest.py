@@ -60,8 +60,10 @@ __all__ = [
     "PodManifestError",
     "build_pod_manifest",
     "build_pvc_manifest",
+    "build_records_pvc_manifest",
     "pod_name",
     "pvc_name",
+    "records_pvc_name",
     "records_subpath",
     "run_labels",
     "shared_subpath",
@@ -317,6 +319,11 @@ def build_pod_manifest(
             *([{"name": "task-envs", "emptyDir": {}}] if task_env else []),
             *([{"name": "gateway", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}] if gateway else []),
             *([{"name": GATEWAY_TMP, "emptyDir": {"sizeLimit": "1Gi"}}] if gateway else []),
+            *(
+                [{"name": RECORDS_VOLUME, "persistentVolumeClaim": {"claimName": records_pvc_name(name)}}]
+                if gateway and options.workspace.claim_per_run
+                else []
+            ),
             *([{"name": WORLD_TMP, "emptyDir": {"sizeLimit": "1Gi"}}] if run.family == TaskFamily.gaia2 else []),
             *(
                 [{"name": WORLD_CONTROL, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}]
@@ -419,14 +426,42 @@ def records_subpath(namespace: str, campaign: str, run_id: str) -> str:
 GATEWAY_RECORDS_MOUNT = "/gateway-records"
 
 
+RECORDS_VOLUME = "gateway-records"
+RECORDS_CLAIM_SIZE = "1Gi"  # a line of tool calls per model call: megabytes for a 12-hour run
+
+
+def records_pvc_name(run: str) -> str:
+    """The claim of a run's gateway record in claim-per-run mode (the agent's container mounts the whole run claim,
+    so the record needs a claim of its own)."""
+    return dns_label(f"{run}-records")
+
+
 def records_mount(run: RunResourceSpec, options: PodOptions, namespace: str | None) -> dict[str, Any] | None:
-    """The gateway's record folder (read-write: the gateway's only; the grading pod mounts it read-only), on the shared
-    claim; None in claim-per-run mode, whose agent container mounts the whole claim (no record there: documented in
-    docs/kubernetes.md), and with an emptyDir workspace."""
-    if options.workspace.mode != "pvc" or not options.workspace.existing_claim:
+    """The gateway's record folder (read-write: the gateway's only; the grading pod mounts it read-only): a sibling
+    folder of the run's on the shared claim; in claim-per-run mode, whose agent container mounts the whole run claim,
+    a claim of its own (`records_pvc_name`, volume `RECORDS_VOLUME`); None with an emptyDir workspace, which is
+    never graded in a pod of its own."""
+    ws = options.workspace
+    if ws.mode != "pvc":
         return None
+    if ws.claim_per_run:
+        return {"name": RECORDS_VOLUME, "mountPath": GATEWAY_RECORDS_MOUNT}
     subpath = records_subpath(namespace or "default", run.campaign, run.run_id)
     return {"name": "runs", "mountPath": GATEWAY_RECORDS_MOUNT, "subPath": subpath}
+
+
+def build_records_pvc_manifest(
+    run: RunResourceSpec, options: PodOptions, *, owner: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """In claim-per-run mode, the claim of the run's gateway record (`records_mount`): made, owned and deleted with
+    the run's own claim; None in the other modes, and for a scripted model (no gateway)."""
+    pvc = build_pvc_manifest(run, options, owner=owner)
+    if pvc is None or parse_model(run.model).provider not in API_PROVIDERS:  # no model API: no gateway, no record
+        return None
+    name, _ = _run_meta(owner)
+    pvc["metadata"]["name"] = records_pvc_name(name)
+    pvc["spec"]["resources"]["requests"]["storage"] = RECORDS_CLAIM_SIZE
+    return pvc
 
 
 def _runs_mount(
@@ -541,7 +576,7 @@ def _gateway_container(
     spec, as `prepare` writes it to run.json), never from run.json, which the agent may rewrite before making the
     sidecar restart.
 
-    On the shared claim it also mounts its record folder (`records_mount`, which no other container of the pod mounts)
+    It also mounts its record folder (`records_mount`, which no other container of the pod mounts)
     and appends the tool calls of every answer there (`agent/gateway/record.py`), for the grading pod's audit."""
     records = records_mount(run, options, namespace)
     record_env = (

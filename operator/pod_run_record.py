@@ -30,7 +30,7 @@ from labkube.operator.k8s_ledger import PodLedger, ledger_path, pod_time
 from labkube.operator.k8s_models import RunResourceSpec, RunStatus, set_condition, status_patch, unrecorded
 from labkube.operator.kube import PATIENCE_S, raw_json, status_of
 from labkube.operator.kube_session import STATUS_FIRST, KubeSession
-from labkube.operator.pod_manifest import pvc_name
+from labkube.operator.pod_manifest import pvc_name, records_pvc_name
 from labkube.operator.pod_status import TERMINAL, PodEnd, ended, live_phase, pod_conditions, problem_message
 from labkube.operator.run_failure import harness_failure
 from labkube.result import RunResult
@@ -226,14 +226,18 @@ class PodRunRecord:
         """Delete the run's own claim once its result is recorded (`runs.workspace.keepFinished: false`): only in
         claim-per-run mode, only the claim the operator made for this Run (owned by it; the DELETE is conditional on
         the claim's uid), and only once every pod of the run has ended (its grading pod, whose report the result
-        is). The workspace, transcript and checkpoints go with it; the result stays in the Run's status."""
+        is). The workspace, transcript and checkpoints go with it, and the gateway's record with its own claim; the
+        result stays in the Run's status."""
         if not self.backend.runs.workspace.claim_per_run:
             return
         await self.watcher.synced.wait()
         if live := [p["metadata"]["name"] for p in self.watcher.of_run(self.name) if not ended(p)]:
             log.warning("run %s: claim kept: pod(s) %s of the run still running", self.name, ", ".join(live))
             return
-        name = pvc_name(self.name)
+        for name in (pvc_name(self.name), records_pvc_name(self.name)):  # the run's claim, its gateway record's
+            await self._release(name)
+
+    async def _release(self, name: str) -> None:
         try:
             resp = await self.api(
                 self.session.core.read_namespaced_persistent_volume_claim, name, self.namespace, _preload_content=False

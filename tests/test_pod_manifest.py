@@ -857,7 +857,13 @@ def test_the_gateways_call_record_is_mounted_by_the_gateway_and_the_grader_only(
     from labkube.agent.gateway.record import RECORD_POD_VARIABLE, RECORDS_VARIABLE
     from labkube.budgets import StopReason
     from labkube.operator.k8s_grading import grading_manifest
-    from labkube.operator.pod_manifest import GATEWAY_RECORDS_MOUNT, records_subpath
+    from labkube.operator.pod_manifest import (
+        GATEWAY_RECORDS_MOUNT,
+        RECORDS_VOLUME,
+        build_records_pvc_manifest,
+        records_pvc_name,
+        records_subpath,
+    )
 
     owner = {**OWNER, "metadata": {**OWNER["metadata"], "namespace": "team-a"}}
     pod = build_pod_manifest(make_run(), make_options(workspace=WORKSPACES["pvc-shared"]), owner=owner, attempt=2)
@@ -882,6 +888,27 @@ def test_the_gateways_call_record_is_mounted_by_the_gateway_and_the_grader_only(
     assert {**mount, "readOnly": True} in grade["volumeMounts"]
     assert env_of(grade)[RECORDS_VARIABLE]["value"] == GATEWAY_RECORDS_MOUNT
 
-    per_run = build_pod_manifest(make_run(), make_options(workspace=WORKSPACES["pvc"]), owner=OWNER)
-    assert "gateway-records" not in json.dumps(per_run) and RECORDS_VARIABLE not in json.dumps(per_run)
-    assert "gateway-records" not in json.dumps(grading_manifest(per_run, StopReason.done, 600))
+    # A claim per run: the agent's container mounts the whole run claim, so the record is a claim of its own, made
+    # and deleted with the run's (`build_records_pvc_manifest`), mounted by the gateway and the grading pod only.
+    options = make_options(workspace=WORKSPACES["pvc"])
+    per_run = build_pod_manifest(make_run(), options, owner=OWNER)
+    check_pod(per_run)
+    by_name = containers(per_run)
+    own = {"name": RECORDS_VOLUME, "mountPath": GATEWAY_RECORDS_MOUNT}
+    assert own in by_name["gateway"]["volumeMounts"]
+    claim = records_pvc_name(OWNER["metadata"]["name"])
+    assert {"name": RECORDS_VOLUME, "persistentVolumeClaim": {"claimName": claim}} in per_run["spec"]["volumes"]
+    for name, container in by_name.items():
+        if name != "gateway":
+            assert all(m["name"] != RECORDS_VOLUME for m in container.get("volumeMounts", [])), name
+            assert RECORDS_VARIABLE not in json.dumps(container), name
+    (grade,) = grading_manifest(per_run, StopReason.done, 600)["spec"]["containers"]
+    assert {**own, "readOnly": True} in grade["volumeMounts"]
+    pvc = build_records_pvc_manifest(make_run(), options, owner=OWNER)
+    assert pvc is not None and pvc["metadata"]["name"] == claim
+    assert pvc["spec"]["resources"]["requests"]["storage"] == "1Gi"
+    assert (
+        pvc["metadata"]["ownerReferences"]
+        == build_pvc_manifest(make_run(), options, owner=OWNER)["metadata"]["ownerReferences"]
+    )
+    assert build_records_pvc_manifest(make_run(), make_options(workspace=WORKSPACES["pvc-shared"]), owner=OWNER) is None

@@ -1,7 +1,8 @@
 """An rg-agent on the fake cluster that reads the held-out answers and then erases that command from its transcript
 (#41: the integrity audit reads evidence the agent's container can write). The model's answers pass through the pod's
-`gateway` sidecar, which records each answer's tool calls in a folder of the shared claim that only it mounts
-(read-write) and the grading pod's `grade` container mounts (read-only); the grading pod's audit holds the transcript
+`gateway` sidecar, which records each answer's tool calls in a folder that only it mounts (read-write) and the
+grading pod's `grade` container mounts (read-only): a sibling of the run's on the shared claim, a claim of its own
+with a claim per run; the grading pod's audit holds the transcript
 against that record. The run's integrity verdict must not be PASS, and must name the erased command.
 
 As in test_hostile_spend.py: the gateway holds the key (a Secret, through the chart's `runs.apiKeys`) and forwards to
@@ -17,7 +18,13 @@ from fakellm import FakeLLM, Reply
 
 from labkube.agent.gateway.record import CALLS_FILE, RECORDS_VARIABLE
 from labkube.operator.k8s_models import ApiKeySecret, OperatorConfig, PodOptions
-from labkube.operator.pod_manifest import GATEWAY_RECORDS_MOUNT, records_subpath
+from labkube.operator.pod_manifest import (
+    GATEWAY_RECORDS_MOUNT,
+    RECORDS_VOLUME,
+    pvc_name,
+    records_pvc_name,
+    records_subpath,
+)
 from labkube.store import CampaignDir
 
 pytestmark = pytest.mark.slow
@@ -39,7 +46,18 @@ PY
 """
 
 
-async def test_a_command_erased_from_the_transcript_is_named_by_the_grading_pods_audit(cluster: Cluster) -> None:
+# The shared claim keeps the record in a sibling folder of the run's; a claim per run keeps it in a claim of its own
+# (`<run>-records`), since the agent's container mounts the whole run claim.
+WORKSPACES = {
+    "shared-claim": {"mode": "pvc", "existingClaim": CLAIM, "accessModes": ["ReadWriteMany"]},
+    "claim-per-run": {"mode": "pvc"},
+}
+
+
+@pytest.mark.parametrize("workspace", list(WORKSPACES))
+async def test_a_command_erased_from_the_transcript_is_named_by_the_grading_pods_audit(
+    cluster: Cluster, workspace: str
+) -> None:
     task = tiny_task(
         cluster.root,
         "eraser",
@@ -61,7 +79,7 @@ async def test_a_command_erased_from_the_transcript_is_named_by_the_grading_pods
         )
         runs = PodOptions(
             default_image="labkube:test",
-            workspace={"mode": "pvc", "existingClaim": CLAIM, "accessModes": ["ReadWriteMany"]},
+            workspace=WORKSPACES[workspace],
             termination_grace_period_seconds=5,
             deadline_grace_seconds=60,
             env={"OPENAI_BASE_URL": llm.base_url + "/v1"},
@@ -78,7 +96,9 @@ async def test_a_command_erased_from_the_transcript_is_named_by_the_grading_pods
 
     (run,) = cluster.runs(CAMPAIGN)
     name, run_id = run["metadata"]["name"], run["spec"]["run_id"]
-    run_dir = cluster.campaign_dir(CAMPAIGN) / "runs" / run_id
+    shared = workspace == "shared-claim"
+    provisioned = cluster.kubelet.work / "provisioned" / NAMESPACE
+    run_dir = cluster.campaign_dir(CAMPAIGN) / "runs" / run_id if shared else provisioned / pvc_name(name)
     assert cluster.pods_created(CAMPAIGN) == [f"{name}-0", f"{name}-1-grade"]
 
     # The agent erased the command: its transcript no longer shows it anywhere.
@@ -88,7 +108,7 @@ async def test_a_command_erased_from_the_transcript_is_named_by_the_grading_pods
     # The record is the gateway's: a sibling of the run's folder on the claim, mounted read-write by the gateway
     # only, read-only by the grading pod, never by the agent's container; no key or token in it.
     subpath = records_subpath(NAMESPACE, CAMPAIGN, run_id)
-    records = cluster.volume / subpath / CALLS_FILE
+    records = (cluster.volume / subpath if shared else provisioned / records_pvc_name(name)) / CALLS_FILE
     lines = [json.loads(line) for line in records.read_text().splitlines()]
     commands = [c["arguments"]["command"] for line in lines for c in line["tool_calls"] if c["name"] == "bash"]
     assert commands[:1] == [CHEAT] and len(commands) == 3, commands
@@ -97,12 +117,17 @@ async def test_a_command_erased_from_the_transcript_is_named_by_the_grading_pods
     agent_pod = cluster.created_pod(f"{name}-0")["spec"]
     (agent,) = agent_pod["containers"]
     assert not [m for m in agent["volumeMounts"] if "gateway-records" in m.get("subPath", "")], agent["volumeMounts"]
+    assert not [m for m in agent["volumeMounts"] if m["name"] == RECORDS_VOLUME], agent["volumeMounts"]
     assert RECORDS_VARIABLE not in {e["name"] for e in agent["env"]}
     gateway = next(c for c in agent_pod["initContainers"] if c["name"] == "gateway")
-    assert {"name": "runs", "mountPath": GATEWAY_RECORDS_MOUNT, "subPath": subpath} in gateway["volumeMounts"]
+    mount = (
+        {"name": "runs", "mountPath": GATEWAY_RECORDS_MOUNT, "subPath": subpath}
+        if shared
+        else {"name": RECORDS_VOLUME, "mountPath": GATEWAY_RECORDS_MOUNT}
+    )
+    assert mount in gateway["volumeMounts"]
     grade = cluster.created_pod(f"{name}-1-grade")["spec"]["containers"][0]
-    mounted = {"name": "runs", "mountPath": GATEWAY_RECORDS_MOUNT, "subPath": subpath, "readOnly": True}
-    assert mounted in grade["volumeMounts"]
+    assert {**mount, "readOnly": True} in grade["volumeMounts"]
 
     # The grading pod's audit: the erased command is named, and the held-out read is seen from the gateway's record.
     integrity = json.loads((run_dir / "integrity.json").read_text())
