@@ -44,6 +44,7 @@ from labkube.operator.k8s_models import (
     status_patch,
 )
 from labkube.operator.k8s_record import restore_from_statuses
+from labkube.operator.kube import short_error
 from labkube.operator.telemetry import OperatorMetrics
 from labkube.result import RunResult
 from labkube.run_spec import RunPhase, RunSpec
@@ -281,7 +282,7 @@ async def run_campaign(
             try:
                 await refresh()
             except Exception as exc:  # the API unreachable, a conflict: retried on the next tick, and said
-                why = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+                why = short_error(exc)
                 log.warning("campaign %s/%s: refreshing its status: %s", namespace, name, why)
             await asyncio.wait([driving, stopping], timeout=runtime.status_interval_s)
     finally:

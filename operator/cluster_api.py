@@ -16,7 +16,16 @@ from typing import Any, TypeVar
 
 from labkube.operator.crds import GROUP, LABEL_CAMPAIGN, VERSION
 from labkube.operator.k8s_models import POLICY_PLURALS
-from labkube.operator.kube import KubeTarget, answered, api_client, list_pages, raw_json, retrying, status_of
+from labkube.operator.kube import (
+    KubeTarget,
+    answered,
+    api_client,
+    list_pages,
+    raw_json,
+    retrying,
+    short_error,
+    status_of,
+)
 from labkube.operator.pod_manifest import LABEL_RUN, pvc_name, records_pvc_name
 
 __all__ = ["ClusterApi"]
@@ -140,7 +149,7 @@ class ClusterApi:
             )
         except Exception as exc:
             if status_of(exc) not in (403, 404, 405):
-                log.warning("run %s: reading its claim %s: %s", run, name, str(exc).splitlines()[0][:200])
+                log.warning("run %s: reading its claim %s: %s", run, name, short_error(exc))
             return
         pvc = raw_json(resp)
         if _owned_by(pvc, uid):
@@ -160,7 +169,7 @@ class ClusterApi:
             await self.call(delete, meta["name"], namespace, body=body, _preload_content=False)
         except Exception as exc:
             if status_of(exc) not in (404, 409):
-                log.warning("%s %s: %s", what, meta["name"], str(exc).splitlines()[0][:200])
+                log.warning("%s %s: %s", what, meta["name"], short_error(exc))
 
 
 def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:

@@ -35,6 +35,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from labkube.operator.driver_errors import HELD, DriverError
+from labkube.operator.kube import short_error
 from labkube.operator.lean_head import lean_head
 from labkube.operator.warm import warm_workers
 from labkube.result import RunResult
@@ -244,7 +245,7 @@ def connect(
                 )
     except (ConnectionError, RuntimeError, TimeoutError, ValueError) as exc:
         where = address or "this machine"
-        raise DriverError(f"cannot start or reach Ray at {where}: {str(exc).splitlines()[0]}") from None
+        raise DriverError(f"cannot start or reach Ray at {where}: {short_error(exc)}") from None
     return _context(not address)
 
 
@@ -281,7 +282,7 @@ def _connect_patiently(address: str, patience_s: float) -> None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:  # the whole patience is spent (never less: a head may come up in its last second)
                 raise
-            log.warning("Ray at %s: attempt %d failed (%s); trying again", address, attempt, str(exc).splitlines()[0])
+            log.warning("Ray at %s: attempt %d failed (%s); trying again", address, attempt, short_error(exc))
             time.sleep(min(delay, remaining))
             delay, attempt = min(delay * 2, 10.0), attempt + 1
 

@@ -486,6 +486,18 @@ class PodOptions(PodSettings):
     deadline_grace_seconds: int = Field(
         default=900, ge=0, description="Added to the time budget for activeDeadlineSeconds (final grading)."
     )
+    image_pull_timeout_seconds: int = Field(
+        default=1800,
+        ge=60,
+        description="How long a run pod (agent or grading) may be stuck pulling its image (or crash-looping a "
+        "sidecar) before the run fails: a 20 GB image on a slow or recovering registry takes many minutes.",
+    )
+    grading_deadline_seconds: int = Field(
+        default=3600,
+        ge=60,
+        description="activeDeadlineSeconds of a grading pod: its image pull, the task environment's rebuild (its "
+        "init container) and the grader.",
+    )
     termination_grace_period_seconds: int = Field(default=60, ge=0, description="Time to checkpoint on SIGTERM.")
     metrics_port: int = Field(default=9400, ge=1, le=65535, description="The agent's Prometheus port.")
     run_as_user: int = Field(default=1000, ge=1)

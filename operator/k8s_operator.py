@@ -45,9 +45,21 @@ from labkube.operator.campaign_daemon import run_campaign
 from labkube.operator.cluster_api import ClusterApi
 from labkube.operator.crds import GROUP, LABEL_CAMPAIGN, VERSION, crds_problem
 from labkube.operator.driver import RayContext, connect, shutdown
+from labkube.operator.driver_errors import DriverError
 from labkube.operator.k8s_backend import K8sBackend
 from labkube.operator.k8s_models import OperatorConfig
-from labkube.operator.kube import KubeError, KubeTarget, allocatable_gpus, api_client, check_reachable, connection_info
+from labkube.operator.kube import (
+    REQUEST_TIMEOUT,
+    KubeError,
+    KubeTarget,
+    allocatable_gpus,
+    api_client,
+    backoff_delay,
+    check_reachable,
+    connection_info,
+    last_answer,
+    short_error,
+)
 from labkube.operator.leader import LeaseElector
 from labkube.operator.replica import LEADING, ReplicaState, heartbeat, serve_health
 from labkube.operator.telemetry import OperatorMetrics
@@ -70,6 +82,7 @@ log = logging.getLogger("labkube.operator")
 DEFAULT_RUNS_ROOT = Path("/runs")
 RAY_CONNECT_PATIENCE_S = 120.0
 CRD_RECHECK_S = 10.0
+API_WINDOW_LEASES = 2.0  # /healthz fails after this many lease durations without an answer from the API server
 
 
 class OperatorRuntime(BaseModel):
@@ -96,7 +109,9 @@ class OperatorRuntime(BaseModel):
     max_disruptions: int = Field(
         default=20, ge=0, description="Pods per run the cluster may take away (evictions, preemptions) on top."
     )
-    image_pull_timeout_s: float = Field(default=600.0, gt=0)
+    image_pull_timeout_s: float | None = Field(
+        default=None, gt=0, description="Overrides the chart's runs.imagePullTimeoutSeconds (tests); None: the chart's."
+    )
 
     def campaign_root(self, namespace: str, name: str) -> Path:
         """Campaigns of the same name in two namespaces are two campaigns: the namespace is in the path."""
@@ -142,6 +157,12 @@ def build_registry(
         settings.persistence.finalizer = f"{GROUP}/finalizer"
         settings.posting.level = logging.WARNING  # Kubernetes Events for problems, not for every handler
         settings.watching.server_timeout = 300
+        # bounded, as every call of the `kubernetes` client is (`kube.REQUEST_TIMEOUT`): a watch outlives its
+        # server-side timeout by a minute, any other request has a minute in all
+        settings.networking.connect_timeout = REQUEST_TIMEOUT[0]
+        settings.networking.request_timeout = 2 * REQUEST_TIMEOUT[1]
+        settings.watching.connect_timeout = REQUEST_TIMEOUT[0]
+        settings.watching.client_timeout = settings.watching.server_timeout + 60
 
     @kopf.on.cleanup(registry=registry)
     def close(**_: Any) -> None:
@@ -211,7 +232,9 @@ def build_registry(
 def run_operator(
     runtime: OperatorRuntime, *, gpus: int | None = None, max_runs: int = 1000, verbose: bool = False
 ) -> None:
-    """`labkube operator`: serve `/healthz` and `/metrics` from the start (`replica`), reach the API, refuse to lead
+    """`labkube operator`: serve `/healthz` and `/metrics` from the start (`replica`), wait for the API (`wait_for`:
+    logged, and 503 on `/healthz`, as are the node list and Ray later; `/healthz` also fails after two lease
+    durations without an answer from the API), refuse to lead
     while the installed CRDs are older than this operator (`wait_for_current_crds`), win the leader lease, start (or
     join) Ray, run kopf while leading. Losing the lease (the API unreachable past the renew deadline, or another
     replica took it) fences this replica: kopf stops, its campaign daemons and supervisors end (pods keep running),
@@ -221,16 +244,28 @@ def run_operator(
     import kopf
 
     kopf.configure(verbose=verbose or runtime.config.log_level == "debug", log_prefix=True)
-    replica = ReplicaState()
+    window_s = API_WINDOW_LEASES * runtime.config.leader_election.lease_s
+    replica = ReplicaState(api_window_s=window_s, answered_at=last_answer)
     metrics = OperatorMetrics(replica)
     server = metrics.serve(runtime.config.metrics_port)
     ctx: RayContext | None = None
+    terminating = threading.Event()
+    _on_signals(terminating)
     try:
         with serve_health(runtime.config.health_port, replica):
             client = api_client(runtime.kube)
-            check_reachable(client, runtime.kube)
             check_runs_root(runtime.runs_root)
-            ctx = _lead_while_leader(runtime, client, replica, metrics, gpus=gpus, max_runs=max_runs)
+            where = f"the Kubernetes API at {runtime.kube.describe()}"
+            wait_for(where, lambda: check_reachable(client, runtime.kube), replica, terminating.is_set)
+            if terminating.is_set():
+                return
+            pinging = threading.Thread(
+                target=_keep_answered, args=(client, window_s / 3, terminating), name="labkube-api-ping", daemon=True
+            )
+            pinging.start()
+            ctx = _lead_while_leader(
+                runtime, client, replica, metrics, gpus=gpus, max_runs=max_runs, terminating=terminating
+            )
     finally:
         server.shutdown()  # type: ignore[attr-defined]
         if ctx is not None:
@@ -245,9 +280,10 @@ def _lead_while_leader(
     *,
     gpus: int | None,
     max_runs: int,
+    terminating: threading.Event | None = None,
 ) -> RayContext | None:
-    """Stand by, lead, and stand by again after every fence, until SIGTERM/SIGINT; returns the Ray context (to
-    shut down) when one was made."""
+    """Stand by, lead, and stand by again after every fence, until SIGTERM/SIGINT (`terminating`); returns the Ray
+    context (to shut down) when one was made."""
     import kopf
 
     election = runtime.config.leader_election
@@ -259,7 +295,7 @@ def _lead_while_leader(
                 "(the chart does), or leaderElection.enabled: false for a single replica"
             )
         elector = LeaseElector(client, runtime.namespace, runtime.identity, election)
-    terminating = threading.Event()
+    terminating = terminating or threading.Event()
     ctx: RayContext | None = None
     while not terminating.is_set():
         _on_signals(terminating)  # kopf's own handlers replace these while it runs, and are removed after it
@@ -286,15 +322,9 @@ def _lead_while_leader(
             holding.start()
         if ctx is None:
             replica.now("leading; connecting to Ray", leader=True)
-            pod_gpus = gpus if gpus is not None else cluster_gpus(client, runtime.config.runs.gpu_resource_name)
-            ctx = connect(
-                runtime.config.ray_address,
-                max_runs,
-                private=not runtime.config.ray_address,
-                pod_gpus=pod_gpus,
-                patience_s=RAY_CONNECT_PATIENCE_S,  # a RayCluster installed with the chart may still be starting
-            )
-        if not fenced.is_set() and not terminating.is_set():
+            ctx = _connect_ray(runtime, client, replica, gpus, max_runs, (fenced, terminating))
+            _on_signals(terminating)  # ray.init installed its own SIGTERM handler, which aborts the process
+        if ctx is not None and not fenced.is_set() and not terminating.is_set():
             replica.now(LEADING, leader=True)
             registry = build_registry(runtime, ctx, metrics, fenced)
             stopped = _stopped(replica, elector, lost, stop_flag, done_leading, holding)
@@ -330,6 +360,95 @@ def _lead_while_leader(
     return ctx
 
 
+def _connect_ray(
+    runtime: OperatorRuntime,
+    client: Any,
+    replica: ReplicaState,
+    gpus: int | None,
+    max_runs: int,
+    stop_on: tuple[threading.Event, ...],
+) -> RayContext | None:
+    """Read the cluster's GPUs (unless given) and start or join Ray, each waited for until it answers (`wait_for`);
+    None once one of `stop_on` is set (the lease lost, or SIGTERM)."""
+
+    def stop() -> bool:
+        return any(e.is_set() for e in stop_on)
+
+    def gpu_count() -> int | None:
+        return cluster_gpus(client, runtime.config.runs.gpu_resource_name)
+
+    pod_gpus = gpus if gpus is not None else wait_for("the node list", gpu_count, replica, stop)
+    if stop():
+        return None
+
+    def join() -> RayContext:
+        return connect(
+            runtime.config.ray_address,
+            max_runs,
+            private=not runtime.config.ray_address,
+            pod_gpus=pod_gpus,
+            patience_s=RAY_CONNECT_PATIENCE_S,  # a RayCluster installed with the chart may still be starting
+        )
+
+    where = f"Ray at {runtime.config.ray_address or 'this machine (embedded)'}"
+    ctx: RayContext | None = wait_for(where, join, replica, stop, errors=(DriverError,))
+    return ctx
+
+
+def wait_for(
+    what: str,
+    attempt: Callable[[], Any],
+    replica: ReplicaState,
+    stop: Callable[[], bool],
+    *,
+    errors: tuple[type[BaseException], ...] = (Exception,),
+    first_delay_s: float = 1.0,
+    cap_s: float = 30.0,
+) -> Any:
+    """`attempt()`'s result once it succeeds; None once `stop()` says so (callers ask it). Until then this replica
+    waits and tries again with capped back-off (start-up without the API, the node list or Ray is waited out, not
+    exited): it logs "waiting for <what>: <reason>" once per new reason, and `/healthz` answers 503 with that line."""
+    said = None
+    tries = 0
+    while not stop():
+        try:
+            result = attempt()
+        except errors as exc:
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            if status := getattr(exc, "status", None):  # an ApiException: its first line is only "(503)"
+                reason = f"the API answered {status} {getattr(exc, 'reason', None) or ''}".strip()
+            line = f"waiting for {what}: {reason}"
+            if line != said:
+                log.error("%s; trying again", line)
+                said = line
+            replica.refuse(line)
+            deadline = time.monotonic() + backoff_delay(tries, first_delay_s, cap_s)
+            tries += 1
+            while not stop() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            continue
+        if said is not None:
+            log.info("%s answers: going on", what)
+            replica.now(f"{what} answers; going on", leader=False)
+        return result
+    return None
+
+
+def _keep_answered(client: Any, every_s: float, stop: threading.Event) -> None:
+    """Ask the API server for its version whenever nothing else of this process had an answer for `every_s`, so
+    `/healthz` (`ReplicaState.api_silent`) tells a replica that can reach the API from one that cannot, even one
+    with nothing to do (leader election off, no campaign). Every call is bounded (`kube.REQUEST_TIMEOUT`)."""
+    from kubernetes.client import VersionApi
+
+    while not stop.wait(max(0.2, every_s / 2)):
+        if time.monotonic() - last_answer() < every_s:
+            continue
+        try:
+            VersionApi(client).get_code()
+        except Exception as exc:  # silence is what /healthz reports; the lease loop logs the outage
+            log.debug("kubernetes API: %s", short_error(exc))
+
+
 def wait_for_current_crds(
     client: Any, replica: ReplicaState, stop: threading.Event, every_s: float = CRD_RECHECK_S
 ) -> bool:
@@ -339,11 +458,13 @@ def wait_for_current_crds(
     answers 503 with that line, and it checks again every `every_s`, so it goes on once the CRDs are applied."""
     said = None
     while not stop.is_set():
+        wait_s = every_s
         try:
             problem = crds_problem(client)
         except Exception as exc:  # the API unreachable or refusing: not leading on CRDs nobody checked
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-            problem = f"cannot read the installed CRDs to check them ({first}); refusing to lead until it can"
+            problem = f"waiting for the API to check the installed CRDs ({first}); not leading until it can"
+            wait_s = min(every_s, 2.0)
         if problem is None:
             if said is not None:
                 log.info("the installed CRDs hold what this operator writes: going on")
@@ -351,8 +472,13 @@ def wait_for_current_crds(
         if problem != said:
             log.error("%s", problem)
             said = problem
-        replica.refuse(problem)
-        deadline = time.monotonic() + every_s
+        if problem.startswith("waiting for the API"):
+            # an outage, not a refusal: /healthz stays 200 while the API answers at all (errors included) and
+            # fails once it has not answered for its window (`ReplicaState.api_silent`), as everywhere else
+            replica.now(problem, leader=False)
+        else:
+            replica.refuse(problem)
+        deadline = time.monotonic() + wait_s
         while not stop.is_set() and time.monotonic() < deadline:
             stop.wait(0.2)
     return False
@@ -396,6 +522,8 @@ def _signals_stop_driving(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop)
+        if terminating.is_set():  # a SIGTERM came between Ray's start and these handlers
+            stop()
 
     return on_sigterm
 

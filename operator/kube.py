@@ -39,19 +39,25 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PATIENCE_S",
+    "QUOTA_REFUSALS",
+    "REQUEST_TIMEOUT",
     "TRANSIENT",
     "KubeError",
     "KubeTarget",
     "allocatable_gpus",
     "answered",
     "api_client",
+    "api_message",
     "backoff_delay",
     "check_reachable",
     "connection_info",
     "default_namespace",
+    "largest_node_gpus",
+    "last_answer",
     "list_pages",
     "load_configuration",
     "parse_time",
+    "quota_refusal",
     "raw_json",
     "retry_after",
     "retrying",
@@ -99,7 +105,8 @@ def _kubeconfig_path(target: KubeTarget) -> str:
     return str(Path(first or "~/.kube/config").expanduser())
 
 
-def _short(exc: BaseException) -> str:
+def short_error(exc: BaseException) -> str:
+    """The first line of what `exc` says (its type's name when it says nothing, as a bare time-out)."""
     text = str(exc).strip().splitlines()
     return text[0][:300] if text else type(exc).__name__
 
@@ -114,7 +121,7 @@ def _contexts(path: str) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     try:
         contexts, current = list_kube_config_contexts(config_file=path)
     except (ConfigException, OSError, ValueError) as exc:
-        raise KubeError(f"{path}: not a usable kubeconfig ({_short(exc)})") from None
+        raise KubeError(f"{path}: not a usable kubeconfig ({short_error(exc)})") from None
     return list(contexts or []), current
 
 
@@ -131,7 +138,7 @@ def load_configuration(target: KubeTarget) -> Configuration:
         try:
             load_incluster_config(client_configuration=config)
         except ConfigException as exc:
-            raise KubeError(f"in-cluster configuration: {_short(exc)}") from None
+            raise KubeError(f"in-cluster configuration: {short_error(exc)}") from None
         return config
     path = _kubeconfig_path(target)
     contexts, current = _contexts(path)
@@ -148,7 +155,7 @@ def load_configuration(target: KubeTarget) -> Configuration:
         load_kube_config(config_file=path, context=target.context, client_configuration=config, persist_config=False)
     except (ConfigException, OSError, ValueError) as exc:
         name = target.context or (current or {}).get("name")
-        raise KubeError(f"kube context `{name}` in {path}: {_short(exc)}") from None
+        raise KubeError(f"kube context `{name}` in {path}: {short_error(exc)}") from None
     return config
 
 
@@ -166,14 +173,53 @@ def default_namespace(target: KubeTarget) -> str:
     return str(((chosen or {}).get("context") or {}).get("namespace") or "default")
 
 
+# Every request of a client made by `api_client` is bounded: (connect, read) seconds unless the call passes its own
+# `_request_timeout` (a watch passes a read time-out longer than its `timeoutSeconds`). An API server that accepts a
+# request and never answers costs a call this long, never a thread for good.
+REQUEST_TIMEOUT = (5.0, 30.0)
+_last_answer = -float("inf")  # monotonic time of the last HTTP answer any such client had (whatever its status)
+
+
+def last_answer() -> float:
+    """Monotonic time at which a client of this process (`api_client`) last had an answer from an API server, of any
+    status (a 503 is an answer: the server is there); -inf before the first. `/healthz` watches it."""
+    return _last_answer
+
+
 def api_client(target: KubeTarget, *, pool_size: int | None = None) -> ApiClient:
-    """A client of `target`'s API server (not yet contacted)."""
-    from kubernetes.client import ApiClient
+    """A client of `target`'s API server (not yet contacted), its requests bounded by `REQUEST_TIMEOUT`."""
+    import urllib3
 
     config = load_configuration(target)
     if pool_size is not None:
         config.connection_pool_maxsize = pool_size
-    return ApiClient(configuration=config)
+    if config.retries is None:
+        # urllib3 would read a GET or PUT again after a read time-out, 3 times: 4 x the read time-out in all.
+        # Connection errors are still retried here; a read that timed out is the caller's (`retrying`).
+        config.retries = urllib3.Retry(3, read=0)
+    return _bounded_client_class()(configuration=config)
+
+
+_BOUNDED: type | None = None
+
+
+def _bounded_client_class() -> type:
+    """`kubernetes.client.ApiClient` whose every request has `REQUEST_TIMEOUT` unless given one, and records
+    `last_answer` (made on first use: the kubernetes client is imported lazily)."""
+    global _BOUNDED
+    if _BOUNDED is None:
+        from kubernetes.client import ApiClient
+
+        class BoundedApiClient(ApiClient):  # type: ignore[misc]
+            def call_api(self, *args: Any, _request_timeout: Any = None, **kwargs: Any) -> Any:
+                global _last_answer
+                timeout = REQUEST_TIMEOUT if _request_timeout is None else _request_timeout
+                resp = super().call_api(*args, _request_timeout=timeout, **kwargs)
+                _last_answer = time.monotonic()
+                return resp
+
+        _BOUNDED = BoundedApiClient
+    return _BOUNDED
 
 
 def check_reachable(client: ApiClient, target: KubeTarget, timeout_s: float = 5.0) -> None:
@@ -188,9 +234,11 @@ def check_reachable(client: ApiClient, target: KubeTarget, timeout_s: float = 5.
         hint = " (check the credentials of the context)" if exc.status in (401, 403) else ""
         raise KubeError(f"the Kubernetes API at {where} answered {exc.status} {exc.reason}{hint}") from None
     except Exception as exc:  # urllib3 errors, DNS, TLS: one line, no traceback
-        reason = _short(exc)
+        reason = short_error(exc)
         if "Connection refused" in reason or "NewConnectionError" in reason:
             reason = "connection refused"
+        elif "timed out" in reason or "Timeout" in reason:  # the text carries the time left, different every try
+            reason = f"no answer within {timeout_s:g}s"
         raise KubeError(f"cannot reach the Kubernetes API at {where}: {reason}") from None
 
 
@@ -266,15 +314,26 @@ def allocatable_gpus(client: ApiClient, resource: str) -> int | None:
         if exc.status in (401, 403, 404):
             return None
         raise
-    total = 0
+    return sum(_node_gpus(nodes, resource))
+
+
+def _node_gpus(nodes: list[dict[str, Any]], resource: str) -> list[int]:
+    """The allocatable `resource` of each Ready, schedulable node of `nodes` (a node list's items)."""
+    counts = []
     for node in nodes:
         status = node.get("status") or {}
         ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
         if (node.get("spec") or {}).get("unschedulable") or not ready:
             continue
         text = str((status.get("allocatable") or {}).get(resource, "0"))
-        total += int(text) if text.isdigit() else 0
-    return total
+        counts.append(int(text) if text.isdigit() else 0)
+    return counts
+
+
+def largest_node_gpus(nodes: list[dict[str, Any]], resource: str) -> int:
+    """The most GPUs (`resource`) one pod can be given: the largest allocatable of a Ready, schedulable node of
+    `nodes` (0 when there is none). A run needing more stays Unschedulable whatever the cluster's total."""
+    return max(_node_gpus(nodes, resource), default=0)
 
 
 def raw_json(resp: object) -> dict[str, Any]:
@@ -285,6 +344,35 @@ def raw_json(resp: object) -> dict[str, Any]:
 def status_of(exc: BaseException) -> int | None:
     """The HTTP status of an API error; None for anything else (a connection error, a bug)."""
     return getattr(exc, "status", None)
+
+
+# What kube-apiserver's ResourceQuota admission answers (403 Forbidden) when a create would pass a quota, or while it
+# has not yet computed a new quota's usage: `pods "x" is forbidden: exceeded quota: gpu, requested: ..., used: ...,
+# limited: ...`, `... forbidden: status unknown for quota: gpu, resource: requests.nvidia.com/gpu`. Both pass once
+# pods end or the quota controller catches up: transient to a caller that waits (`PodRun.past_quota`), not final.
+QUOTA_REFUSALS = ("exceeded quota:", "status unknown for quota:")
+
+
+def api_message(exc: BaseException) -> str:
+    """The `message` of the Status an API error carries (its body), else its reason or text."""
+    body = getattr(exc, "body", None)
+    if body:
+        try:
+            message = json.loads(body).get("message")
+        except (TypeError, ValueError, AttributeError):
+            message = None
+        if isinstance(message, str) and message:
+            return message
+    return str(getattr(exc, "reason", None) or exc)
+
+
+def quota_refusal(exc: BaseException) -> str | None:
+    """The API server's message when `exc` is a ResourceQuota refusing a create (403 with `exceeded quota:` or
+    `status unknown for quota:`); None for anything else, a 403 of RBAC included (that one is final)."""
+    if status_of(exc) != 403:
+        return None
+    message = api_message(exc)
+    return message if any(m in message for m in QUOTA_REFUSALS) else None
 
 
 TRANSIENT = frozenset({429, 500, 502, 503, 504})
@@ -319,9 +407,11 @@ async def retrying(
     """`call()`, again after a connection error, a 429/5xx or a 410 (the API server restarting, throttling, a
     control-plane upgrade), for as long as `patience_s` allows (the caller's own deadline: a run's time budget;
     default an hour), with capped exponential back-off and jitter, or the `Retry-After` the server asks for.
-    Other API errors (404, 409, 422, ...) are the caller's. A create retried after a lost answer answers 409,
-    which the callers treat as "exists". With `conflicts`, a 409 Conflict is retried too: for writes that are
-    safe to repeat as they are (a merge patch of a status carries no resourceVersion)."""
+    Other API errors (403, 404, 409, 422, ...) are the caller's: a ResourceQuota's 403 (`quota_refusal`) is waited
+    out by the run supervisor outside its turn, with the Run showing why (`PodRun.past_quota`). A create retried
+    after a lost answer answers 409, which the callers treat as "exists". With `conflicts`, a 409 Conflict is
+    retried too: for writes that are safe to repeat as they are (a merge patch of a status carries no
+    resourceVersion)."""
     give_up_at = time.monotonic() + (PATIENCE_S if patience_s is None else patience_s)
     attempt = 0
     while True:
@@ -335,7 +425,7 @@ async def retrying(
             if not transient or time.monotonic() + delay > give_up_at:
                 raise
             if attempt < 3 or attempt % 10 == 0:  # a long outage logs a line every few minutes, not every try
-                log.warning("kubernetes API: %s; retrying in %.1fs", str(exc).splitlines()[0][:200], delay)
+                log.warning("kubernetes API: %s; retrying in %.1fs", short_error(exc), delay)
             await asyncio.sleep(delay)
             attempt += 1
 

@@ -26,7 +26,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from labkube.operator.crds import LABEL_CAMPAIGN
-from labkube.operator.kube import KubeTarget, answered, api_client, list_pages, retrying
+from labkube.operator.kube import KubeTarget, answered, api_client, list_pages, retrying, short_error
 from labkube.operator.pod_manifest import LABEL_COMPONENT, LABEL_RUN
 
 __all__ = [
@@ -227,7 +227,7 @@ class PodWatcher:
             except Exception as exc:  # connection errors: the API server restarts, the network blips
                 if self._stop.is_set():
                     return
-                log.warning("pod watch in %s: %s; retrying", self.namespace, str(exc).splitlines()[0][:200])
+                log.warning("pod watch in %s: %s; retrying", self.namespace, short_error(exc))
                 self._stop.wait(1.0)
 
 

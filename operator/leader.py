@@ -12,6 +12,10 @@ waited out, not crashed through. Whichever replica takes the Lease when the API 
 (see `k8s_operator`). On SIGTERM the leader stops driving, then `release`s the Lease (holder cleared), so a
 standby takes it on its next try instead of waiting for it to run out.
 
+Every Lease call has a read time-out of `renew_deadline_s` (`LeaseElector.timeout`), and every try of the candidate
+loop is bounded by it too: an API server that reads a request and never answers costs a try, not the loop, so a
+standby keeps trying on schedule and takes over once the API answers, and a leader whose renewals hang fences.
+
 Expiry follows client-go's observed-time rule: a candidate measures a holder's lease from the moment *it* last
 saw the Lease's record change, on its own monotonic clock, never by comparing the holder's `renewTime` with its
 own wall clock; replicas whose clocks disagree therefore never both lead.
@@ -87,10 +91,21 @@ class LeaseElector:
         self.observed: dict[str, Any] | None = None  # the Lease's spec as this candidate last saw it
         self.observed_at = -float("inf")  # monotonic time at which `observed` was first seen
 
+    @property
+    def timeout(self) -> tuple[float, float]:
+        """(connect, read) time-out of each Lease call: within the renew deadline, so a call the API server never
+        answers ends (and frees its thread) by the time the leader must have renewed."""
+        bound = self.settings.renew_deadline_s
+        return (min(5.0, bound), bound)
+
     async def _read(self) -> dict[str, Any] | None:
         try:
             resp = await self.call(
-                self.api.read_namespaced_lease, self.settings.lease_name, self.namespace, _preload_content=False
+                self.api.read_namespaced_lease,
+                self.settings.lease_name,
+                self.namespace,
+                _preload_content=False,
+                _request_timeout=self.timeout,
             )
         except Exception as exc:
             if getattr(exc, "status", None) == 404:
@@ -139,7 +154,13 @@ class LeaseElector:
                 "spec": self._spec(None, now),
             }
             try:
-                await self.call(self.api.create_namespaced_lease, self.namespace, body, _preload_content=False)
+                await self.call(
+                    self.api.create_namespaced_lease,
+                    self.namespace,
+                    body,
+                    _preload_content=False,
+                    _request_timeout=self.timeout,
+                )
             except Exception as exc:
                 if getattr(exc, "status", None) == 409:
                     return False
@@ -159,6 +180,7 @@ class LeaseElector:
                 self.namespace,
                 body,
                 _preload_content=False,
+                _request_timeout=self.timeout,
             )
         except Exception as exc:
             if getattr(exc, "status", None) == 409:  # another candidate wrote it first
@@ -175,11 +197,16 @@ class LeaseElector:
         log.info("leader election: %s waiting for lease %s/%s", self.identity, self.namespace, self.settings.lease_name)
         while stop is None or not stop.is_set():
             try:
-                if await self.try_acquire():
+                # bounded: a try the API server never answers must not stop the next one (`renew_deadline_s`)
+                if await asyncio.wait_for(self.try_acquire(), self.settings.renew_deadline_s):
                     log.info("leader election: %s leads", self.identity)
                     return True
+            except TimeoutError:
+                log.warning(
+                    "leader election: the API did not answer within %.0fs; trying again", self.settings.renew_deadline_s
+                )
             except Exception as exc:  # the API unreachable: keep trying, as a candidate
-                log.warning("leader election: %s", str(exc).splitlines()[0][:200])
+                log.warning("leader election: %s", (str(exc).splitlines() or [type(exc).__name__])[0][:200])
             await _sleep_unless(stop, self.settings.retry_s)
         return False
 
@@ -195,8 +222,12 @@ class LeaseElector:
                 if not await asyncio.wait_for(self.try_acquire(), self.settings.renew_deadline_s):
                     log.error("leader election: %s lost the lease to another replica", self.identity)
                     break
+            except TimeoutError:
+                log.warning(
+                    "leader election: renewing: the API did not answer within %.0fs", self.settings.renew_deadline_s
+                )
             except Exception as exc:
-                log.warning("leader election: renewing: %s", str(exc).splitlines()[0][:200] or type(exc).__name__)
+                log.warning("leader election: renewing: %s", (str(exc).splitlines() or [type(exc).__name__])[0][:200])
             if time.monotonic() - self.renewed_at > self.settings.renew_deadline_s:
                 log.error(
                     "leader election: %s could not renew within %.0fs", self.identity, self.settings.renew_deadline_s
@@ -223,10 +254,11 @@ class LeaseElector:
                 self.namespace,
                 {**current, "spec": released},
                 _preload_content=False,
+                _request_timeout=self.timeout,
             )
         except Exception as exc:  # the API unreachable or the Lease changed: it runs out on its own
             log.warning(
-                "leader election: releasing the lease: %s", str(exc).splitlines()[0][:200] or type(exc).__name__
+                "leader election: releasing the lease: %s", (str(exc).splitlines() or [type(exc).__name__])[0][:200]
             )
             return False
         self.renewed_at = -float("inf")

@@ -28,7 +28,7 @@ from labkube.operator.crds import GROUP, VERSION, run_name
 from labkube.operator.k8s_grading import graded_result, is_grading_pod, report_of, result_from_status
 from labkube.operator.k8s_ledger import PodLedger, ledger_path, pod_time
 from labkube.operator.k8s_models import RunResourceSpec, RunStatus, set_condition, status_patch, unrecorded
-from labkube.operator.kube import PATIENCE_S, raw_json, status_of
+from labkube.operator.kube import PATIENCE_S, raw_json, short_error, status_of
 from labkube.operator.kube_session import STATUS_FIRST, KubeSession
 from labkube.operator.pod_manifest import pvc_name, records_pvc_name
 from labkube.operator.pod_status import TERMINAL, PodEnd, ended, live_phase, pod_conditions, problem_message
@@ -193,7 +193,7 @@ class PodRunRecord:
         except Exception as exc:
             if status_of(exc) == 404:
                 raise RunGone(self.name) from None
-            log.warning("run %s: status patch failed: %s", self.name, str(exc).splitlines()[0][:200])
+            log.warning("run %s: status patch failed: %s", self.name, short_error(exc))
             return
         self.published = body
         self.stored = dict(raw_json(resp).get("status") or {})
@@ -257,7 +257,7 @@ class PodRunRecord:
             )
         except Exception as exc:
             if status_of(exc) != 404:  # gone already is the aim
-                log.warning("run %s: deleting its claim %s: %s", self.name, name, str(exc).splitlines()[0][:200])
+                log.warning("run %s: deleting its claim %s: %s", self.name, name, short_error(exc))
 
     # -- the store (shared runs volume) ------------------------------------------------------
 

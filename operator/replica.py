@@ -6,7 +6,10 @@ Both answer from process start: while the replica stands by for the lease, while
 `RAY_CONNECT_PATIENCE_S`), while it leads, and while it is fenced waiting for the API to come back. A replica
 that stopped answering is a replica that is stuck or gone, which is what the probes and `LabkubeOperatorDown`
 are for; a replica that is merely not leading is healthy. One that refuses to lead (`ReplicaState.refuse`: the
-installed CRDs are older than the operator) answers 503 with the reason, so it is not Ready.
+installed CRDs are older than the operator) answers 503 with the reason, so it is not Ready; so does one that waits
+at start for the API, Ray or the node list (it says which), and one that has had no answer from the API server for
+`api_window_s` (two lease durations in `labkube operator`): a replica whose API calls hang is not healthy, though it
+stays up and fenced (see `k8s_operator`).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 __all__ = ["LEADING", "ReplicaState", "heartbeat", "leader_family", "serve_health"]
@@ -30,13 +33,21 @@ class ReplicaState:
     has not beaten for `stall_s` makes `/healthz` answer 503, so the liveness probe restarts a hung leader (what
     kopf's own liveness endpoint did)."""
 
-    def __init__(self, stall_s: float = STALL_S) -> None:
+    def __init__(
+        self,
+        stall_s: float = STALL_S,
+        api_window_s: float | None = None,
+        answered_at: Callable[[], float] | None = None,
+    ) -> None:
         self._lock = threading.Lock()
         self._doing = "starting"
         self._leader = False
         self._beat = time.monotonic()
         self._refusing = False
         self.stall_s = stall_s
+        self.api_window_s = api_window_s  # None: /healthz does not watch the API round trips
+        self._answered_at = answered_at or (lambda: -float("inf"))
+        self._born = time.monotonic()
 
     def now(self, doing: str, *, leader: bool) -> None:
         with self._lock:
@@ -64,6 +75,15 @@ class ReplicaState:
         with self._lock:
             quiet = time.monotonic() - self._beat
             return quiet if self._doing == LEADING and quiet > self.stall_s else None
+
+    def api_silent(self) -> float | None:
+        """Seconds since this process last had an answer from the API server (`kube.last_answer`; from its start
+        when none came yet), when that is more than `api_window_s`; else None. A call the server never answers is
+        silence too (every call is bounded), so a replica whose API hangs fails `/healthz`."""
+        if self.api_window_s is None:
+            return None
+        quiet = time.monotonic() - max(self._answered_at(), self._born)
+        return quiet if quiet > self.api_window_s else None
 
     @property
     def doing(self) -> str:
@@ -96,12 +116,15 @@ def serve_health(port: int, state: ReplicaState) -> Iterator[None]:
         def do_GET(self) -> None:
             found = self.path.split("?", 1)[0] == "/healthz"
             stalled = state.stalled() if found else None
-            code = 404 if not found else 503 if stalled is not None or state.refusing else 200
+            silent = state.api_silent() if found else None
+            code = 404 if not found else 503 if stalled is not None or silent is not None or state.refusing else 200
             text = (
                 "not found: try /healthz"
                 if not found
                 else f"leading, but kopf's event loop has not answered for {stalled:.0f}s"
                 if stalled is not None
+                else f"no answer from the Kubernetes API for {silent:.0f}s ({state.doing})"
+                if silent is not None
                 else state.doing
             )
             self.send_response(code)

@@ -63,6 +63,8 @@ ALL_FLAGS: dict[str, Any] = {
         "workspace": {"mode": "pvc", "storageClassName": "fast", "size": "200Gi", "keepFinished": False},
         "world": {"image": "ghcr.io/labkube/world:0.1.0", "command": ["labkube-world"], "port": 8765},
         "cpuLimits": True,
+        "imagePullTimeoutSeconds": 2700,
+        "gradingDeadlineSeconds": 5400,
         "podLabels": {"team": "research"},
         "podAnnotations": {"example.com/owner": "evals", "sidecar.istio.io/inject": "true"},
     },
@@ -419,6 +421,7 @@ def test_operator_config_is_what_the_operator_reads(chart: helm_python.Chart, va
         assert config.runs.default_image == "ghcr.io/labkube/runner:0.1.0-cuda"
         assert config.runs.workspace.claim_per_run and config.runs.world is not None
         assert config.runs.image_pull_secrets == ["registry"] and config.runs.queue_name == "gpu-queue"
+        assert config.runs.image_pull_timeout_seconds == 2700 and config.runs.grading_deadline_seconds == 5400
     else:
         assert config.namespaces == [] and config.ray_address is None
         assert config.runs.default_image == "ghcr.io/labkube/labkube:0.1.0"
@@ -426,6 +429,8 @@ def test_operator_config_is_what_the_operator_reads(chart: helm_python.Chart, va
         assert config.runs.workspace.mode == "pvc" and config.runs.workspace.claim_per_run
         assert config.runs.world is None
         assert [k.env for k in config.runs.api_keys] == ["OPENAI_API_KEY", "ANTHROPIC_API_KEY"]
+        # a 20 GB image pull may take half an hour; a grading pod pulls it, rebuilds the task environment, grades
+        assert config.runs.image_pull_timeout_seconds == 1800 and config.runs.grading_deadline_seconds == 3600
     # ... and the pods it builds from it are valid.
     run = RunResourceSpec(
         run_id="t--openai-gpt-5--s0",
@@ -740,6 +745,8 @@ def test_common_labels_are_on_every_object_the_chart_renders(chart: helm_python.
         ({"runs": {"podAnnotations": {"labkube.dev/run-id": "x"}}}, "labkube.dev/run-id"),
         ({"runs": {"cpuLimits": "yes"}}, "cpuLimits"),
         ({"runs": {"workspace": {"keepFinished": "no"}}}, "keepFinished"),
+        ({"runs": {"imagePullTimeoutSeconds": 30}}, "imagePullTimeoutSeconds"),
+        ({"runs": {"gradingDeadlineSeconds": "1h"}}, "gradingDeadlineSeconds"),
         ({"tenancy": {"podLabels": [""]}}, "podLabels"),
         ({"tenancy": {"podAnnotation": ["x"]}}, "podAnnotation"),
     ],

@@ -46,6 +46,8 @@ are consulted before the stateful API, so `api[kmock.action.CREATE, kmock.resour
 callback` can answer instead of it (a callback may raise `KubeError` for a Status error, or return
 `NotImplemented` to let the request through; that retires the reaction, as in kmock);
 `expire_watches()` ends every open watch with 410 Gone, as a restarted API server's watch cache does.
+`hang(matches)` holds every request (or those of matching paths) with no answer, as an API server that reads a
+request and never answers does (`Hang`).
 """
 
 from __future__ import annotations
@@ -235,6 +237,33 @@ class Outage:
         raise KubeError(503, "injected outage (fault test): the API server is being upgraded", "ServiceUnavailable")
 
 
+class Hang:
+    """An API server that reads a request and never answers (`FakeKube.hang`): every HTTP request whose path
+    `matches` (default: every request, `/version` included) that arrives while the hang is on is held open with no
+    answer until `release` (a client without a read time-out waits for good). `lift` ends the hang for requests that
+    arrive from then on (the server answers again); the ones held stay held until `release`, which answers them 504
+    (the client gave up on them long ago). `FakeKube.close_watches` releases every hang."""
+
+    def __init__(self, matches: Callable[[str], bool] | None = None) -> None:
+        self.matches = matches or (lambda _path: True)
+        self.on = True
+        self.held = 0  # requests held so far
+        self.released = asyncio.Event()
+
+    def lift(self) -> None:
+        self.on = False
+
+    def release(self) -> None:
+        self.on = False
+        self.released.set()
+
+    async def hold(self) -> aiohttp.web.Response:
+        self.held += 1
+        await self.released.wait()
+        body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 504, "reason": "Timeout"}
+        return aiohttp.web.json_response({**body, "message": "held without an answer (fault test)"}, status=504)
+
+
 class FakeKube(kmock.KubernetesScaffold):
     """See the module docstring."""
 
@@ -262,13 +291,23 @@ class FakeKube(kmock.KubernetesScaffold):
         self.closing = False
         self.watch_epoch = 0  # bumped by `expire_watches`
         self.expired_rv = 0  # a watch from an older resourceVersion answers 410 Gone
+        self.hangs: list[Hang] = []  # `hang`: requests held with no answer
         for res, kind in BUILTIN.items():
             self.add_kind(res, kind)
         for crd in (campaign_crd(), run_crd()):
             self.add_crd(crd)
 
+    def hang(self, matches: Callable[[str], bool] | None = None) -> Hang:
+        """From now on, hold every HTTP request whose path `matches` (default: all) with no answer (`Hang`)."""
+        hang = Hang(matches)
+        self.hangs.append(hang)
+        return hang
+
     def close_watches(self) -> None:
-        """End every open watch stream (before the server stops: it waits for open requests)."""
+        """End every open watch stream and release every held request (before the server stops: it waits for open
+        requests)."""
+        for hang in self.hangs:
+            hang.release()
         self.closing = True
         bell, self.bell = self.bell, asyncio.Event()
         bell.set()
@@ -530,12 +569,18 @@ class FakeKube(kmock.KubernetesScaffold):
         watch = raw_request.query.get("watch") in ("true", "1")
         verb = "watch" if watch else raw_request.method.lower()
         self.request_counts[verb] += 1
+        if (hang := self._hung(raw_request.path)) is not None:
+            return await hang.hold()
         if raw_request.path.rstrip("/") == "/api/v1/namespaces":
             return await self._namespaces(raw_request)
         response = await super().__call__(raw_request)
         if not self.keep_requests:
             self._requests.clear()
         return response
+
+    def _hung(self, path: str) -> Hang | None:
+        """The hang (`hang`) that holds a request for `path` arriving now, if any."""
+        return next((h for h in self.hangs if h.on and h.matches(path)), None)
 
     async def _namespaces(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         """`GET /api/v1/namespaces`, which kmock's path parser cannot take (it reads "namespaces" as the start of a
@@ -893,3 +938,62 @@ def serve_older_crds(api: FakeKube, run_status_without: Iterable[str] = OLD_RUN_
     changed = api.update_object(CRDS, "", run_crd()["metadata"]["name"], lambda crd: crd.update(spec=old["spec"]))
     assert changed is not None
     return changed
+
+
+# -- transient refusals (issue 42, "transient is not final") -------------------------------------------------------
+
+
+class QuotaRefusal:
+    """A kmock reaction (`api[kmock.action.CREATE, kmock.resource("v1/pods")] << QuotaRefusal(60)`): every create it
+    sees for `seconds` answers as kube-apiserver's ResourceQuota admission does when a namespace's quota is full: 403
+    Forbidden, reason `Forbidden`, message `pods "NAME" is forbidden: exceeded quota: ...`; then it retires and the
+    creates go through (the pods that held the quota ended)."""
+
+    def __init__(self, seconds: float, quota: str = "gpu-quota", resource: str = "requests.nvidia.com/gpu") -> None:
+        self.until = time.monotonic() + seconds
+        self.quota, self.resource = quota, resource
+        self.hits: list[str] = []  # the names refused
+
+    def __call__(self, request: kmock.Request) -> Any:
+        if time.monotonic() >= self.until:
+            return NotImplemented
+        body = request.data if isinstance(request.data, dict) else {}
+        name = (body.get("metadata") or {}).get("name") or "?"
+        self.hits.append(name)
+        plural = request.resource.plural if request.resource is not None else "pods"
+        raise KubeError(
+            403,
+            f'{plural} "{name}" is forbidden: exceeded quota: {self.quota}, requested: {self.resource}=1, '
+            f"used: {self.resource}=2, limited: {self.resource}=2",
+            "Forbidden",
+        )
+
+
+class Throttle:
+    """A kmock reaction: the first `times` requests it sees answer 429 Too Many Requests with a `Retry-After` header
+    of `retry_after` seconds (API Priority and Fairness rejecting a request), then it retires. `answered_at` holds
+    when each 429 was sent, `passed_at` when the first request after them came (a client that honours
+    Retry-After comes back no sooner than it asks)."""
+
+    def __init__(self, times: int, retry_after: int = 2) -> None:
+        self.left, self.retry_after = times, retry_after
+        self.answered_at: list[float] = []
+        self.passed_at: float | None = None
+
+    def __call__(self, request: kmock.Request) -> Any:
+        if self.left == 0:
+            self.passed_at = self.passed_at or time.monotonic()
+            return NotImplemented
+        self.left -= 1
+        self.answered_at.append(time.monotonic())
+        status = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": "Too many requests, please try again later.",
+            "reason": "TooManyRequests",
+            "details": {"retryAfterSeconds": self.retry_after},
+            "code": 429,
+        }
+        return kmock.Response(status=429, headers={"Retry-After": str(self.retry_after)}, payload=status)
