@@ -22,7 +22,7 @@ import re
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,7 @@ class Fake:
     volume: Path
     kubeconfig: Path
     work: Path
+    started: list[OperatorProcess] = field(default_factory=list)  # ended by the fixture, the test failed or not
 
     def config(self, workspace: dict[str, Any] | None = None, **extra: Any) -> tuple[Path, int]:
         """A replica's config: the shared claim by default; `workspace` `{"mode": "pvc"}` is the chart's default
@@ -77,9 +78,11 @@ class Fake:
     async def operator(self, config: Path, name: str, runs_root: Path | None = None, **kwargs: Any) -> OperatorProcess:
         """A replica; its runs root is the shared claim unless `runs_root` (e.g. an empty one: the chart's emptyDir)."""
         env = {"LABKUBE_OPERATOR_NAMESPACE": OPERATOR_NAMESPACE, **kwargs.pop("env", {})}
-        return await OperatorProcess.start(
+        process = await OperatorProcess.start(
             config, self.kubeconfig, runs_root or self.volume, self.work / f"{name}.log", env=env, **kwargs
         )
+        self.started.append(process)
+        return process
 
     def campaign(self, name: str, task: Path, seeds: int) -> None:
         spec = {"tasks": [str(task)], "models": ["oracle"], "seeds": seeds, "concurrency": seeds}
@@ -134,7 +137,14 @@ async def fake(tmp_path: Path) -> AsyncIterator[Fake]:
         # one node with two allocatable GPUs (the kubelet registers it), as `kubectl get nodes` would list it
         kubelet = FakeKubelet(api, claims={CLAIM: volume}, gpus=2, work=tmp_path / "kubelet")
         async with kubelet:
-            yield Fake(api, kubelet, volume, kubeconfig, tmp_path)
+            fake = Fake(api, kubelet, volume, kubeconfig, tmp_path)
+            try:
+                yield fake
+            finally:
+                # A test that failed midway leaves its replicas and their embedded Ray running (seen for an hour, with
+                # parent 1): each process group goes, whatever the test did.
+                for process in fake.started:
+                    await process.kill()
         api.close_watches()
 
 
