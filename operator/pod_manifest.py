@@ -97,6 +97,12 @@ def run_labels(campaign: str, run: str) -> dict[str, str]:
     }
 
 
+def has_gateway(run: RunResourceSpec) -> bool:
+    """Whether the run's pod has the `gateway` sidecar: a run whose agent calls a model API (not a scripted model,
+    and not ARE's own agent, which the Gaia2 world calls)."""
+    return parse_model(run.model).provider in API_PROVIDERS and run.agent != "are-default"
+
+
 def pod_name(run: str, attempt: int) -> str:
     """One pod per attempt, so a retry never waits for the old pod's name to be free."""
     return dns_label(f"{run}-{attempt}")
@@ -230,8 +236,9 @@ def build_pod_manifest(
     if cluster_spend is not None:
         env.append({"name": CLUSTER_SPEND_VARIABLE, "value": cluster_spend.model_dump_json()})
     # Every model API call goes through the gateway sidecar, which alone holds the keys and counts the spend where
-    # the agent's container cannot write; a scripted model (replay, oracle) calls no API and has no gateway.
-    gateway = parse_model(run.model).provider in API_PROVIDERS
+    # the agent's container cannot write; a scripted model (replay, oracle) calls no API and has no gateway, and ARE's
+    # own agent (`are-default`) is called by the world, which gets its key in the harness's request, as a judge's.
+    gateway = has_gateway(run)
     if gateway:  # the keys are the gateway sidecar's; the agent container gets none
         # a vendor CLI's world clock stops during model calls (the harness stops it for rg-agent's own calls)
         world = [
@@ -456,7 +463,7 @@ def build_records_pvc_manifest(
     """In claim-per-run mode, the claim of the run's gateway record (`records_mount`): made, owned and deleted with
     the run's own claim; None in the other modes, and for a scripted model (no gateway)."""
     pvc = build_pvc_manifest(run, options, owner=owner)
-    if pvc is None or parse_model(run.model).provider not in API_PROVIDERS:  # no model API: no gateway, no record
+    if pvc is None or not has_gateway(run):  # no gateway, no record
         return None
     name, _ = _run_meta(owner)
     pvc["metadata"]["name"] = records_pvc_name(name)

@@ -912,3 +912,12 @@ def test_the_gateways_call_record_is_mounted_by_the_gateway_and_the_grader_only(
         == build_pvc_manifest(make_run(), options, owner=OWNER)["metadata"]["ownerReferences"]
     )
     assert build_records_pvc_manifest(make_run(), make_options(workspace=WORKSPACES["pvc-shared"]), owner=OWNER) is None
+
+
+def test_ares_own_agent_has_no_gateway_and_its_harness_gets_the_keys() -> None:
+    """ARE's default agent is called by the Gaia2 world, with the key the harness puts in its request: no gateway (it
+    would see none of those calls), and the keys reach the harness on stdin."""
+    run = make_run(family=TaskFamily.gaia2).model_copy(update={"agent": "are-default"})
+    pod = build_pod_manifest(run, make_options(), owner=OWNER)
+    assert "gateway" not in containers(pod)
+    assert env_of(containers(pod)["agent"])["LABKUBE_STDIN_VARS"]["value"] == "ANTHROPIC_API_KEY,OPENAI_API_KEY"
