@@ -23,7 +23,7 @@ import logging
 import math
 import os
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -229,24 +229,51 @@ def connect(
     if ray.is_initialized():
         return _context(False)
     try:
-        if address:
-            _connect_patiently(address, patience_s)
-        else:
-            with lean_head():
-                ray.init(
-                    address="local",  # a new instance, never one a `ray start` on this machine left in /tmp/ray
-                    resources=resources,
-                    num_gpus=num_gpus,
-                    include_dashboard=False,
-                    log_to_driver=False,
-                    logging_level="ERROR",
-                    _system_config=dict(HEAD_SYSTEM_CONFIG),  # a copy: Ray adds its session's spilling path
-                    **init_args,  # type: ignore[arg-type]
-                )
+        with python_signal_handlers():
+            _connect(address, patience_s, resources, num_gpus, init_args)
     except (ConnectionError, RuntimeError, TimeoutError, ValueError) as exc:
         where = address or "this machine"
         raise DriverError(f"cannot start or reach Ray at {where}: {short_error(exc)}") from None
     return _context(not address)
+
+
+@contextlib.contextmanager
+def python_signal_handlers() -> Iterator[None]:
+    """Ray's start installs C handlers for SIGINT and SIGTERM in this process (SIGTERM's aborts it): the handlers
+    Python had are put back afterwards, so Ctrl-C still interrupts `labkube run` (its runs are marked stopped) and a
+    SIGTERM is still this process's to handle. Only in the main thread, where Python's handlers live."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in kept.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+
+def _connect(
+    address: str | None, patience_s: float, resources: dict[str, float], num_gpus: int | None, init_args: dict[str, Any]
+) -> None:
+    if address:
+        _connect_patiently(address, patience_s)
+    else:
+        with lean_head():
+            ray.init(
+                address="local",  # a new instance, never one a `ray start` on this machine left in /tmp/ray
+                resources=resources,
+                num_gpus=num_gpus,
+                include_dashboard=False,
+                log_to_driver=False,
+                logging_level="ERROR",
+                _system_config=dict(HEAD_SYSTEM_CONFIG),  # a copy: Ray adds its session's spilling path
+                **init_args,
+            )
 
 
 def _listening(address: str, timeout_s: float = 3.0) -> None:

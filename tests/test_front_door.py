@@ -374,8 +374,11 @@ def test_sigint_marks_unfinished_runs_stopped_and_exits_130(tmp_path: Path) -> N
     step = {"name": "bash", "arguments": {"command": "sleep 120"}}
     plan.write_text(json.dumps({"type": "model_call", "message": {"tool_calls": [step]}}) + "\n")
     model = f"replay:{plan}"
+    # As from a terminal: a test session started in the background (`cmd &` in a script, nohup) has SIGINT ignored,
+    # and a child keeps that, which would make Ctrl-C nothing to the campaign.
     proc = subprocess.Popen(
         [sys.executable, "-P", "-m", "labkube", "run", BUNDLED_TASK, "--model", model, "--out", str(out)],
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         cwd=tmp_path,
         env={**os.environ, "RAY_AUTH_MODE": "disabled", "COLUMNS": "200"},
         stdout=subprocess.PIPE,

@@ -125,9 +125,11 @@ async def test_the_zygotes_forked_agent_is_not_dumpable(
 
 def test_labkube_gateway_is_not_dumpable(tmp_path: Path, observed: dict[str, str]) -> None:
     # The run's spec comes in the sidecar's environment (LABKUBE_RUN_SPEC, as the pod manifest gives it); its model's
-    # key is missing here, so the gateway is refused after reading the run folder (its checkpoint).
+    # key is missing here, so the gateway is refused after reading its own state file (in a pod, in its own volume;
+    # here under the watched folder), the first file it opens.
     spec = RunSpec(run_id="r", campaign="c", task="t", task_path=str(tmp_path), model="openai:gpt-5", seed=0)
-    env = {**observed, "LABKUBE_RUN_SPEC": spec.model_dump_json()}
+    state = tmp_path / "run" / "gateway-state.json"
+    env = {**observed, "LABKUBE_RUN_SPEC": spec.model_dump_json(), "LABKUBE_GATEWAY_STATE": str(state)}
     args = ["gateway", "--run-dir", str(tmp_path / "run"), "--token-file", str(tmp_path / "token")]
     ran = labkube(args, env, tmp_path)
     assert ran.returncode == 2 and "OPENAI_API_KEY is not set" in ran.stderr, ran.stderr

@@ -167,11 +167,11 @@ async def serve_run_gateway(run_dir: Path, host: str, port: int, token_file: Pat
     from labkube.store import RunDir
 
     rd = RunDir(run_dir)
+    state = GatewayState(spend=starting_spend())  # its own state first, then the key
     ref = parse_model(spec.model)
     family, upstream = upstream_for(ref, api_key_for(ref, spec))
     config = run_config(spec, family, upstream)
     config = config.model_copy(update={"token": kept_run_token(config.token)})
-    state = GatewayState(spend=starting_spend())
     cli = spec.agent in CLI_AGENTS
     before, after = (
         world_clock_hooks(os.environ.get("LABKUBE_WORLD_URL"), spec.think_time_s, world_control_token())
