@@ -12,7 +12,7 @@ from labkube.integrity.evidence import Evidence, WorkspaceChanges, gather
 from labkube.integrity.rules import CHECKS
 from labkube.integrity_report import InspectorResult, IntegrityReport, Severity, Verdict, Violation
 from labkube.result import RunResult
-from labkube.run_spec import CLI_AGENTS, RunSpec
+from labkube.run_spec import RunSpec
 from labkube.store import RunDir, read_model, utcnow, write_model
 from labkube.task_card import TaskCard
 from labkube.tasks import card_for_run
@@ -60,16 +60,13 @@ def audit_run(
     auditing as it ends, passes what it holds: its `spec`, the task's `card`, the `result` it has just written and
     the workspace's changes it has just recorded (`changed`, when nothing ran in the workspace since); otherwise
     each is read here. `gateway_records`: the folder of the gateway's record of the model's tool calls (a grading pod's,
-    `agent/gateway/record.py`), held against the transcript for an rg-agent run (a vendor CLI's transcript names its
-    own tools, not the model's calls: not compared)."""
+    `agent/gateway/record.py`), held against the transcript, in the run's agent's vocabulary (`gateway_calls.py`)."""
     rd = RunDir(run_dir)
     if spec is None:
         spec = rd.spec()
     if card is None:
         card = card_for_run(spec.task, spec.task_path, spec.task_id, spec.family, spec.task_overlay)
-    if spec.agent in CLI_AGENTS:
-        gateway_records = None
-    ev = gather(card, rd.root, changed, result, spec.idea_hint, gateway_records)
+    ev = gather(card, rd.root, changed, result, spec.idea_hint, gateway_records, spec.agent)
     violations, checks = run_checks(ev)
     inspector = None
     if judge_model:

@@ -75,6 +75,9 @@ class ToolCall:
     output: str
     started: datetime
     ended: datetime
+    # a vendor CLI's own name and arguments for the call, as its model issued them (`cli_events.tool_line`)
+    native_tool: str | None = None
+    native_args: Any = None
 
     @property
     def command(self) -> str:
@@ -295,6 +298,8 @@ def read_tool_calls(transcript: Path) -> list[ToolCall]:
                 output=str(r.get("output", "")),
                 started=started,
                 ended=ended,
+                native_tool=r.get("native_tool"),
+                native_args=r.get("native_args"),
             )
         )
     return calls
@@ -318,13 +323,14 @@ def gather(
     result: RunResult | None = None,
     idea_hint: bool = False,
     gateway_records: Path | None = None,
+    agent: str = "rg-agent",
 ) -> Evidence:
     """The evidence of the run in `run_dir`; `changed`: the workspace's changes when the caller has them already
     (the run-end record's, with nothing run in the workspace since), else they are computed here, against the
     pristine task made again from `card` (with the run's `idea_hint`); `result`: the run's `result.json` as its
     writer holds it, else it is read here; `gateway_records`: the folder of the gateway's record of the model's tool
-    calls (a grading pod's, read-only), held against the transcript: the tool calls are the transcript's plus every
-    recorded one it does not show (`gateway_calls.py`)."""
+    calls (a grading pod's, read-only), held against the transcript in the vocabulary of the run's `agent`: the tool
+    calls are the transcript's plus every recorded one it does not show (`gateway_calls.py`)."""
     workspace = run_dir / "workspace"
     if changed is None:
         changed = workspace_changes(workspace, PristineTask(card, idea_hint))
@@ -333,7 +339,7 @@ def gather(
     recorded_calls = read_gateway_calls(gateway_records) if gateway_records is not None else None
     if recorded_calls is not None:
         gateway_calls, answers = recorded_calls
-        check = compare(gateway_calls, calls, answers)
+        check = compare(gateway_calls, calls, answers, agent, workspace)
     if result is None:
         with contextlib.suppress(FileNotFoundError, ValueError):
             result = RunResult.model_validate_json((run_dir / "result.json").read_text())
@@ -354,7 +360,7 @@ def gather(
         changes=changed.changes,
         diff=changed.diff,
         # a call only the gateway recorded may never have run: no process window of its own
-        tool_calls=calls + [c.as_tool_call() for c in check.not_in_transcript] if check is not None else calls,
+        tool_calls=calls + check.unseen_calls() if check is not None else calls,
         processes=process_windows(calls, checkpoint.get("jobs", []), run_end),
         result=result,
         grader_summary=summary,

@@ -24,6 +24,7 @@ from fakellm import FakeLLM, Reply, ToolCall
 from fakellm import Usage as FakeUsage
 from tinytask import make_run_dir, make_tiny_task
 
+from labkube.agent.gateway.record import CALLS_FILE, RECORDS_VARIABLE
 from labkube.agent.scaffolds.cli_events import ClaudeCodeEvents, CodexEvents
 from labkube.agent.scaffolds.cli_hook import verdict
 from labkube.agent.scaffolds.cli_install import CLI_AGENTS, ensure_installed
@@ -336,19 +337,24 @@ def test_the_hook_uses_rg_agents_url_rules() -> None:
     assert verdict({"tool_name": "Read", "tool_input": {"file_path": "x"}}, blocked) is None
 
 
+@pytest.mark.parametrize("agent", ["claude-code", "codex"])
 def test_in_a_pod_the_gateway_is_a_sidecar_and_the_agent_container_has_no_key(
-    tmp_path: Path, cli_binaries: dict[str, Path]
+    tmp_path: Path, cli_binaries: dict[str, Path], agent: str
 ) -> None:
-    """The pod's layout as processes: `labkube gateway` (the sidecar, with the key) and `labkube agent` (the agent
-    container, with only the sidecar's address and the token file of their shared volume). The run finishes, the
-    sidecar's counts are the run's spend, and its model calls are in the run's transcript."""
+    """The pod's layout as processes: `labkube gateway` (the sidecar, with the key and its record folder) and
+    `labkube agent` (the agent container, with only the sidecar's address and the token file of their shared
+    volume). The run finishes, the sidecar's counts are the run's spend, and its model calls are in the run's
+    transcript. The transcript the harness wrote from the CLI's events is then held against the sidecar's record of
+    the model's tool calls, as a grading pod does: as written, it agrees; with the command's line erased from it (the
+    agent's container can write the transcript), the audit finds the edit and still sees the command."""
     task = make_tiny_task(tmp_path, [])
-    rd = make_run_dir(tmp_path, task, model=MODELS["claude-code"], agent="claude-code", sandbox="pod")
-    token_file = tmp_path / "gateway-volume" / "token"
-    with FakeLLM(responder=responder("env > env.txt; echo 7 > result.txt")) as server:
+    rd = make_run_dir(tmp_path, task, model=MODELS[agent], agent=agent, sandbox="pod")
+    token_file, records = tmp_path / "gateway-volume" / "token", tmp_path / "gateway-records"
+    command = "env > env.txt; echo 7 > result.txt"
+    with FakeLLM(responder=responder(command)) as server:
         # the Run's spec as the pod manifest gives the sidecar: in its environment, not read from run.json
         spec = {"LABKUBE_RUN_SPEC": (rd / "run.json").read_text()}
-        sidecar_env = {**os.environ, **provider_env("claude-code", server), **spec}
+        sidecar_env = {**os.environ, **provider_env(agent, server), **spec, RECORDS_VARIABLE: str(records)}
         sidecar = subprocess.Popen(
             [sys.executable, "-P", "-m", "labkube", "gateway", "--run-dir", str(rd), "--token-file", str(token_file)],
             env=sidecar_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -362,7 +368,7 @@ def test_in_a_pod_the_gateway_is_a_sidecar_and_the_agent_container_has_no_key(
                 "LABKUBE_GATEWAY_TOKEN_FILE": str(token_file),
             }
             assert not any(k.endswith("_API_KEY") for k in os.environ)
-            ran = labkube("agent", "--run-dir", str(rd), cwd=tmp_path, env=agent_env)
+            ran = labkube("agent", "--run-dir", str(rd), cwd=tmp_path, env=agent_env, timeout=300)
         finally:
             sidecar.send_signal(signal.SIGTERM)
             sidecar.communicate(timeout=30)
@@ -372,11 +378,27 @@ def test_in_a_pod_the_gateway_is_a_sidecar_and_the_agent_container_has_no_key(
     result = RunResult.model_validate_json((rd / "result.json").read_text())
     assert result.subtasks[0].raw == 7.0 and result.stop_reason.value == "done"
     calls = [e for e in read_jsonl(rd / "transcript.jsonl") if e["type"] == "model_call"]
-    assert len(calls) == len(requests) >= 2 and all(c["via"] == "gateway" for c in calls)
+    answered = [r for r in requests if r.path.endswith(("/messages", "/responses"))]
+    assert len(calls) == len(answered) >= 2 and all(c["via"] == "gateway" for c in calls)
     assert result.spend.steps == len(calls) and result.spend.usage.input == 1000 * len(calls)
-    assert all(REAL_KEY in r.headers.get("x-api-key", "") for r in requests)
+    assert all(REAL_KEY in (r.headers.get("x-api-key") or r.headers.get("authorization", "")) for r in requests)
     assert token_file.read_text().strip() not in {REAL_KEY, ""}
     assert REAL_KEY not in (rd / "workspace" / "env.txt").read_text()
+
+    from labkube.integrity import audit_run
+
+    def edits() -> list[dict[str, Any]]:
+        report = audit_run(rd, gateway_records=records)
+        return [v.model_dump(mode="json") for v in report.violations if v.type.value == "transcript_edited"]
+
+    recorded = [c for line in read_jsonl(records / CALLS_FILE) for c in line["tool_calls"]]
+    assert [c["name"] for c in recorded] == (["Bash"] if agent == "claude-code" else ["exec_command"])
+    assert edits() == []
+    transcript = rd / "transcript.jsonl"
+    lines = transcript.read_text().splitlines(keepends=True)
+    transcript.write_text("".join(line for line in lines if '"tool_call"' not in line))
+    (edited,) = edits()
+    assert "echo 7 > result.txt" in edited["evidence"], edited
 
 
 WHITFIELD, MARCO = "dana.whitfield@northwind.example", "marco.bianchi@northwind.example"

@@ -81,7 +81,7 @@ class ClaudeCodeEvents:
         self.session_id: str | None = None
         self.version: str | None = None
         self.result: dict[str, Any] | None = None
-        self._pending: dict[str, tuple[str, dict[str, Any], str]] = {}
+        self._pending: dict[str, tuple[str, dict[str, Any], str, str | None]] = {}
 
     def feed(self, event: dict[str, Any], step: int) -> list[dict[str, Any]]:
         kind = event.get("type")
@@ -89,30 +89,25 @@ class ClaudeCodeEvents:
         out: list[dict[str, Any]] = []
         if kind == "system" and event.get("subtype") == "init":
             self.version = event.get("claude_code_version") or self.version
-        elif kind == "assistant" and event.get("parent_tool_use_id") is None:
+        elif kind == "assistant":
+            # a subagent's calls (`parent_tool_use_id`: the Task call that started it) are the run's actions too
+            parent = event.get("parent_tool_use_id")
             for block in (event.get("message") or {}).get("content") or []:
                 if block.get("type") == "tool_use":
-                    self._pending[block.get("id", "")] = (block.get("name", "?"), block.get("input") or {}, now_iso())
+                    call = (block.get("name", "?"), block.get("input") or {}, now_iso(), parent)
+                    self._pending[block.get("id", "")] = call
         elif kind == "user":
             for block in (event.get("message") or {}).get("content") or []:
                 if not isinstance(block, dict) or block.get("type") != "tool_result":
                     continue
                 call_id = block.get("tool_use_id", "")
-                native, args, started = self._pending.pop(call_id, ("?", {}, now_iso()))
+                native, args, started, parent = self._pending.pop(call_id, ("?", {}, now_iso(), None))
                 tool, ours = canonical(native, args, self.workspace)
-                out.append(
-                    tool_line(
-                        step,
-                        call_id,
-                        tool,
-                        ours,
-                        not block.get("is_error"),
-                        _text(block.get("content")),
-                        native,
-                        args,
-                        started,
-                    )
-                )
+                ok, output = not block.get("is_error"), _text(block.get("content"))
+                line = tool_line(step, call_id, tool, ours, ok, output, native, args, started)
+                if parent:
+                    line["parent_call_id"] = parent
+                out.append(line)
         elif kind == "result":
             self.result = event
             out.append(
@@ -139,7 +134,7 @@ class ClaudeCodeEvents:
         return str(self.result.get("result") or self.result.get("terminal_reason") or "error")
 
 
-def _inner_command(command: Any) -> str:
+def inner_command(command: Any) -> str:
     """Codex runs `/bin/bash -lc '<command>'`: the command the model asked for."""
     if isinstance(command, list):
         parts = [str(p) for p in command]
@@ -190,7 +185,7 @@ class CodexEvents:
         kind, item_id = item.get("type"), item.get("id", "")
         started = self._started.pop(item_id, now_iso())
         if kind == "command_execution":
-            command = _inner_command(item.get("command", ""))
+            command = inner_command(item.get("command", ""))
             ok = item.get("exit_code") == 0 and item.get("status") == "completed"
             output = str(item.get("aggregated_output", ""))
             if item.get("exit_code") not in (0, None):

@@ -25,7 +25,12 @@ from labkube.operator.pod_manifest import pod_name
 from labkube.result import Outcome
 from labkube.store import CampaignDir
 from labkube.tasks.gaia2 import setup_world_env
-from labkube.tasks.gaia2.verdict_message import WORLD_VERDICT_SOURCE, WORLD_VERDICT_VARIABLE, verdict_from_report
+from labkube.tasks.gaia2.verdict_message import (
+    CONTROL_HEADER,
+    WORLD_VERDICT_SOURCE,
+    WORLD_VERDICT_VARIABLE,
+    verdict_from_report,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.gaia2]
 
@@ -290,3 +295,50 @@ async def test_a_verdict_the_agent_forges_in_its_checkpoint_is_not_the_result(
     regraded = finalize_stopped(copy, StopReason.done)
     assert regraded.outcome is Outcome.world_error and regraded.score is None, regraded
     assert "reported no verdict" in (regraded.error or "")
+
+
+async def test_the_worlds_clock_and_verdict_answer_nothing_on_the_pods_loopback_without_the_token(
+    cluster: Cluster, plans: Path
+) -> None:
+    """#41 item 4: the world's control endpoints need the token only the harness holds. A process on the pod's
+    loopback (here a thread of the test, as the agent's own processes would be: containers of a pod share it) calls
+    `/clock/resume`, `/clock/pause`, `/finish` and `/oracle` without the token and with a wrong one, over and over
+    while the run lives: every call is refused, and the run is judged and scored as if no call had been made."""
+    right = send_to(plans, WHITFIELD)
+    stop = threading.Event()
+    answers: list[tuple[str, int]] = []
+    endpoints = ("/clock/resume", "/clock/pause", "/finish", "/oracle")
+
+    def neighbour() -> None:
+        import httpx
+
+        while not stop.is_set():
+            for log in cluster.kubelet.work.glob(f"{NAMESPACE}-*/logs/world.out"):
+                listening = re.fullmatch(r"LISTENING (\d+)\n", log.read_text(errors="replace"))
+                if not listening:
+                    continue
+                for path in endpoints:
+                    for headers in ({}, {CONTROL_HEADER: "not-the-token-" + "x" * 40}):
+                        with contextlib.suppress(httpx.HTTPError):
+                            url = f"http://127.0.0.1:{listening[1]}{path}"
+                            answers.append((path, httpx.post(url, json={}, headers=headers, timeout=5).status_code))
+            stop.wait(0.05)
+
+    thread = threading.Thread(target=neighbour, daemon=True)
+    thread.start()
+    try:
+        async with cluster.operator(world=WORLD):
+            cluster.campaign("loopback", tasks=[TASK], models=[right], seeds=1)
+            await until_done(cluster, "loopback")
+    finally:
+        stop.set()
+        thread.join()
+
+    assert {path for path, _ in answers} == set(endpoints), answers
+    assert {status for _, status in answers} == {403}, answers
+    (run,) = cluster.runs("loopback")
+    assert run["status"]["phase"] == "Finished" and run["status"]["score"] == 1.0, run["status"]
+    reported = verdict_from_report(run["status"]["worldVerdict"])
+    assert reported is not None and reported["success"] is True and not reported.get("oracle")
+    result = CampaignDir(cluster.campaign_dir("loopback")).result(run["spec"]["run_id"])
+    assert result is not None and result.score == 1.0 and result.details["gaia2"]["success"] is True
