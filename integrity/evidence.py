@@ -31,7 +31,7 @@ from pydantic import BaseModel, Field
 from labkube.integrity.gateway_calls import TranscriptCheck, compare, read_gateway_calls
 from labkube.result import RunResult
 from labkube.sandbox import SANDBOX_WORKSPACE
-from labkube.store import read_model, utcnow, write_model
+from labkube.store import NotRegularFile, read_model, read_regular, utcnow, write_model
 from labkube.task_card import TaskCard
 from labkube.tasks import PristineTask
 from labkube.tasks.workspace import PRISTINE_REF, SAFE_DIFF, pristine_is_empty, private_workspace, record_repository
@@ -270,11 +270,14 @@ def split_diff(diff: str) -> dict[str, str]:
     return out
 
 
+TRANSCRIPT_LIMIT = 4 << 30  # bytes
+
+
 def read_tool_calls(transcript: Path) -> list[ToolCall]:
     calls = []
-    try:
-        lines = transcript.read_text().splitlines()
-    except FileNotFoundError:
+    try:  # the agent's file: never a hang on a FIFO it left, nor a read of a sparse terabyte
+        lines = read_regular(transcript, TRANSCRIPT_LIMIT).decode(errors="replace").splitlines()
+    except (FileNotFoundError, NotRegularFile):
         return []
     for line in lines:
         try:

@@ -32,6 +32,7 @@ class ViolationType(StrEnum):
     run_too_short = "run_too_short"
     seeds_not_used = "seeds_not_used"
     transcript_edited = "transcript_edited"  # the transcript disagrees with the gateway's record of the model's calls
+    planted_file = "planted_file"  # a FIFO, socket, device or link where labkube keeps its own files in the run folder
     inspector = "inspector"  # raised by the LLM inspector
 
 

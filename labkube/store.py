@@ -138,6 +138,51 @@ def read_regular(path: Path, limit: int | None = None) -> bytes:
         os.close(fd)
 
 
+REFUSED_SUFFIX = ".refused"
+
+
+def file_kind(mode: int) -> str:
+    """What `mode` (from `lstat`) makes a file, in words."""
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    return next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
+
+
+PLANTED_FOLDERS = ("", "logs")  # of a run folder: where labkube keeps its own files
+
+
+def set_aside_planted(root: Path, folders: tuple[str, ...] = PLANTED_FOLDERS) -> list[str]:
+    """Move out of labkube's way whatever in `root` (and in its `folders`) is neither a regular file nor a folder: a
+    FIFO, a socket, a device or a symbolic link an agent left where labkube reads or writes its own files (a FIFO as
+    `transcript.jsonl` would hang a read, one as `result.json` a write; a link would take a write elsewhere). Each is
+    renamed, never opened, to `<name>.refused` (or `.refused-N`); what was moved is returned as "name (kind)"."""
+    moved: list[str] = []
+    for folder in folders:
+        base = root / folder if folder else root
+        try:
+            entries = list(os.scandir(base))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            if entry.name.endswith(REFUSED_SUFFIX) or REFUSED_SUFFIX + "-" in entry.name:
+                continue
+            try:
+                mode = entry.stat(follow_symlinks=False).st_mode
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+                continue
+            kind = file_kind(mode)
+            target, n = base / (entry.name + REFUSED_SUFFIX), 1
+            while os.path.lexists(target):
+                target, n = base / f"{entry.name}{REFUSED_SUFFIX}-{n}", n + 1
+            os.rename(entry.path, target)
+            moved.append(f"{(Path(folder) / entry.name).as_posix()} ({kind})")
+    return moved
+
+
 def read_model(path: Path, cls: type[M], limit: int | None = None) -> M | None:
     """The model stored at `path`, or None when the file is missing or unreadable, or is not a regular file (a FIFO,
     a device, a link an agent planted: refused without blocking, `read_regular`, and said in one warning line), or

@@ -490,7 +490,12 @@ def _shm_gb(run: RunResourceSpec) -> float:
 def _prepare_container(
     run: RunResourceSpec, image: str, options: PodOptions, run_dir: str, namespace: str | None
 ) -> dict[str, Any]:
-    script = 'set -eu; mkdir -p "$LABKUBE_RUN_DIR"; printf "%s\\n" "$LABKUBE_RUN_SPEC" > "$LABKUBE_RUN_DIR/run.json"'
+    # run.json is on the agent's volume: whatever is there (a FIFO would hang the write, a link redirect it) is removed
+    # before the spec is written
+    script = (
+        'set -eu; mkdir -p "$LABKUBE_RUN_DIR"; rm -rf "$LABKUBE_RUN_DIR/run.json"; '
+        'printf "%s\\n" "$LABKUBE_RUN_SPEC" > "$LABKUBE_RUN_DIR/run.json"'
+    )
     return {
         "name": "prepare",
         "image": image,

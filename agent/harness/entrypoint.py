@@ -14,12 +14,14 @@ import errno
 import fcntl
 import logging
 import os
+import shutil
 import signal
+import stat
 import time
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from labkube.agent.budget import BudgetTracker
 from labkube.agent.checkpoint import Checkpoint
@@ -45,7 +47,7 @@ from labkube.model_ref import parse_model
 from labkube.result import Grade, Outcome, RunResult, completion_of, outcome_for
 from labkube.run_spec import CLI_AGENTS, CLUSTER_ACCOUNT_VARIABLE, ClusterAccount, RunPhase, RunSpec, RunStatus
 from labkube.sandbox import SandboxMode
-from labkube.store import RunDir, read_model, utcnow, write_model
+from labkube.store import RunDir, read_model, set_aside_planted, utcnow, write_model
 from labkube.task_card import NetworkAccess, TaskCard
 from labkube.tasks import (
     GradeOutcome,
@@ -587,12 +589,14 @@ FAILURE_STOPS = frozenset(
 def finalize_stopped(run_dir: Path, reason: StopReason) -> RunResult:
     """Grade a run whose agent was stopped from outside (time budget overrun, unrecoverable crash)."""
     rd = RunDir(run_dir)
+    account = cluster_account()
+    # a grading pod: the run folder is the agent's volume; what it planted where labkube reads and writes goes aside
+    planted = set_aside_planted(rd.root) if account is not None else []
     spec = rd.spec()
     card = card_for_run(spec.task, spec.task_path, spec.task_id, spec.family, spec.task_overlay)
     use_task_environment(rd, card)
     prepare_run_workspace(card, rd.workspace, spec.idea_hint)
     ckpt = read_model(rd.checkpoint_json, Checkpoint) or Checkpoint()
-    account = cluster_account()
     if account is None:
         ckpt.stop_reason = ckpt.stop_reason or reason
     else:  # a grading pod: the checkpoint is on the agent's volume, and the run is charged what the cluster saw
@@ -609,7 +613,12 @@ def finalize_stopped(run_dir: Path, reason: StopReason) -> RunResult:
             ckpt.stop_reason = StopReason.world_error
             error = "the run's world sidecar reported no verdict (it never judged the run, or ended first)"
     result = finalize(rd, spec, card, ckpt, error, telemetry=start_telemetry(spec))
-    if account is not None and end_the_rest_of_the_container() is not None:
+    if planted:
+        # said in the result; the audit saw each as a `planted_file` (integrity/rules.py check_run_folder)
+        refused = "set aside what the agent left where labkube keeps its files: " + ", ".join(planted)
+        result.message = f"{result.message}; {refused}" if result.message else refused
+    ended = account is not None and end_the_rest_of_the_container() is not None
+    if planted or ended:
         # the grader may have run the agent's code: with every other process of the pod ended, the result written
         # now (and the termination message read from it) is this process's, whatever a leftover wrote meanwhile
         write_model(rd.result_json, result)
@@ -699,7 +708,7 @@ def _main(run_dir: Path, resume: bool, finalize_reason: StopReason | None) -> in
 def run_lock(run_dir: Path, wait_s: float = 30.0) -> Iterator[None]:
     """One agent per run directory. A new supervisor may start while the previous agent, orphaned by
     a dead supervisor, is still writing its checkpoint: wait for it rather than run twice."""
-    fh = (run_dir / ".agent.lock").open("a+")
+    fh = open_lock_file(run_dir / ".agent.lock")
     deadline = time.monotonic() + wait_s
     try:
         while True:
@@ -713,6 +722,25 @@ def run_lock(run_dir: Path, wait_s: float = 30.0) -> Iterator[None]:
         yield
     finally:
         fh.close()
+
+
+def open_lock_file(path: Path) -> IO[bytes]:
+    """The run's lock file, opened without following a link or waiting on a FIFO; anything but a regular file there
+    (an agent's, in a grading pod) is removed and the file made again."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+    for _ in range(3):
+        try:
+            fd = os.open(path, flags, 0o644)
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+                raise
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+            continue
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return os.fdopen(fd, "rb+")
+        os.close(fd)
+        path.unlink()
+    raise AgentError(f"{path}: could not make the run's lock file (something keeps replacing it)")
 
 
 def _locked_main(run_dir: Path, resume: bool, finalize_reason: StopReason | None) -> int:
