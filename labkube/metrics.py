@@ -78,6 +78,12 @@ CAMPAIGN_METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "labkube_campaign_runs_waiting_for_gpus": ("gauge", "Runs waiting for free GPUs.", ()),
     "labkube_campaign_run_restarts_total": ("counter", "Sandbox restarts after a crash or an eviction.", ()),
     "labkube_campaign_run_resumes_total": ("counter", "Runs resumed from a checkpoint.", ()),
+    "labkube_campaign_run_pods_lost_total": (
+        "counter",
+        "Run pods lost with their node (dead, NotReady or deleted) or stuck Terminating past their grace period, as "
+        "the operator saw them (a cluster; `LabkubeRunPodLost`).",
+        (),
+    ),
 }
 
 OPERATOR_METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {

@@ -252,12 +252,12 @@ async def run_campaign(
             objs, previous=status, generation=generation, held=len(held), cap=spec.gpu_hours_cap, done=done
         )
         if telemetry is not None:  # before the status: whoever sees the campaign Finished sees it in /metrics too
-            from labkube.operator.k8s_ledger import campaign_gpu_seconds
+            from labkube.operator.k8s_ledger import campaign_ledger_totals
             from labkube.report import report_rows
 
             rows = await asyncio.to_thread(report_rows, cdir)
-            gpu_run_ids = [run_id for run_id, n in gpus.items() if n]
-            telemetry.update(rows, gpus, await asyncio.to_thread(campaign_gpu_seconds, cdir.root, gpu_run_ids))
+            gpu_seconds, lost = await asyncio.to_thread(campaign_ledger_totals, cdir.root, list(gpus))
+            telemetry.update(rows, gpus, gpu_seconds, pods_lost=lost)
         if _strip_times(new.to_status()) != _strip_times(status.to_status()):
             await api.patch_status("campaigns", namespace, name, status_patch(status.to_status(), new.to_status()))
         status = new

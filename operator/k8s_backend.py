@@ -43,6 +43,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any, Literal, TypeVar
@@ -68,6 +69,7 @@ from labkube.operator.kube import (
     backoff_delay,
     largest_node_gpus,
     list_pages,
+    parse_time,
     quota_refusal,
     raw_json,
     status_of,
@@ -80,6 +82,7 @@ from labkube.operator.pod_status import (
     PodEnd,
     disruption_of,
     failed_init_container,
+    node_loss,
     pod_attempt,
     pod_exit_code,
     problem_message,
@@ -374,6 +377,11 @@ class PodRun(PodRunRecord):
                 return PodEnd(None, last=gone.last, unobserved=not gone.observed)
             if (pod.get("status") or {}).get("phase") in TERMINAL:
                 return PodEnd(pod)
+            lost = await self.pod_loss(pod)
+            if lost is not None:
+                why, ended_at = lost
+                await self.delete_pod(name, force=True)  # no kubelet will confirm it: gone from the API now
+                return PodEnd(None, last=pod, lost=why, ended_at=ended_at)
             await self.check_gpu_fit(pod)
             await self.publish(name)
             await self.announce(name)
@@ -388,7 +396,39 @@ class PodRun(PodRunRecord):
                     return PodEnd(pod, gave_up=stuck[3])
             await self.watcher.wait(name, self.backend.poll_seconds, since=seen)
 
+    async def pod_loss(self, pod: Mapping[str, Any], gone: bool = False) -> tuple[str, datetime | None] | None:
+        """Whether `pod` is lost (`runs.podLostAfterSeconds`, the margin): its node has gone, or has not been Ready
+        for longer than the margin, or the pod is still Terminating that long past its grace period (a dead node's
+        kubelet never confirms it). Why, and when the cluster last saw it run (its node's last heartbeat; else the
+        end of its grace period). `gone`: the pod has disappeared from the API already (PodGC removes the pods of a
+        deleted node while they are "Running"): any node that is not Ready lost it. None: not lost, or unknown (the
+        nodes cannot be read)."""
+        margin = float(self.backend.runs.pod_lost_after_seconds)
+        now = datetime.now(UTC)
+        name = pod["metadata"]["name"]
+        node_name = (pod.get("spec") or {}).get("nodeName")
+        if node_name:
+            try:
+                node = await self.session.node(node_name, fresh=gone)
+            except Exception:
+                node = {}  # unknown: judged by the pod's own deletion alone
+            if node != {}:
+                loss = node_loss(node_name, node, 0.0 if gone else margin, now)
+                if loss is not None:
+                    # a deleted node's last heartbeat is the one last read from it, if it ever was
+                    return f"pod {name} was lost: {loss[0]}", loss[1] or self.session.node_heartbeats.get(node_name)
+        deleting = parse_time((pod.get("metadata") or {}).get("deletionTimestamp"))
+        if not gone and deleting is not None and (now - deleting).total_seconds() > margin:
+            return (
+                f"pod {name} was lost: still Terminating {margin:.0f} s past the end of its grace period "
+                f"({deleting.isoformat()}); no kubelet confirmed its end",
+                deleting,
+            )
+        return None
+
     def outcome(self, end: PodEnd) -> tuple[Outcome, str]:
+        if end.lost is not None:
+            return "disrupted", f"{end.lost}: counted as the cluster's doing, not a crash"
         pod = end.pod
         # An eviction the run caused (its own storage past its limit, or past its request under node pressure) is a
         # crash, not a free disruption: else an agent could buy resumes, each from a checkpoint it wrote.
@@ -475,7 +515,12 @@ class PodRun(PodRunRecord):
                 current = await self.start_pod(next_attempt, grading)
                 next_attempt += 1
             end = await self.follow(current)
-            self.track(end.pod)
+            if end.pod is None and end.lost is None and end.last is not None:
+                # gone while it ran: with its node (PodGC removes a deleted node's pods), or deleted
+                lost = await self.pod_loss(end.last, gone=True)
+                if lost is not None:
+                    end = replace(end, lost=lost[0], ended_at=lost[1])
+            self.track_end(end)
             verdict = world_verdict_of(end.pod or end.last) if grading is None else None
             if verdict is not None and verdict != self.status.world_verdict:
                 self.status.world_verdict = verdict  # recorded before a grading pod is given it

@@ -23,6 +23,8 @@ __all__ = [
     "PodLedger",
     "PodTime",
     "campaign_gpu_seconds",
+    "campaign_ledger_totals",
+    "last_seen_running",
     "ledger_from_status",
     "ledger_path",
     "pod_time",
@@ -35,6 +37,7 @@ _TERMINAL = frozenset({"Succeeded", "Failed"})
 class PodTime(BaseModel):
     start: datetime
     end: datetime | None = None
+    lost: str | None = None  # why it was lost (its node died or went); `end` is when the cluster last saw it run
 
 
 class PodLedger(BaseModel):
@@ -56,7 +59,10 @@ class PodLedger(BaseModel):
 
     def to_status(self) -> list[PodTimeStatus]:
         """The ledger as `Run.status.podTimes`."""
-        return [PodTimeStatus(pod=name, start=t.start, end=t.end) for name, t in sorted(self.pods.items())]
+        return [PodTimeStatus(pod=name, start=t.start, end=t.end, lost=t.lost) for name, t in sorted(self.pods.items())]
+
+    def lost_pods(self) -> int:
+        return sum(t.lost is not None for t in self.pods.values())
 
 
 def ledger_path(campaign_root: Path, run_id: str) -> Path:
@@ -66,13 +72,19 @@ def ledger_path(campaign_root: Path, run_id: str) -> Path:
 def campaign_gpu_seconds(campaign_root: Path, run_ids: list[str]) -> float:
     """GPU-seconds the campaign's runs held, from the operator's ledgers: what `labkube_campaign_gpu_seconds_total` and
     its cap alert count on a cluster, never a run's own account of its wall time."""
+    return campaign_ledger_totals(campaign_root, run_ids)[0]
+
+
+def campaign_ledger_totals(campaign_root: Path, run_ids: list[str]) -> tuple[float, int]:
+    """The campaign's GPU-seconds and its lost pods (`labkube_campaign_run_pods_lost_total`), from the ledgers."""
     ledgers = [read_model(ledger_path(campaign_root, run_id), PodLedger) for run_id in run_ids]
-    return sum(ledger.gpu_hours() * 3600.0 for ledger in ledgers if ledger is not None)
+    known = [ledger for ledger in ledgers if ledger is not None]
+    return sum(ledger.gpu_hours() * 3600.0 for ledger in known), sum(ledger.lost_pods() for ledger in known)
 
 
 def ledger_from_status(run_id: str, gpus: int, status: RunStatus) -> PodLedger:
     """The ledger a Run's status records (`status.podTimes`)."""
-    pods = {p.pod: PodTime(start=p.start, end=p.end) for p in status.pod_times}
+    pods = {p.pod: PodTime(start=p.start, end=p.end, lost=p.lost) for p in status.pod_times}
     return PodLedger(run_id=run_id, gpus=gpus, pods=pods)
 
 
@@ -94,6 +106,22 @@ def restore_ledger(campaign_root: Path, run_id: str, gpus: int, status: RunStatu
 def _statuses(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
     status = pod.get("status") or {}
     return [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+
+
+def last_seen_running(pod: Mapping[str, Any] | None, now: datetime | None = None) -> datetime:
+    """When the cluster last saw a pod that went without a terminal phase run: its containers' latest `finishedAt`
+    when they report one (a kubelet that ended them); else the end of its deletion's grace period
+    (`deletionTimestamp`) if that has passed; else `now` (the operator saw it go). A caller that knows the pod's node
+    stopped reporting earlier (its `Ready` condition's `lastHeartbeatTime`) passes that instead."""
+    now = now or datetime.now(UTC)
+    if pod is None:
+        return now
+    ends = [parse_time(((cs.get("state") or {}).get("terminated") or {}).get("finishedAt")) for cs in _statuses(pod)]
+    known = [e for e in ends if e is not None]
+    if known:
+        return min(now, max(known))
+    deleted = parse_time((pod.get("metadata") or {}).get("deletionTimestamp"))
+    return min(now, deleted) if deleted is not None else now
 
 
 def pod_time(pod: Mapping[str, Any]) -> PodTime | None:

@@ -283,6 +283,11 @@ class PodTimeStatus(BaseModel):
     pod: str = Field(min_length=1, max_length=253)
     start: datetime
     end: datetime | None = None
+    lost: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="Why the pod was lost (its node died or went): its end is when the cluster last saw it run.",
+    )
 
 
 class RunStatus(_Status):
@@ -491,6 +496,13 @@ class PodOptions(PodSettings):
         ge=60,
         description="How long a run pod (agent or grading) may be stuck pulling its image (or crash-looping a "
         "sidecar) before the run fails: a 20 GB image on a slow or recovering registry takes many minutes.",
+    )
+    pod_lost_after_seconds: int = Field(
+        default=300,
+        ge=0,
+        description="A run pod still Terminating this long past its grace period, or running on a node that has been "
+        "NotReady this long, is lost (its node died): its GPU time ends when the cluster last saw it run, and the "
+        "run resumes in a new pod as after a disruption.",
     )
     grading_deadline_seconds: int = Field(
         default=3600,

@@ -22,11 +22,21 @@ import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime
 from functools import partial
 from typing import Any, TypeVar
 
 from labkube.operator.crds import LABEL_CAMPAIGN
-from labkube.operator.kube import KubeTarget, answered, api_client, list_pages, retrying, short_error
+from labkube.operator.kube import (
+    KubeTarget,
+    answered,
+    api_client,
+    list_pages,
+    parse_time,
+    raw_json,
+    retrying,
+    short_error,
+)
 from labkube.operator.pod_manifest import LABEL_COMPONENT, LABEL_RUN
 
 __all__ = [
@@ -45,6 +55,7 @@ __all__ = [
 log = logging.getLogger("labkube.operator.k8s")
 
 RUN_SELECTOR = f"app.kubernetes.io/managed-by=labkube-operator,{LABEL_COMPONENT}=run"
+NODE_READ_EVERY_S = 10.0  # how old a Node read may be before a supervisor's check reads it again
 
 T = TypeVar("T")
 
@@ -288,6 +299,11 @@ class KubeSession:
         self.executor = ThreadPoolExecutor(max_workers=API_CALLS, thread_name_prefix="labkube-kube")
         self.turns = Turns(API_CALLS)
         self.watchers: dict[str, PodWatcher] = {}
+        # node name -> (monotonic time read, the Node object; None: it does not exist): one read per node per
+        # `NODE_READ_EVERY_S` for every run of this process (`node`)
+        self.node_reads: dict[str, tuple[float, dict[str, Any] | None]] = {}
+        self.node_reads_failed = False  # said once in the log (no RBAC to read nodes: pods are never judged lost)
+        self.node_heartbeats: dict[str, datetime] = {}  # each node's last `Ready` heartbeat read, kept once it is gone
 
     async def call(
         self,
@@ -308,6 +324,33 @@ class KubeSession:
             return await retrying(attempt, conflicts=conflicts, patience_s=patience_s)
         async with self.turns.take(OTHER_CALLS):
             return await retrying(attempt, conflicts=conflicts, patience_s=patience_s)
+
+    async def node(self, name: str, fresh: bool = False) -> dict[str, Any] | None:
+        """The Node `name` as the API last answered (read again when older than `NODE_READ_EVERY_S`, or `fresh`);
+        None: it does not exist. An error other than 404 (no RBAC, an API outage) raises: its state is unknown."""
+        now = time.monotonic()
+        cached = self.node_reads.get(name)
+        if cached is not None and now - cached[0] < NODE_READ_EVERY_S and not fresh:
+            return cached[1]
+        try:
+            resp = await self.call(
+                self.core.read_node, name, _preload_content=False, _request_timeout=30, patience_s=30.0
+            )
+            node: dict[str, Any] | None = raw_json(resp)
+        except Exception as exc:
+            if getattr(exc, "status", None) != 404:
+                if not self.node_reads_failed:
+                    self.node_reads_failed = True
+                    log.warning("nodes cannot be read (%s): a dead node's pods are noticed only once deleted",
+                                short_error(exc))  # fmt: skip
+                raise
+            node = None
+        self.node_reads[name] = (time.monotonic(), node)
+        conditions = ((node or {}).get("status") or {}).get("conditions") or []
+        ready = next((c for c in conditions if c.get("type") == "Ready"), {})
+        if (heartbeat := parse_time(ready.get("lastHeartbeatTime"))) is not None:
+            self.node_heartbeats[name] = heartbeat
+        return node
 
     def pods(self, namespace: str, campaign: str | None = None) -> PodWatcher:
         key = f"{namespace}/{campaign or ''}"

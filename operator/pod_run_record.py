@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from labkube.operator.admission import read_admitted
 from labkube.operator.crds import GROUP, VERSION, run_name
 from labkube.operator.k8s_grading import graded_result, is_grading_pod, report_of, result_from_status
-from labkube.operator.k8s_ledger import PodLedger, ledger_path, pod_time
+from labkube.operator.k8s_ledger import PodLedger, PodTime, last_seen_running, ledger_path, pod_time
 from labkube.operator.k8s_models import RunResourceSpec, RunStatus, set_condition, status_patch, unrecorded
 from labkube.operator.kube import PATIENCE_S, raw_json, short_error, status_of
 from labkube.operator.kube_session import STATUS_FIRST, KubeSession
@@ -215,9 +215,14 @@ class PodRunRecord:
             if (pod.get("status") or {}).get("phase") in TERMINAL:
                 await self.delete_pod(pod["metadata"]["name"])
 
-    async def delete_pod(self, name: str) -> None:
+    async def delete_pod(self, name: str, force: bool = False) -> None:
+        """Delete pod `name`; `force`: at once (`gracePeriodSeconds: 0`), for a pod whose node is dead, whose kubelet
+        would never confirm a graceful deletion (its containers may still run if the node comes back)."""
+        grace = {"grace_period_seconds": 0} if force else {}
         try:
-            await self.api(self.session.core.delete_namespaced_pod, name, self.namespace, _preload_content=False)
+            await self.api(
+                self.session.core.delete_namespaced_pod, name, self.namespace, _preload_content=False, **grace
+            )
         except Exception as exc:
             if status_of(exc) != 404:
                 raise
@@ -319,6 +324,23 @@ class PodRunRecord:
                 write_model(self.ledger_file, self.ledger)
         self.status.gpu_hours = round(self.ledger.gpu_hours(), 6)
         self.status.pod_times = self.ledger.to_status()
+
+    def track_end(self, end: PodEnd) -> None:
+        """`track` for a pod that ended: one that went without a terminal phase (deleted, lost with its node) has
+        its interval closed when the cluster last saw it run (`end.ended_at`, its node's last heartbeat, else
+        `last_seen_running`), and a lost one is marked so (`PodTime.lost`, counted by
+        `labkube_campaign_run_pods_lost_total`)."""
+        if end.pod is not None or end.last is None:
+            self.track(end.pod)
+            return
+        name = end.last["metadata"]["name"]
+        known = self.ledger.pods.get(name) or pod_time(end.last)
+        if known is not None and (known.end is None or end.lost is not None):
+            ended = end.ended_at or last_seen_running(end.last)
+            closed = max(known.start, min(ended, known.end or ended))
+            self.ledger.pods[name] = PodTime(start=known.start, end=closed, lost=end.lost)
+            write_model(self.ledger_file, self.ledger)
+        self.track(None)
 
     def note(self, message: str) -> None:
         """Put `message` into status.json while no agent writes it (the pod has not started)."""

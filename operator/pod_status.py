@@ -14,10 +14,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from labkube.operator.k8s_grading import GRADE_CONTAINER, container_terminated, is_grading_pod
 from labkube.operator.k8s_models import Condition, ConditionStatus
+from labkube.operator.kube import parse_time
 from labkube.operator.pod_manifest import LABEL_ATTEMPT
 from labkube.run_spec import RunPhase
 from labkube.run_spec import RunStatus as StoreStatus
@@ -233,6 +235,8 @@ class PodEnd:
     gave_up: str | None = None  # a reason to stop without retrying
     last: dict[str, Any] | None = None  # a disappeared pod's last state (from the watch's DELETED event)
     unobserved: bool = False  # it disappeared while the watch was down (found missing when it listed again)
+    lost: str | None = None  # why the pod is lost (its node died or went): a disruption, not the run's doing
+    ended_at: datetime | None = None  # a lost pod's end: when the cluster last saw it run (its node's last heartbeat)
 
 
 def ended(pod: Mapping[str, Any]) -> bool:
@@ -251,6 +255,8 @@ def unseen_deletion(end: PodEnd) -> bool:
 
 
 def reason_of(end: PodEnd) -> str:
+    if end.lost is not None:
+        return "PodLost"
     if self_caused_eviction(end.pod if end.pod is not None else end.last) is not None:
         return "SelfCausedEviction"
     if (disrupted := disruption_of(end.pod if end.pod is not None else end.last)) is not None:
@@ -261,3 +267,24 @@ def reason_of(end: PodEnd) -> str:
         return "PodDeleted"
     reason = (end.pod.get("status") or {}).get("reason")
     return str(reason) if reason else "PodFailed"
+
+
+def node_loss(
+    name: str, node: Mapping[str, Any] | None, margin_s: float, now: datetime
+) -> tuple[str, datetime | None] | None:
+    """Whether node `name` (its Node object; None: the API has none) has gone, or has not been Ready for more than
+    `margin_s`: why, in words, and when the cluster last heard from it (its `Ready` condition's
+    `lastHeartbeatTime`; None when unknown). None: the node is Ready, or not yet long enough."""
+    if node is None:
+        return f"its node {name} is gone (the Node object was deleted)", None
+    conditions = (node.get("status") or {}).get("conditions") or []
+    ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+    if ready is None or ready.get("status") == "True":
+        return None
+    since = parse_time(ready.get("lastTransitionTime"))
+    if since is None or (now - since).total_seconds() <= margin_s:
+        return None
+    heartbeat = parse_time(ready.get("lastHeartbeatTime"))
+    detail = ": ".join(str(x) for x in (ready.get("reason"), ready.get("message")) if x)
+    state = "NotReady" if ready.get("status") == "False" else "not reporting (Ready Unknown)"
+    return f"its node {name} has been {state} since {since.isoformat()}{f' ({detail})' if detail else ''}", heartbeat

@@ -25,15 +25,23 @@ class CampaignTelemetry:
             "labkube_campaign_gpu_seconds_total",
             "labkube_campaign_run_restarts_total",
             "labkube_campaign_run_resumes_total",
+            "labkube_campaign_run_pods_lost_total",
         ):
             self._l(counter).inc(0)
+        self._pods_lost = 0
 
     def _l(self, name: str, **extra: str) -> Any:
         return self.m[name].labels(campaign=self.campaign, **extra)  # type: ignore[attr-defined]
 
-    def update(self, rows: list[ReportRow], gpus_by_run: dict[str, int], gpu_seconds: float | None = None) -> None:
+    def update(
+        self, rows: list[ReportRow], gpus_by_run: dict[str, int], gpu_seconds: float | None = None, pods_lost: int = 0
+    ) -> None:
         """Refresh from the results store (called on every tick of the driver). `gpu_seconds`: the GPU time the
-        operator's pod ledgers hold (a cluster), which counts instead of the runs' own wall time."""
+        operator's pod ledgers hold (a cluster), which counts instead of the runs' own wall time; `pods_lost`: the run
+        pods the ledgers mark lost."""
+        if pods_lost > self._pods_lost:
+            self._l("labkube_campaign_run_pods_lost_total").inc(pods_lost - self._pods_lost)
+            self._pods_lost = pods_lost
         for phase in RunPhase:
             self._l("labkube_campaign_runs", phase=phase.value).set(sum(r.status == phase.value for r in rows))
         final = sum(r.status in (RunPhase.finished.value, RunPhase.failed.value) for r in rows)

@@ -34,6 +34,11 @@ kmock's own emulator lacks, and this subclass adds (DESIGN.md, "Testing without 
   this manager applied before and no longer sends is kept, where the real server would drop it);
 - CRDs older than the operator (`serve_older_crds`): the Run CRD of an older chart, whose status lacks the newer
   fields, so they are pruned from every status patch that answers 200;
+- pod deletion: more lenient than kube-apiserver, which keeps a gracefully deleted pod Terminating until its node's
+  kubelet confirms: here it goes at once (the fake kubelet would confirm at once), except for pods no kubelet will
+  confirm (`awaits_kubelet`, a dead node's: `FakeKubelet.lose_node`), which stay Terminating with their
+  `deletionTimestamp` until a DELETE with `gracePeriodSeconds: 0`; the scheduler's binding (`bind_pod`) sets
+  `spec.nodeName`;
 - `GET /api/v1/namespaces`, which kmock's own path parser fails on (kopf lists namespaces when it
   watches given ones).
 
@@ -66,7 +71,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aiohttp.web
@@ -292,6 +297,11 @@ class FakeKube(kmock.KubernetesScaffold):
         self.watch_epoch = 0  # bumped by `expire_watches`
         self.expired_rv = 0  # a watch from an older resourceVersion answers 410 Gone
         self.hangs: list[Hang] = []  # `hang`: requests held with no answer
+        # Pods whose graceful DELETE leaves them Terminating (`deletionTimestamp` set, the object kept) until a kubelet
+        # confirms: kube-apiserver keeps every such pod, and only its node's kubelet removes it (with
+        # `gracePeriodSeconds: 0`). The fake kubelet confirms at once, so this holds only where no kubelet will: the
+        # pods of a node that died (`FakeKubelet.lose_node`). A DELETE with `gracePeriodSeconds: 0` removes any pod.
+        self.awaits_kubelet: Callable[[dict[str, Any]], bool] = lambda pod: False
         for res, kind in BUILTIN.items():
             self.add_kind(res, kind)
         for crd in (campaign_crd(), run_crd()):
@@ -451,6 +461,47 @@ class FakeKube(kmock.KubernetesScaffold):
             return copy.deepcopy(obj)
         self._remove(key)
         return copy.deepcopy(old)
+
+    def _terminating(self, res: ResKey, key: ObjKey, params: Any, options: Any) -> dict[str, Any] | None:
+        """A graceful DELETE of a pod no kubelet will confirm (`awaits_kubelet`): the pod as kube-apiserver keeps
+        it, Terminating (`deletionTimestamp`: now plus its grace period, `deletionGracePeriodSeconds`); None: delete
+        it now."""
+        obj = self.store.get(key)
+        if res != ("", "v1", "pods") or obj is None or not self.awaits_kubelet(obj):
+            return None
+        given = params.get("gracePeriodSeconds")
+        if given is None and isinstance(options, dict):
+            given = options.get("gracePeriodSeconds")
+        grace = int(given) if given is not None else int(obj["spec"].get("terminationGracePeriodSeconds", 30))
+        if grace == 0:
+            return None
+        if obj["metadata"].get("deletionTimestamp"):
+            return copy.deepcopy(obj)
+        held = copy.deepcopy(obj)
+        ends = datetime.now(UTC) + timedelta(seconds=grace)
+        held["metadata"]["deletionTimestamp"] = ends.strftime("%Y-%m-%dT%H:%M:%SZ")
+        held["metadata"]["deletionGracePeriodSeconds"] = grace
+        self.audit.append(("delete", res[2], key[3], key[4]))
+        self._commit(key, "MODIFIED", held)
+        return copy.deepcopy(held)
+
+    def delete_gracefully(self, namespace: str, name: str, grace_s: int) -> dict[str, Any]:
+        """A graceful DELETE of a pod that `awaits_kubelet`, as a client sends one: the pod, now Terminating."""
+        held = self._terminating(
+            ("", "v1", "pods"), ("", "v1", "pods", namespace, name), {"gracePeriodSeconds": grace_s}, None
+        )
+        assert held is not None, f"pod {name} does not await a kubelet"
+        return held
+
+    def bind_pod(self, namespace: str, name: str, node: str) -> None:
+        """The scheduler's binding (`pods/binding`): the pod's `spec.nodeName`."""
+        key = ("", "v1", "pods", namespace, name)
+        obj = self.store.get(key)
+        if obj is None or obj["spec"].get("nodeName") == node:
+            return
+        bound = copy.deepcopy(obj)
+        bound["spec"]["nodeName"] = node
+        self._commit(key, "MODIFIED", bound)
 
     # -- state changes ----------------------------------------------------------------------------
 
@@ -693,6 +744,9 @@ class FakeKube(kmock.KubernetesScaffold):
             return aiohttp.web.json_response(obj)
         if method == "DELETE":
             _check_preconditions(request.data, self.store.get(key))
+            held = self._terminating(res, key, params, request.data)
+            if held is not None:
+                return aiohttp.web.json_response(held)
             return aiohttp.web.json_response(self.delete_object(res, ns, name))
         if method == "PATCH" and _content_type(request) == APPLY and key not in self.store and sub is None:
             return aiohttp.web.json_response(self.create_object(res, ns, _applied(request, res, name)), status=201)

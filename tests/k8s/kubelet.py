@@ -193,24 +193,80 @@ class FakeKubelet:
         self._background: set[asyncio.Task[None]] = set()
         self._gone: list[PodState] = []  # deleted pods, whose processes may still be ending
         self._ports: set[int] = set()  # local ports handed to sidecars of live pods
+        self.node_name = NODE_NAME  # the node new pods are bound to (`lose_node` replaces it)
+        self.dead_nodes: set[str] = set()
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def __aenter__(self) -> FakeKubelet:
         self.api.listeners.append(self._hear)
-        if self.api.read_object(NODES, "", NODE_NAME) is None:  # the node, as the real kubelet registers it
-            self.api.create_object(NODES, "", {"metadata": {"name": NODE_NAME}, "spec": {}})
-            allocatable = {"cpu": "64", "memory": "512Gi", "pods": "10000", self.gpu_resource: str(self.gpus)}
-            ready = {"type": "Ready", "status": "True", "reason": "KubeletReady"}
-            self.api.set_status(
-                NODES, "", NODE_NAME, {"capacity": allocatable, "allocatable": allocatable, "conditions": [ready]}
-            )
+        self._register(self.node_name)
         for pod in self.api.objects(PODS):
             self._events.put_nowait(("ADDED", pod))
         self._loop_task = asyncio.create_task(self._loop())
         if self.storage_poll_s is not None and self.simulate is None:
             self._storage_task = asyncio.create_task(self._watch_storage())
         return self
+
+    def _register(self, node: str) -> None:
+        """The node, as the real kubelet registers it (Ready, its GPUs allocatable)."""
+        if self.api.read_object(NODES, "", node) is not None:
+            return
+        self.api.create_object(NODES, "", {"metadata": {"name": node}, "spec": {}})
+        allocatable = {"cpu": "64", "memory": "512Gi", "pods": "10000", self.gpu_resource: str(self.gpus)}
+        now = now_rfc3339()
+        ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "lastHeartbeatTime": now,
+                 "lastTransitionTime": now}  # fmt: skip
+        self.api.set_status(
+            NODES, "", node, {"capacity": allocatable, "allocatable": allocatable, "conditions": [ready]}
+        )
+
+    async def lose_node(self) -> str:
+        """The node dies (its machine is gone) and another takes its place; the dead node's name is returned.
+
+        As on a cluster: its pods' processes end at once and nothing reports it (no kubelet: their status stays as
+        last posted, "Running"); the node controller marks the Node `Ready=Unknown` (`NodeStatusUnknown`, the
+        last heartbeat the kubelet posted) and taints it `unreachable`; a graceful DELETE of its pods leaves them
+        Terminating for ever (`FakeKube.awaits_kubelet`), as PodGC removes them only once the node is gone
+        (`remove_node`) or tainted out-of-service. The replacement node (the same GPUs, a new name) runs every pod
+        created from now on. Here the node controller acts at once; the real one waits `node-monitor-grace-period`
+        (40 s) first."""
+        dead = self.node_name
+        self.dead_nodes.add(dead)
+        self.api.awaits_kubelet = lambda pod: (pod.get("spec") or {}).get("nodeName") in self.dead_nodes
+        heartbeat = now_rfc3339()
+        for key, state in list(self.pods.items()):
+            if (state.pod.get("spec") or {}).get("nodeName", dead) != dead or key in self.queue:
+                continue
+            del self.pods[key]
+            state.deleted = True  # nothing of it is posted again
+            self._gone.append(state)
+            if state.task is not None:
+                state.task.cancel()
+            await self._kill(state, grace_s=0)
+        node = self.api.read_object(NODES, "", dead) or {}
+        status = dict(node.get("status") or {})
+        status["conditions"] = [{
+            "type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
+            "message": "Kubelet stopped posting node status.", "lastHeartbeatTime": heartbeat,
+            "lastTransitionTime": now_rfc3339(),
+        }]  # fmt: skip
+        self.api.set_status(NODES, "", dead, status)
+        self.node_name = f"{NODE_NAME}-{len(self.dead_nodes) + 1}"
+        self._register(self.node_name)
+        self._schedule()
+        return dead
+
+    def remove_node(self, node: str) -> list[str]:
+        """The dead Node object is deleted (by a person, or a cloud's node lifecycle), and PodGC force-deletes the
+        pods bound to it, which vanish from the API while their last phase was "Running"; their names."""
+        self.api.delete_object(NODES, "", node)
+        gone = []
+        for pod in self.api.objects(PODS):
+            if (pod.get("spec") or {}).get("nodeName") == node:
+                self.api.delete_object(PODS, pod["metadata"]["namespace"], pod["metadata"]["name"])
+                gone.append(pod["metadata"]["name"])
+        return gone
 
     async def __aexit__(self, *exc: object) -> None:
         self.api.listeners.remove(self._hear)
@@ -285,6 +341,8 @@ class FakeKubelet:
                 continue
             self.queue.remove(key)
             state.bound = True
+            state.pod = {**state.pod, "spec": {**state.pod["spec"], "nodeName": self.node_name}}
+            self.api.bind_pod(state.namespace, state.name, self.node_name)
             state.task = asyncio.create_task(self._run(state))
 
     def _pending(self, state: PodState, reason: str, message: str) -> None:
