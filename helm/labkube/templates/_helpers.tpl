@@ -368,6 +368,7 @@ What kopf needs cluster-wide to discover resources and namespaces.
   resources:
   - nodes
   verbs:
+  - get
   - list
 {{- end -}}
 
