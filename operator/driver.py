@@ -168,6 +168,56 @@ def pod_slots(ctx: RayContext) -> asyncio.Semaphore | None:
     return _POD_SLOTS[loop]
 
 
+class PodGpus:
+    """The Kubernetes cluster's GPUs for run pods, counted in this process (the operator drives every campaign from one
+    event loop) so that Ray, not a queue of Pending pods, holds back GPU runs beyond them. Its figures are the
+    allocatable GPUs of the Ready, schedulable nodes, in all (`total`) and on the largest (`largest`), which the
+    operator reads when it starts leading and again on a schedule (`update`): a node added, lost or drained changes
+    them. A run needing more GPUs than the largest node has holds none: no node can place its pod, which waits with
+    the scheduler's reason (`needs N GPUs, largest node has M`) without keeping GPUs from runs that fit. Unknown
+    figures (no right to list nodes) or none: the scheduler alone bounds the runs."""
+
+    def __init__(self, total: float, largest: float | None = None) -> None:
+        self.total = total
+        self.largest = total if largest is None else largest
+        self.used = 0.0
+        self.changed = asyncio.Condition()
+
+    def applies(self, gpus: float) -> bool:
+        return bool(gpus) and self.total > 0 and gpus <= self.largest
+
+    async def take(self, gpus: float) -> float:
+        """Wait until `gpus` are free and hold them; what is held (0: the gate does not apply to this run)."""
+        async with self.changed:
+            await self.changed.wait_for(lambda: not self.applies(gpus) or self.used + gpus <= self.total)
+            if not self.applies(gpus):
+                return 0.0
+            self.used += gpus
+            return gpus
+
+    async def give(self, gpus: float) -> None:
+        if gpus:
+            async with self.changed:
+                self.used -= gpus
+                self.changed.notify_all()
+
+    async def update(self, total: float, largest: float) -> None:
+        async with self.changed:
+            self.total, self.largest = total, largest
+            self.changed.notify_all()
+
+
+_POD_GPUS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, PodGpus] = weakref.WeakKeyDictionary()
+
+
+def pod_gpus(ctx: RayContext | None = None) -> PodGpus:
+    """This event loop's `PodGpus`, made from `ctx.pod_gpus` (the figure read at start) when it has none yet."""
+    loop = asyncio.get_running_loop()
+    if loop not in _POD_GPUS:
+        _POD_GPUS[loop] = PodGpus(ctx.pod_gpus if ctx is not None else 0.0)
+    return _POD_GPUS[loop]
+
+
 def _use_token(token: str) -> None:
     """Token authentication for this process and the Ray processes it starts. Ray reads the mode and the token
     when it is imported (this module imports it): without a refresh the driver keeps "disabled" and sends no
@@ -321,8 +371,7 @@ def shutdown(ctx: RayContext) -> None:
 
 async def _reserve(run: RunSpec, ctx: RayContext, strict: bool = True) -> PlacementGroup | None:
     """A placement group holding the run's slot and GPUs. With `strict=False` (pods on Kubernetes) the GPUs are
-    the cluster's (POD_GPU); a run needing more than that holds only its slot: the cluster's scheduler decides,
-    and the run's pod says why it cannot be placed."""
+    the cluster's, which `PodGpus` counts in this process: none here."""
     bundle: dict[str, float] = {}
     # Pods count their slot in `pod_slots`; on a Ray this driver started, nothing else takes slots, so the driver's
     # own bound on runs in flight is the slot (a placement group per short run cost a few hundred ms of raylet time).
@@ -332,8 +381,6 @@ async def _reserve(run: RunSpec, ctx: RayContext, strict: bool = True) -> Placem
         if run.gpus > ctx.gpus:
             raise DriverError(f"run {run.run_id} needs {run.gpus} GPUs; the Ray cluster has {ctx.gpus:g}")
         bundle["GPU"] = float(run.gpus)
-    elif run.gpus and run.gpus <= ctx.pod_gpus:
-        bundle[POD_GPU] = float(run.gpus)
     if not bundle:
         return None
     pg = placement_group([bundle], strategy="PACK")
@@ -462,6 +509,7 @@ async def drive(
     waiting = 0
 
     slots = pod_slots(ctx) if backend is not None else None
+    cluster_gpus = pod_gpus(ctx) if backend is not None else None
 
     async def one(i: int, run: RunSpec) -> RunResult:
         nonlocal waiting
@@ -469,8 +517,11 @@ async def drive(
             waiting += 1 if run.gpus else 0
             if on_waiting is not None:
                 on_waiting(waiting)
+            held = 0.0
             try:
                 pg = await _reserve(run, ctx, strict=backend is None)
+                if cluster_gpus is not None:
+                    held = await cluster_gpus.take(run.gpus)
             finally:
                 waiting -= 1 if run.gpus else 0
                 if on_waiting is not None:
@@ -478,6 +529,8 @@ async def drive(
             if meter is not None and gpu_hours_cap is not None and run.gpus and meter.used() >= gpu_hours_cap:
                 if pg is not None:
                     remove_placement_group(pg)
+                if cluster_gpus is not None:
+                    await cluster_gpus.give(held)
                 why = f"{HELD}the campaign's GPU-hour cap ({gpu_hours_cap:g} h) is used up"
                 held = hold_run(campaign_root, run, why)
                 if on_result is not None:
@@ -493,6 +546,8 @@ async def drive(
             finally:
                 if pg is not None:
                     remove_placement_group(pg)
+                if cluster_gpus is not None:
+                    await cluster_gpus.give(held)
         result = RunResult.model_validate(data)
         if on_result is not None:
             on_result(result)

@@ -32,6 +32,7 @@ __all__ = [
 ]
 
 _TERMINAL = frozenset({"Succeeded", "Failed"})
+MIN_POD_SECONDS = 1.0  # the resolution of a pod's `startTime` and `finishedAt`: an ended pod counts at least this
 
 
 class PodTime(BaseModel):
@@ -50,9 +51,13 @@ class PodLedger(BaseModel):
     pods: dict[str, PodTime] = Field(default_factory=dict)
 
     def seconds(self, now: datetime | None = None) -> float:
-        """Pod time of every attempt so far."""
+        """Pod time of every attempt so far. The API's times are whole seconds: a pod that started and ended within
+        one (a quick grading pod) ran for an unknown part of it, and counts the whole second, never zero."""
         now = now or datetime.now(UTC)
-        return sum(max(0.0, ((t.end or now) - t.start).total_seconds()) for t in self.pods.values())
+        return sum(
+            max(MIN_POD_SECONDS if t.end is not None else 0.0, ((t.end or now) - t.start).total_seconds())
+            for t in self.pods.values()
+        )
 
     def gpu_hours(self, now: datetime | None = None) -> float:
         return self.gpus * self.seconds(now) / 3600.0

@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from labkube.operator.campaign_daemon import run_campaign
 from labkube.operator.cluster_api import ClusterApi
 from labkube.operator.crds import GROUP, LABEL_CAMPAIGN, VERSION, crds_problem
-from labkube.operator.driver import RayContext, connect, shutdown
+from labkube.operator.driver import PodGpus, RayContext, connect, pod_gpus, shutdown
 from labkube.operator.driver_errors import DriverError
 from labkube.operator.k8s_backend import K8sBackend
 from labkube.operator.k8s_models import OperatorConfig
@@ -58,6 +58,7 @@ from labkube.operator.kube import (
     check_reachable,
     connection_info,
     last_answer,
+    node_gpu_figures,
     short_error,
 )
 from labkube.operator.leader import LeaseElector
@@ -143,14 +144,25 @@ def build_registry(
     ray_ctx: RayContext,
     metrics: OperatorMetrics | None = None,
     fenced: threading.Event | None = None,
+    read_node_gpus: bool = True,
 ) -> kopf.OperatorRegistry:
     """kopf handlers bound to this runtime (see the module docstring); campaign series go to `metrics`; campaign
-    daemons stop driving once `fenced` is set (the leader lease is lost)."""
+    daemons stop driving once `fenced` is set (the leader lease is lost); `read_node_gpus`: the run pods' GPUs
+    (`driver.PodGpus`) are the nodes' allocatable ones, read as leading starts and every `NODE_GPUS_EVERY_S` (off:
+    the figure the operator was given, `--gpus`)."""
     import kopf
 
     registry = kopf.OperatorRegistry()
     api = ClusterApi(runtime.kube)
     driving: set[tuple[str, str]] = set()  # campaigns whose daemon (and Ray supervisors) still run
+    background: list[asyncio.Task[None]] = []
+
+    @kopf.on.startup(registry=registry, id="node_gpus")
+    async def node_gpus(**_: Any) -> None:
+        gate = pod_gpus(ray_ctx)
+        if read_node_gpus:
+            await refresh_node_gpus(runtime, gate)  # before any campaign takes GPUs: a new leader's own reading
+            background.append(asyncio.create_task(keep_node_gpus(runtime, gate)))
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -166,6 +178,8 @@ def build_registry(
 
     @kopf.on.cleanup(registry=registry)
     def close(**_: Any) -> None:
+        for task in background:
+            task.cancel()
         api.close()
 
     @kopf.on.login(registry=registry)
@@ -326,7 +340,7 @@ def _lead_while_leader(
             _on_signals(terminating)  # ray.init installed its own SIGTERM handler, which aborts the process
         if ctx is not None and not fenced.is_set() and not terminating.is_set():
             replica.now(LEADING, leader=True)
-            registry = build_registry(runtime, ctx, metrics, fenced)
+            registry = build_registry(runtime, ctx, metrics, fenced, read_node_gpus=gpus is None)
             stopped = _stopped(replica, elector, lost, stop_flag, done_leading, holding)
             kopf.on.cleanup(registry=registry, id="stopped_driving")(stopped)
             kopf.on.startup(registry=registry, id="heartbeat")(_beating(replica))
@@ -341,6 +355,7 @@ def _lead_while_leader(
         # kopf has stopped: every campaign daemon ended and killed its supervisors, so this replica acts no more
         _on_signals(terminating)  # kopf removed its handlers: a second SIGTERM must not kill the clean-up below
         done_leading.set()
+        metrics.drop_all()  # a replica that drives nothing serves no campaign's series (the leader serves them)
         if holding is not None:
             holding.join()
         if not lost.is_set() or terminating.is_set():  # SIGTERM/SIGINT, or kopf ended on its own
@@ -570,6 +585,42 @@ def _on_signals(terminating: threading.Event) -> None:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, handle)
         signal.signal(signal.SIGINT, handle)
+
+
+NODE_GPUS_EVERY_S = 60.0  # how often the leader reads the nodes' allocatable GPUs again
+
+
+async def refresh_node_gpus(runtime: OperatorRuntime, gate: PodGpus) -> None:
+    """Read the nodes' allocatable GPUs (in all, and the largest node's) into `gate`; the figures stay as they were
+    when the nodes cannot be read (said in the log)."""
+    resource = runtime.config.runs.gpu_resource_name
+
+    def read() -> tuple[int, int] | None:
+        client = api_client(runtime.kube)
+        try:
+            return node_gpu_figures(client, resource)
+        finally:
+            client.close()
+
+    try:
+        figures = await asyncio.to_thread(read)
+    except Exception as exc:
+        log.warning("nodes not read for their GPUs (%s); keeping %g in all, %g on the largest node",
+                    short_error(exc), gate.total, gate.largest)  # fmt: skip
+        return
+    if figures is None:
+        return  # no right to list nodes: said at start-up (`cluster_gpus`)
+    total, largest = figures
+    if (total, largest) != (gate.total, gate.largest):
+        log.info("the cluster has %d allocatable %s, at most %d on one node; Ray hands them to runs",
+                 total, resource, largest)  # fmt: skip
+    await gate.update(total, largest)
+
+
+async def keep_node_gpus(runtime: OperatorRuntime, gate: PodGpus) -> None:
+    while True:
+        await asyncio.sleep(NODE_GPUS_EVERY_S)
+        await refresh_node_gpus(runtime, gate)
 
 
 def cluster_gpus(client: Any, resource: str) -> int | None:

@@ -56,6 +56,7 @@ __all__ = [
     "last_answer",
     "list_pages",
     "load_configuration",
+    "node_gpu_figures",
     "parse_time",
     "quota_refusal",
     "raw_json",
@@ -315,6 +316,21 @@ def allocatable_gpus(client: ApiClient, resource: str) -> int | None:
             return None
         raise
     return sum(_node_gpus(nodes, resource))
+
+
+def node_gpu_figures(client: ApiClient, resource: str) -> tuple[int, int] | None:
+    """The cluster's allocatable GPUs (`resource`) in all and on its largest node (Ready, schedulable nodes); None if
+    the operator may not list nodes."""
+    from kubernetes.client import ApiException, CoreV1Api
+
+    try:
+        nodes = list_pages(CoreV1Api(client).list_node, _request_timeout=30)["items"]
+    except ApiException as exc:
+        if exc.status in (401, 403, 404):
+            return None
+        raise
+    counts = _node_gpus(nodes, resource)
+    return sum(counts), max(counts, default=0)
 
 
 def _node_gpus(nodes: list[dict[str, Any]], resource: str) -> list[int]:

@@ -80,6 +80,12 @@ class OperatorMetrics:
     def drop(self, namespace: str, name: str) -> None:
         self.campaigns.pop((namespace, name), None)
 
+    def drop_all(self) -> None:
+        """Forget every campaign's series: a fenced replica's would be frozen copies of the leader's, and a dashboard
+        summing over replicas would count each campaign twice. A replica that leads again builds them anew (its
+        counters start from the ledgers and statuses, as after a restart)."""
+        self.campaigns.clear()
+
     def collect(self) -> Any:
         """One family per metric (one `# HELP`), each campaign's samples labelled with its `namespace`: two campaigns
         of one name in two namespaces are two series."""

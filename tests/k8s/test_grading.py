@@ -176,6 +176,25 @@ def test_a_new_leader_rebuilds_results_and_ledgers_from_run_statuses(tmp_path: P
     assert fresh.result("done") is None
 
 
+def test_a_pod_that_ran_within_one_second_counts_that_second_not_zero() -> None:
+    """The API's pod times are whole seconds: a quick agent pod and its grading pod, each started and ended within
+    one second, ran; they count a second each (#42: a finished one-GPU run showed two pod times and gpuHours 0.0).
+    A pod still running counts from its start to now, and a lost pod's closed interval as recorded."""
+    start = datetime(2025, 1, 1, tzinfo=UTC)
+    quick = PodLedger(
+        run_id="quick",
+        gpus=1,
+        pods={"c-quick-0": PodTime(start=start, end=start), "c-quick-1-grade": PodTime(start=start, end=start)},
+    )
+    assert quick.seconds() == 2.0 and quick.gpu_hours() == pytest.approx(2 / 3600)
+    running = PodLedger(run_id="r", gpus=1, pods={"c-r-0": PodTime(start=start)})
+    assert running.seconds(now=start) == 0.0 and running.seconds(now=start + timedelta(seconds=5)) == 5.0
+    lost = PodLedger(
+        run_id="l", gpus=8, pods={"c-l-0": PodTime(start=start, end=start + timedelta(hours=1), lost="its node died")}
+    )
+    assert lost.gpu_hours(now=start + timedelta(days=7)) == pytest.approx(8.0) and lost.lost_pods() == 1
+
+
 def test_a_gaia2_grader_is_given_the_verdict_the_world_sidecar_reported_and_no_other() -> None:
     """The world container's termination message is the verdict; the agent container's message, or a grading pod's,
     is never read for one; the grading pod of a Gaia2 run is told to take only the operator's."""

@@ -84,7 +84,8 @@ def assert_resumed_after_loss(cluster: Cluster, campaign: str, lost_pod: str, ki
     # closed when the cluster last saw it run (the node's last heartbeat), not when the operator noticed
     assert lost_end <= killed_at, (lost_end, killed_at)
     assert all(p["end"] for p in times.values()), "a pod's GPU time is still open"
-    seconds = sum((stamp(p["end"]) - stamp(p["start"])).total_seconds() for p in times.values())
+    # whole-second times: a pod that started and ended within one second counts that second (`MIN_POD_SECONDS`)
+    seconds = sum(max(1.0, (stamp(p["end"]) - stamp(p["start"])).total_seconds()) for p in times.values())
     assert status["gpuHours"] == pytest.approx(seconds / 3600, abs=1e-4)
     cdir = CampaignDir(cluster.campaign_dir(campaign))
     (run_id,) = cdir.run_ids()

@@ -414,8 +414,8 @@ async def test_fresh_leaders_with_empty_runs_roots_rerun_nothing_and_keep_the_gp
     assert len(results) == 2
 
 
-def leader_gauge(config: Path) -> float | None:
-    """`labkube_operator_leader` as the replica of `config` serves it (None: no answer)."""
+def served_metrics(config: Path) -> str | None:
+    """The `/metrics` text the replica of `config` serves (None: no answer)."""
     import urllib.request
 
     import yaml
@@ -423,11 +423,20 @@ def leader_gauge(config: Path) -> float | None:
     port = yaml.safe_load(config.read_text())["metricsPort"]
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
-            text = resp.read().decode()
+            return resp.read().decode()
     except OSError:
         return None
-    found = re.search(r"^labkube_operator_leader (\S+)$", text, re.M)
+
+
+def leader_gauge(config: Path) -> float | None:
+    """`labkube_operator_leader` as the replica of `config` serves it (None: no answer)."""
+    text = served_metrics(config)
+    found = re.search(r"^labkube_operator_leader (\S+)$", text or "", re.M)
     return float(found.group(1)) if found else None
+
+
+def serves_campaign_series(config: Path, campaign: str) -> bool:
+    return f'campaign="{campaign}"' in (served_metrics(config) or "")
 
 
 async def test_an_api_outage_is_waited_out_and_sigterm_hands_over_at_once(fake: Fake, fault: Fault) -> None:
@@ -464,6 +473,11 @@ async def test_an_api_outage_is_waited_out_and_sigterm_hands_over_at_once(fake: 
 
     fake.campaign("outage", task, seeds=2)
     await eventually(lambda: fake.running("outage") == 2, 120, what="two running pods")
+    await eventually(
+        lambda: [n for n in "ab" if serves_campaign_series(configs[n][0], "outage")] == leading(),
+        30,
+        what="the leader, and only it, serving the campaign's series",
+    )
     outage = Outage(20)
     fake.api[lambda _: True] << outage
     await eventually(lambda: leading() == [], 10, every=0.3, what="the leader to fence itself")
@@ -472,6 +486,8 @@ async def test_an_api_outage_is_waited_out_and_sigterm_hands_over_at_once(fake: 
             assert ops[name].returncode is None, f"replica {name} exited in the outage: {ops[name].said()}"
             assert await asyncio.to_thread(health, configs[name][1]), f"replica {name} stopped answering /healthz"
             assert leader_gauge(configs[name][0]) == 0.0, f"replica {name} leads without the API"
+            # a fenced replica serves no frozen copy of the campaign's series (dashboards would count it twice)
+            assert not serves_campaign_series(configs[name][0], "outage"), f"fenced replica {name} serves them"
         await asyncio.sleep(1)
     await eventually(lambda: len(leading()) == 1 and holder() != "", 30, every=0.3, what="a leader after the outage")
     (leader,) = leading()
