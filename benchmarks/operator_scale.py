@@ -20,6 +20,14 @@ counted by request, not by watch event); and the re-runs: agent pods created bey
 beyond one per Run, and Runs that ended on another attempt than their first. Any re-run, or a Run not Finished,
 exits 1. `--no-failover` runs one replica with a shared claim as its runs root (live status from status.json).
 
+With `--lose-node` (the default) every Run needs one GPU, and once every live Run is adopted (or, without the
+failover, once every pod is Running) the node dies (`FakeKubelet.lose_node`: its pods' agents end, it goes
+`Ready=Unknown`, a new node takes new pods). The operator must find every pod lost (`runs.podLostAfterSeconds` 5 s
+here), resume each Run in a new pod and close the lost pod's GPU time at the node's last heartbeat. It prints the
+pods lost, the time from the loss to every lost Run's new pod Running, and the GPU-hours the Runs recorded against
+the pods' real GPU time (each pod's start to its end as the kubelet wrote them, a lost pod's to the loss); a Run
+left with a second re-run, or GPU-hours more than 2% off, is a problem (exit 1).
+
 Prints, as a table: how long the campaign took, API requests per Run per minute (every request the
 fake API served, from the operator's start to the campaign's end, by verb), the peak RSS of every
 process of the control plane (the operator, its Ray supervisor actors and each of Ray's own processes,
@@ -27,7 +35,8 @@ sampled every 2 s) and of all of them together (the first leader's; with `--fail
 the latency from a pod's phase change (as the kubelet writes it to the API) to the Run's status showing it
 (Running -> Run `Running`, Succeeded -> Run `Finished`), median and p95.
 
-    python benchmarks/operator_scale.py [--runs 1000] [--run-seconds S] [--no-failover] [--keep] [--write-docs]
+    python benchmarks/operator_scale.py [--runs 1000] [--run-seconds S] [--no-failover] [--no-lose-node] [--keep]
+        [--write-docs]
 """
 
 from __future__ import annotations
@@ -296,8 +305,45 @@ def memory_rows(memory: Memory, prefix: str) -> list[tuple[str, str]]:
     return rows
 
 
+LOST_AFTER_S = 5  # runs.podLostAfterSeconds in the benchmark: the chart's 300 s, time-compressed
+GPU_HOURS_TOLERANCE = 0.02
+
+
+@dataclass
+class NodeLoss:
+    """The node lost mid-campaign: when, and the pods (and so the Runs) that were on it."""
+
+    at: float | None = None
+    pods: list[str] = field(default_factory=list)
+    resumed_at: float | None = None  # every lost Run's next pod Running
+
+    @property
+    def runs(self) -> set[str]:
+        return {pod.rsplit("-", 1)[0] for pod in self.pods}
+
+
+def real_gpu_seconds(recorder: Recorder, loss: NodeLoss) -> float:
+    """Each pod's time from its start (the kubelet's first `Pending` with its `startTime`) to its end (its terminal
+    phase; a pod lost with its node: the loss), one GPU each."""
+    total = 0.0
+    for pod, changes in recorder.pods.items():
+        start = next((t for t, phase in changes if phase in ("Pending", "Running")), None)
+        end = next((t for t, phase in changes if phase in ("Succeeded", "Failed")), None)
+        if end is None and pod in loss.pods:
+            end = loss.at
+        if start is not None and end is not None:
+            total += max(1.0, end - start)
+    return total
+
+
 async def bench(
-    runs: int, run_seconds: float, timeout: float, failover: bool, console: Console, keep: bool = False
+    runs: int,
+    run_seconds: float,
+    timeout: float,
+    failover: bool,
+    console: Console,
+    keep: bool = False,
+    lose_node: bool = True,
 ) -> tuple[list[tuple[str, str]], list[str]]:
     """The table's rows, and what went wrong (a re-run, a Run not finished, a Run not adopted)."""
     # Ctrl-C or SIGTERM stops the operators it started (the `finally` below) rather than leaving them running
@@ -308,7 +354,9 @@ async def bench(
     work = Path(tempfile.mkdtemp(prefix="labkube-scale-"))
     volume = work / "volume"
     volume.mkdir()
-    task = make_tiny_task(work, [{"tool": "end_task", "args": {"summary": "done"}}])
+    resources = {"resources": {"gpus": 1}} if lose_node else {}
+    task = make_tiny_task(work, [{"tool": "end_task", "args": {"summary": "done"}}], **resources)
+    loss = NodeLoss()
     recorder = Recorder()
     replicas: dict[str, tuple[OperatorProcess, int]] = {}
     problems: list[str] = []
@@ -318,7 +366,11 @@ async def bench(
             lease = Failover(api)
             api.listeners += [recorder, lease]
             kubelet = FakeKubelet(
-                api, claims={CLAIM: volume}, gpus=0, simulate=simulated_agent(run_seconds), work=work / "kubelet"
+                api,
+                claims={CLAIM: volume},
+                gpus=runs if lose_node else 0,
+                simulate=simulated_agent(run_seconds),
+                work=work / "kubelet",
             )
             async with kubelet:
                 kubeconfig = write_kubeconfig(work / "kubeconfig", str(server.url).rstrip("/"))
@@ -333,7 +385,11 @@ async def bench(
                     root.mkdir(exist_ok=True)
                     config, port = operator_config(
                         work,
-                        runs={"defaultImage": "labkube:bench", "workspace": workspace},
+                        runs={
+                            "defaultImage": "labkube:bench",
+                            "workspace": workspace,
+                            "podLostAfterSeconds": LOST_AFTER_S,
+                        },
                         leaderElection=chart_leader_election(),
                     )
                     op = await OperatorProcess.start(
@@ -381,6 +437,18 @@ async def bench(
                         console.print(f"[bold]{len(running)} pods Running: SIGKILL to the leader ({leader})[/]")
                         await replicas[leader][0].kill()
                         continue
+                    all_live = adopted == len(lease.live) if failover else len(running) >= runs
+                    if lose_node and loss.at is None and (killed or not failover) and all_live and running:
+                        loss.pods = sorted(running)
+                        loss.at = time.monotonic()
+                        console.print(f"[bold]{len(running)} pods Running: the node dies[/]")
+                        await kubelet.lose_node()
+                        continue
+                    if loss.at is not None and loss.resumed_at is None:
+                        resumed = {pod.rsplit("-", 1)[0] for pod in running if pod not in loss.pods}
+                        finished = {p.rsplit("-", 1)[0] for p, c in recorder.pods.items() if p not in loss.pods and c}
+                        if loss.runs <= resumed | finished:
+                            loss.resumed_at = time.monotonic()
                     if failover and not killed and any(r.get("phase") == "Succeeded" for r in _pod_phases(api)):
                         raise RuntimeError(
                             f"a pod ended before all {runs} were Running at once: raise --run-seconds "
@@ -414,8 +482,13 @@ async def bench(
     finished = sum(1 for r in run_objs if (r.get("status") or {}).get("phase") == "Finished")
     agents = [n.rsplit("-", 1)[0] for n in created if not n.endswith("-grade")]
     graders = [n.removesuffix("-grade").rsplit("-", 1)[0] for n in created if n.endswith("-grade")]
-    later_attempts = sum(1 for r in run_objs if (r.get("status") or {}).get("attempts") != 1)
-    reruns = (len(agents) - len(set(agents))) + (len(graders) - len(set(graders))) + later_attempts
+    lost_runs = loss.runs  # each of these is expected to start a second agent pod, on the new node
+
+    def expected_attempts(run: dict[str, Any]) -> int:
+        return 2 if run["metadata"]["name"] in lost_runs else 1
+
+    later_attempts = sum(1 for r in run_objs if (r.get("status") or {}).get("attempts") != expected_attempts(r))
+    reruns = (len(agents) - len(set(agents)) - len(lost_runs)) + (len(graders) - len(set(graders))) + later_attempts
     if finished != runs:
         phases = collections.Counter(str((r.get("status") or {}).get("phase")) for r in run_objs)
         problems.append(f"{runs - finished} of {runs} Runs did not finish (Run phases: {dict(phases)})")
@@ -446,7 +519,32 @@ async def bench(
     rows.append(("pod Succeeded -> Run Finished: p95", done_p95))
     if failover and standby_memory is not None and new_memory is not None:
         rows += failover_rows(lease, api.first_status_patch, standby_memory, new_memory, reruns, problems)
+    if lose_node:
+        rows += node_loss_rows(loss, run_objs, real_gpu_seconds(recorder, loss), problems)
     return rows, problems
+
+
+def node_loss_rows(
+    loss: NodeLoss, run_objs: list[dict[str, Any]], real_seconds: float, problems: list[str]
+) -> list[tuple[str, str]]:
+    if loss.at is None:
+        problems.append("the node was never lost (not every pod was Running at once)")
+        return []
+    lost = sum(1 for r in run_objs for p in (r.get("status") or {}).get("podTimes") or [] if p.get("lost"))
+    rows = [("node lost: pods on it", str(len(loss.pods))), ("node lost: pods the operator found lost", str(lost))]
+    if lost != len(loss.pods):
+        problems.append(f"{len(loss.pods)} pods were on the lost node; the Runs mark {lost} lost")
+    if loss.resumed_at is not None:
+        rows.append(("node lost: loss -> every lost Run's new pod Running", f"{loss.resumed_at - loss.at:.1f} s"))
+    recorded = sum(float((r.get("status") or {}).get("gpuHours") or 0) for r in run_objs)
+    real = real_seconds / 3600.0
+    off = recorded / real - 1 if real else float("inf")
+    rows.append(
+        ("node lost: GPU-hours recorded / pods' real GPU time", f"{recorded:.3f} h / {real:.3f} h ({off:+.1%})")
+    )
+    if abs(off) > GPU_HOURS_TOLERANCE:
+        problems.append(f"GPU-hours recorded {recorded:.3f} h, the pods' real time {real:.3f} h ({off:+.1%})")
+    return rows
 
 
 def _pod_phases(api: FakeKube) -> list[dict[str, Any]]:
@@ -501,6 +599,12 @@ def main() -> None:
         default=True,
         help="Two replicas as the chart deploys them; SIGKILL the leader once every Run's pod is Running.",
     )
+    parser.add_argument(
+        "--lose-node",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="Every Run needs a GPU; the node dies once every live Run is adopted (or every pod is Running).",
+    )
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--keep", action="store_true", help="keep the work directory (the operators' logs)")
     parser.add_argument("--write-docs", action="store_true", help="put the table into docs/kubernetes.md")
@@ -511,7 +615,9 @@ def main() -> None:
     run_seconds = args.run_seconds if args.run_seconds is not None else 180.0 if args.failover else 30.0
     console = Console()
     try:
-        rows, problems = asyncio.run(bench(args.runs, run_seconds, args.timeout, args.failover, console, args.keep))
+        rows, problems = asyncio.run(
+            bench(args.runs, run_seconds, args.timeout, args.failover, console, args.keep, args.lose_node)
+        )
     except asyncio.CancelledError:
         console.print("interrupted: the operators it started are stopped")
         sys.exit(130)
@@ -529,6 +635,7 @@ def main() -> None:
     if args.write_docs:
         command = f"python benchmarks/operator_scale.py --runs {args.runs} --run-seconds {run_seconds:g}"
         command += "" if args.failover else " --no-failover"
+        command += "" if args.lose_node else " --no-lose-node"
         body = markdown_table(("measure", f"{args.runs:,} Runs"), rows, (False, True))
         if not args.failover:
             body += "\n\nNo failover in this run (`--no-failover`): one replica, its runs root the shared claim."
