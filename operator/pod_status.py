@@ -210,7 +210,9 @@ def self_caused_eviction(pod: Mapping[str, Any] | None) -> str | None:
 
 
 def live_phase(pod: Mapping[str, Any] | None, store: StoreStatus | None) -> RunPhase:
-    """The Run's phase while its pod lives."""
+    """The Run's phase while its pod lives: `Pending` while it has no pod or its pod waits for something outside it
+    (a node with room, a scheduling gate, an image that cannot be pulled: the `Scheduled` or `ImagePulled`
+    condition says which), `Starting` while the pod starts, then the harness's own phase."""
     if pod is None:
         return RunPhase.pending
     phase = (pod.get("status") or {}).get("phase")
@@ -218,7 +220,8 @@ def live_phase(pod: Mapping[str, Any] | None, store: StoreStatus | None) -> RunP
         if store is not None and store.phase in (RunPhase.running, RunPhase.grading):
             return store.phase
         return RunPhase.running
-    return RunPhase.starting
+    waiting = [t for t, ok, _, _ in pod_conditions(pod) if not ok and t in ("Scheduled", "ImagePulled")]
+    return RunPhase.pending if waiting else RunPhase.starting
 
 
 def problem_message(conditions: list[Condition]) -> str:

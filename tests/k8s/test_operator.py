@@ -229,7 +229,7 @@ async def test_a_run_needing_more_gpus_than_the_cluster_has_shows_why_it_waits(c
         assert found["reason"] == "Unschedulable"
         assert "Insufficient nvidia.com/gpu" in found["message"]
         (run,) = cluster.runs("toobig")
-        assert run["status"]["phase"] == "Starting"
+        assert run["status"]["phase"] == "Pending"  # waiting for a node, not starting
         cdir = CampaignDir(cluster.campaign_dir("toobig"))
         status = await eventually(lambda: cdir.status(cdir.run_ids()[0]), 10, what="status.json")
         await eventually(lambda: "Unschedulable" in (cdir.status(cdir.run_ids()[0]) or status).message, 10)
@@ -248,6 +248,7 @@ async def test_an_image_that_cannot_be_pulled_becomes_a_condition(cluster: Clust
 
         found = await eventually(pull_problem, 60, what="an ImagePulled=False condition")
         assert found["status"] == "False" and UNPULLABLE in found["message"]
+        assert cluster.runs("noimage")[0]["status"]["phase"] == "Pending"  # waiting for its image
         cdir = CampaignDir(cluster.campaign_dir("noimage"))
         await eventually(lambda: "ImagePullBackOff" in (cdir.status(cdir.run_ids()[0]) or _blank()).message, 10)
 
