@@ -271,6 +271,7 @@ def split_diff(diff: str) -> dict[str, str]:
 
 
 TRANSCRIPT_LIMIT = 4 << 30  # bytes
+JSON_LIMIT = 256 << 20  # bytes of a run's checkpoint, result or grader summary read at most
 
 
 def read_tool_calls(transcript: Path) -> list[ToolCall]:
@@ -343,19 +344,18 @@ def gather(
     if recorded_calls is not None:
         gateway_calls, answers = recorded_calls
         check = compare(gateway_calls, calls, answers, agent, workspace)
-    if result is None:
-        with contextlib.suppress(FileNotFoundError, ValueError):
-            result = RunResult.model_validate_json((run_dir / "result.json").read_text())
+    if result is None:  # the run folder's files are the agent's: read without blocking on a FIFO, and bounded
+        result = read_model(run_dir / "result.json", RunResult, JSON_LIMIT)
     try:
-        checkpoint = json.loads((run_dir / "checkpoint.json").read_text())
-    except (FileNotFoundError, ValueError):
+        checkpoint = json.loads(read_regular(run_dir / "checkpoint.json", JSON_LIMIT))
+    except (FileNotFoundError, ValueError, NotRegularFile):
         checkpoint = {}
     run_end = result.finished_at if result and result.finished_at else datetime.now(UTC)
     summary = None
     if card.grading.summary:
         try:
-            summary = json.loads((run_dir / "scratch" / "grading-view" / card.grading.summary).read_text())
-        except (FileNotFoundError, ValueError):
+            summary = json.loads(read_regular(run_dir / "scratch" / "grading-view" / card.grading.summary, JSON_LIMIT))
+        except (FileNotFoundError, ValueError, NotRegularFile, IsADirectoryError):
             summary = None
     return Evidence(
         card=card,

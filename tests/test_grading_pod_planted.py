@@ -87,3 +87,28 @@ def test_the_prepare_container_replaces_a_fifo_or_a_link_at_run_json(tmp_path: P
         written = run_dir / "run.json"
         assert written.is_file() and not written.is_symlink() and json.loads(written.read_text())["run_id"] == "r"
         assert target.read_text() == ""
+
+
+def test_the_audit_reads_no_fifo_the_agent_left_for_its_transcript_or_checkpoint(tmp_path: Path) -> None:
+    """`labkube audit RUN_DIR` on a workstation reads the run folder as it is (no grading pod set anything aside): a
+    FIFO as `transcript.jsonl`, `checkpoint.json` or the grader's summary is refused without blocking, and the audit
+    ends, with the planted files named."""
+    import threading
+
+    from labkube.integrity import audit_run
+
+    task = make_tiny_task(tmp_path, [{"tool": "bash", "args": {"command": "echo 2 > result.txt"}}])
+    rd = make_run_dir(tmp_path, task, model="oracle")
+    ran = labkube("agent", "--run-dir", str(rd), cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    for name in ("transcript.jsonl", "checkpoint.json"):
+        (rd / name).unlink()
+        os.mkfifo(rd / name)
+    done: list[object] = []
+    worker = threading.Thread(target=lambda: done.append(audit_run(rd)), daemon=True)
+    worker.start()
+    worker.join(60)
+    assert done, "the audit blocked on a FIFO"
+    report = done[0]
+    planted = {v.file for v in report.violations if v.type.value == "planted_file"}  # type: ignore[attr-defined]
+    assert planted == {"transcript.jsonl", "checkpoint.json"}, report
