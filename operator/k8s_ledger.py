@@ -32,6 +32,7 @@ __all__ = [
 ]
 
 _TERMINAL = frozenset({"Succeeded", "Failed"})
+LIVE_STEP_S = 60.0  # a running pod's time in the Run status moves in these steps (see `PodLedger.seconds`)
 MIN_POD_SECONDS = 1.0  # the resolution of a pod's `startTime` and `finishedAt`: an ended pod counts at least this
 
 
@@ -50,17 +51,23 @@ class PodLedger(BaseModel):
     gpus: int = Field(default=0, ge=0)
     pods: dict[str, PodTime] = Field(default_factory=dict)
 
-    def seconds(self, now: datetime | None = None) -> float:
+    def seconds(self, now: datetime | None = None, live_step_s: float = 0.0) -> float:
         """Pod time of every attempt so far. The API's times are whole seconds: a pod that started and ended within
-        one (a quick grading pod) ran for an unknown part of it, and counts the whole second, never zero."""
+        one (a quick grading pod) ran for an unknown part of it, and counts the whole second, never zero.
+        `live_step_s`: a running pod's time so far in whole steps (rounded down), for a figure that changes once a
+        step rather than at every look (the Run status's `gpuHours`: a patch per change)."""
         now = now or datetime.now(UTC)
-        return sum(
-            max(MIN_POD_SECONDS if t.end is not None else 0.0, ((t.end or now) - t.start).total_seconds())
-            for t in self.pods.values()
-        )
+        total = 0.0
+        for t in self.pods.values():
+            if t.end is not None:
+                total += max(MIN_POD_SECONDS, (t.end - t.start).total_seconds())
+                continue
+            elapsed = max(0.0, (now - t.start).total_seconds())
+            total += elapsed - elapsed % live_step_s if live_step_s > 0 else elapsed
+        return total
 
-    def gpu_hours(self, now: datetime | None = None) -> float:
-        return self.gpus * self.seconds(now) / 3600.0
+    def gpu_hours(self, now: datetime | None = None, live_step_s: float = 0.0) -> float:
+        return self.gpus * self.seconds(now, live_step_s) / 3600.0
 
     def to_status(self) -> list[PodTimeStatus]:
         """The ledger as `Run.status.podTimes`."""

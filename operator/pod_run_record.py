@@ -26,7 +26,14 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from labkube.operator.admission import read_admitted
 from labkube.operator.crds import GROUP, VERSION, run_name
 from labkube.operator.k8s_grading import graded_result, is_grading_pod, report_of, result_from_status
-from labkube.operator.k8s_ledger import PodLedger, PodTime, last_seen_running, ledger_path, pod_time
+from labkube.operator.k8s_ledger import (
+    LIVE_STEP_S,
+    PodLedger,
+    PodTime,
+    last_seen_running,
+    ledger_path,
+    pod_time,
+)
 from labkube.operator.k8s_models import RunResourceSpec, RunStatus, set_condition, status_patch, unrecorded
 from labkube.operator.kube import PATIENCE_S, raw_json, short_error, status_of
 from labkube.operator.kube_session import STATUS_FIRST, KubeSession
@@ -322,7 +329,8 @@ class PodRunRecord:
             if seen is not None and self.ledger.pods.get(name) != seen:
                 self.ledger.pods[name] = seen
                 write_model(self.ledger_file, self.ledger)
-        self.status.gpu_hours = round(self.ledger.gpu_hours(), 6)
+        # a running pod's share moves once a minute: a GPU run's status is not patched at every poll for it
+        self.status.gpu_hours = round(self.ledger.gpu_hours(live_step_s=LIVE_STEP_S), 6)
         self.status.pod_times = self.ledger.to_status()
 
     def track_end(self, end: PodEnd) -> None:

@@ -489,7 +489,8 @@ def test_cluster_wide_rbac_is_least_privilege(chart: helm_python.Chart) -> None:
     assert ("cilium.io", "ciliumnetworkpolicies") not in rules
     assert rules[("apiextensions.k8s.io", "customresourcedefinitions")] == {"list", "watch"}
     assert rules[("", "namespaces")] == {"list", "watch"}
-    assert rules[("", "nodes")] == {"list"}  # allocatable GPUs, so Ray holds back runs beyond them
+    # allocatable GPUs (list), so runs beyond them wait; a run pod's own node (get), so a dead node's pods are lost
+    assert rules[("", "nodes")] == {"get", "list"}
     assert rules[("", "persistentvolumeclaims")] == {"create", "delete", "get", "list", "watch"}  # a claim per run
     assert ("", "secrets") not in rules  # pods reference Secrets by name; the operator never reads them
     assert all("*" not in group + resource and "*" not in verbs for (group, resource), verbs in rules.items())
@@ -511,7 +512,7 @@ def test_namespaced_rbac_uses_a_role_per_watched_namespace(chart: helm_python.Ch
     cluster = rules_of(operator_role(docs))
     # discovery, and the nodes' allocatable GPUs (read-only, cluster-scoped) in both modes
     assert set(cluster) == {("apiextensions.k8s.io", "customresourcedefinitions"), ("", "namespaces"), ("", "nodes")}
-    assert cluster[("", "nodes")] == {"list"}
+    assert cluster[("", "nodes")] == {"get", "list"}
     roles = watched_roles(docs)
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["evals", "research"]
     wide = rules_of(operator_role(render(chart)))
