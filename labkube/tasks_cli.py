@@ -10,6 +10,7 @@ import click
 from rich.markup import escape
 
 from labkube.cli_checks import UsageFailure, console
+from labkube.settings import TASK_OVERLAY
 from labkube.task_env_cli import tasks_dockerfile, tasks_prepare
 
 
@@ -75,7 +76,7 @@ def tasks_list() -> None:
     "--overlay",
     type=click.Path(exists=True, path_type=Path),
     default=None,
-    envvar="LABKUBE_TASK_OVERLAY",
+    envvar=TASK_OVERLAY.name,
     help="A labkube.yaml to merge over the task's own, or a directory of them: DIR/<task-name>.yaml or "
     "DIR/<task-name>/labkube.yaml (default: $LABKUBE_TASK_OVERLAY).",
 )

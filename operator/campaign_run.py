@@ -3,26 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from labkube import interrupts
 from labkube.agent.rg.web import backend_from_env
 from labkube.campaign import CampaignSpec, expand_runs
 from labkube.metrics import serve
 from labkube.model_ref import parse_model
 from labkube.operator.telemetry import CampaignTelemetry
 from labkube.operator.warm import EarlyWorlds, early_world_count, forks_agent, warm_workers
-from labkube.operator.zygote_handoff import EarlyZygote
+from labkube.operator.zygote_handoff import STOP_WAIT_S, EarlyZygote
 from labkube.report import LiveRows
 from labkube.result import RunResult
 from labkube.run_spec import RunSpec
 from labkube.sandbox import sandbox_problem
-from labkube.store import CampaignDir, mark_stopped
+from labkube.settings import ENV_CACHE, LOCAL_GPUS
+from labkube.storage_full import StorageFull, storage_full_line
+from labkube.store import STOPPED, STOPPED_DISK_FULL, CampaignDir, mark_stopped
 from labkube.task_card import TaskCard
 from labkube.tasks import resolve_campaign_tasks
 from labkube.tasks.manifest import keep_task_manifests, pin_task_digests
@@ -32,6 +36,9 @@ if TYPE_CHECKING:
     from labkube.tasks.gaia2.world_process import WorldHandoff
 
 
+T = TypeVar("T")
+
+
 class CampaignError(ValueError):
     """Bad input found before anything was written."""
 
@@ -39,11 +46,10 @@ class CampaignError(ValueError):
 def run_env(extra: dict[str, str] | None) -> dict[str, str] | None:
     """What the supervisors pass on to each run besides their own environment: the caller's task-environment
     cache (Ray's worker processes have the environment Ray started with, not this process's)."""
-    from labkube.tasks.environment import CACHE_VARIABLE
-
     env = dict(extra or {})
-    if os.environ.get(CACHE_VARIABLE):
-        env[CACHE_VARIABLE] = os.environ[CACHE_VARIABLE]
+    cache = ENV_CACHE.raw()
+    if cache is not None:
+        env[ENV_CACHE.name] = cache
     return env or None
 
 
@@ -156,7 +162,31 @@ def launch(
     With `metrics_port`, the campaign's series and every run's are served on that one port while
     the campaign runs. `on_end` is called once every run is final (not when the campaign is interrupted or fails),
     while the Ray this started shuts down: `labkube run` draws its final table meanwhile.
+
+    A full, over-quota or read-only disk met anywhere (here, in a supervisor, in an agent) stops the campaign as an
+    interrupt does, unfinished runs left to resume, and raises `StorageFull` with its one line.
     """
+    try:
+        return _launch(spec, out, ray_address, on_start, on_result, on_tick, ray_ctx, metrics_port, on_end)
+    except Exception as exc:
+        line = storage_full_line(exc, out)
+        if line is None:
+            raise
+        stop_after_a_full_disk(CampaignDir(out))
+        raise StorageFull(line) from None
+
+
+def _launch(
+    spec: CampaignSpec,
+    out: Path,
+    ray_address: str | None,
+    on_start: Callable[[CampaignDir, list[RunSpec], list[RunSpec]], None] | None,
+    on_result: Callable[[RunResult], None] | None,
+    on_tick: Callable[[], None] | None,
+    ray_ctx: RayContext | None,
+    metrics_port: int | None,
+    on_end: Callable[[], None] | None,
+) -> list[RunResult]:
     cdir, runs, cards = plan_campaign(spec, out)
     with cdir.lock():  # one writer per campaign directory: no run is driven (and graded) twice
         cdir.check_compatible(spec)  # another writer may have written it while we planned
@@ -171,6 +201,7 @@ def launch(
                 on_end()
             return [r for r in (cdir.result(x.run_id) for x in runs) if r is not None]
 
+        interrupts.check()  # before anything is started
         metrics = CampaignMetrics(cdir, spec, runs, metrics_port) if metrics_port is not None else None
 
         def tick() -> None:
@@ -202,7 +233,8 @@ def launch(
             return early.handoffs()
 
         try:
-            asyncio.run(
+            interrupts.check()  # one that came while Ray started: no run starts
+            run_until_interrupted(
                 drive(
                     todo,
                     cdir.root,
@@ -233,14 +265,44 @@ def launch(
             finally:
                 if ray_ctx is None:
                     stopping.join()
-            zygote.close()  # once its supervisor is gone (its actor's worker ends with Ray), it has exited
+            # Once its supervisor is gone (its actor's worker ends with Ray), it has exited; when interrupted, the runs'
+            # agents may still hold it (they are ended next: `stop_unfinished`).
+            zygote.close(patience_s=0.0 if interrupts.pending() is not None else STOP_WAIT_S)
             if metrics is not None:
                 metrics.tick(force=True)
                 metrics.close()
         return results or []
 
 
-def stop_unfinished(cdir: CampaignDir) -> int:
+def run_until_interrupted(main: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run(main)`, with `main` cancelled when a signal asks the command to stop (labkube/interrupts.py):
+    its own clean-up runs (the supervisors are closed and killed), then Interrupted is raised."""
+
+    async def interruptible() -> T:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        with interrupts.waking(lambda: loop.call_soon_threadsafe(task.cancel)):
+            return await main
+
+    try:
+        return asyncio.run(interruptible())
+    except asyncio.CancelledError:
+        interrupts.check()
+        raise
+
+
+def stop_after_a_full_disk(cdir: CampaignDir) -> None:
+    """After a full disk stopped the campaign (Ray shut down): end what its unfinished runs left running and, where
+    there is room to say so, mark them stopped. Their files are kept as they are: each resumes from its checkpoint,
+    or, left half-prepared, is prepared again from the start."""
+    if not cdir.root.is_dir():
+        return
+    with contextlib.suppress(OSError):  # the status files may not fit either; the runs resume all the same
+        stop_unfinished(cdir, STOPPED_DISK_FULL)
+
+
+def stop_unfinished(cdir: CampaignDir, message: str = STOPPED) -> int:
     """After an interrupted `launch` (Ray shut down): end whatever the unfinished runs left running (their
     containment: cgroup and run token), then mark them stopped; the number marked."""
     from labkube.agent.containment import end_leftovers
@@ -248,7 +310,7 @@ def stop_unfinished(cdir: CampaignDir) -> int:
     for run_id in cdir.run_ids():
         if cdir.run_dir(run_id).is_dir() and not cdir.is_finished(run_id):
             end_leftovers(cdir.run_dir(run_id))
-    return mark_stopped(cdir)
+    return mark_stopped(cdir, message)
 
 
 class CampaignMetrics:
@@ -285,5 +347,4 @@ class CampaignMetrics:
 
 def _local_gpus() -> int | None:
     """Fake logical GPUs for testing schedules on CPU machines (`LABKUBE_LOCAL_GPUS`)."""
-    value = os.environ.get("LABKUBE_LOCAL_GPUS")
-    return int(value) if value else None
+    return LOCAL_GPUS.read()

@@ -290,18 +290,28 @@ def connect(
 @contextlib.contextmanager
 def python_signal_handlers() -> Iterator[None]:
     """Ray's start installs C handlers for SIGINT and SIGTERM in this process (SIGTERM's aborts it): the handlers
-    Python had are put back afterwards, so Ctrl-C still interrupts `labkube run` (its runs are marked stopped) and a
-    SIGTERM is still this process's to handle. Only in the main thread, where Python's handlers live."""
+    Python had are put back afterwards (SIGHUP's too), so Ctrl-C, SIGTERM and SIGHUP still interrupt `labkube run`
+    (labkube/interrupts.py: its runs are marked stopped). Only in the main thread, where Python's handlers live.
+
+    A process that handles SIGTERM itself keeps its handler while Ray starts, too: `ray.init` first sets one of its
+    own (`sys.exit(15)`, then its node's, which exits 1), and a SIGTERM in that second ended `labkube run` with 15
+    and no word, its runs left Running."""
     import signal
     import threading
+
+    import ray._private.utils as ray_utils
 
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    rays_own = ray_utils.set_sigterm_handler
+    if callable(kept[signal.SIGTERM]):
+        ray_utils.set_sigterm_handler = lambda _handler: None
     try:
         yield
     finally:
+        ray_utils.set_sigterm_handler = rays_own
         for sig, handler in kept.items():
             if handler is not None:
                 signal.signal(sig, handler)

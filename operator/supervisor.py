@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import json
 import os
@@ -16,6 +17,7 @@ from labkube.operator.run_failure import harness_failure, last_error_line
 from labkube.operator.warm import WarmWorker, forks_agent, uses_world
 from labkube.result import RunResult
 from labkube.run_spec import RunPhase, RunSpec, RunStatus
+from labkube.storage_full import StorageFull, line_for
 from labkube.store import RunDir, read_model, utcnow, write_model
 from labkube.tasks.environment import SetupError
 
@@ -90,21 +92,31 @@ async def _attempts(
         done = _final(rd)
         if done is not None:
             return done, clean
-        # Here only (an agent that left no result): the agent's modules are 150 ms of imports the supervisor's
-        # first run would otherwise wait for.
-        from labkube.agent.harness.entrypoint import DISK_FULL_EXIT
-
-        if exit_.returncode == DISK_FULL_EXIT:
-            why = last_error_line(rd) or "disk full; free space and run the campaign again"
-            return harness_failure(rd, why), clean
+        stop_on_a_full_disk(rd, spec, exit_)
         if exit_.timed_out:
             break
     reason = StopReason.time if exit_ and exit_.timed_out else StopReason.killed
-    await run_local(rd.root, "--finalize", reason.value, deadline_s=GRADE_ALLOWANCE_S, env=env, zygote=zygote, **limits)
+    ended = await run_local(
+        rd.root, "--finalize", reason.value, deadline_s=GRADE_ALLOWANCE_S, env=env, zygote=zygote, **limits
+    )
     done = _final(rd)
     if done is not None:
         return done, False
+    stop_on_a_full_disk(rd, spec, ended)
     return harness_failure(rd, f"agent exited {exit_.returncode if exit_ else '?'} without a result; see logs/"), False
+
+
+def stop_on_a_full_disk(rd: RunDir, spec: RunSpec, exit_: SandboxExit) -> None:
+    """An agent that stopped on a full, over-quota or read-only disk (DISK_FULL_EXIT) failed for the machine, not
+    for the run: no result is written (the run resumes as it was once there is space), and the campaign stops with
+    the agent's one line (`StorageFull`)."""
+    # Here only (an agent that left no result): the agent's modules are 150 ms of imports the supervisor's first run
+    # would otherwise wait for.
+    from labkube.agent.harness.entrypoint import DISK_FULL_EXIT
+
+    if exit_.returncode == DISK_FULL_EXIT:
+        why = last_error_line(rd) or line_for(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(rd.root)))
+        raise StorageFull(f"run {spec.run_id}: {why}")
 
 
 def card_limits(spec: RunSpec) -> dict[str, float]:

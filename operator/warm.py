@@ -22,6 +22,7 @@ from pathlib import Path
 from labkube.model_ref import SCRIPTED, SCRIPTED_WITH_ARG, UnknownModel, parse_model
 from labkube.operator.zygote_handoff import SupervisorZygote
 from labkube.run_spec import RunSpec
+from labkube.settings import WARM_WORKERS
 from labkube.store import CampaignDir, StoreError
 from labkube.task_card import TaskFamily
 from labkube.tasks.gaia2.world_client import CONTROL_TOKEN_VARIABLE
@@ -73,9 +74,9 @@ def campaign_key_variables(campaign_root: Path) -> set[str]:
 
 
 def warm_workers() -> bool:
-    """Whether supervisors keep worlds and an agent zygote warm (`WarmWorker`); LABKUBE_WARM_WORKERS=0 turns
-    it off: a world and an interpreter per run, as before (the benchmarks' "before")."""
-    return os.environ.get("LABKUBE_WARM_WORKERS", "1") != "0"
+    """Whether supervisors keep worlds and an agent zygote warm (`WarmWorker`); LABKUBE_WARM_WORKERS=0 (or
+    false, no, off) turns it off: a world and an interpreter per run, as before (the benchmarks' "before")."""
+    return WARM_WORKERS.read()
 
 
 def early_world_count(runs: list[RunSpec], concurrency: int) -> int:

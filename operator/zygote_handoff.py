@@ -100,8 +100,9 @@ class EarlyZygote:
             self._listener.close()
             return
 
-    def close(self) -> None:
-        """Stop offering the zygote, let go of it (it exits once its supervisor has let go too), and reap it."""
+    def close(self, patience_s: float = STOP_WAIT_S) -> None:
+        """Stop offering the zygote, let go of it (it exits once its supervisor has let go too), and reap it: killed
+        after `patience_s` (none when the campaign was interrupted: its runs' agents may still hold it)."""
         if self._listener is not None:
             with contextlib.suppress(OSError):
                 self._listener.shutdown(socket.SHUT_RDWR)
@@ -112,7 +113,7 @@ class EarlyZygote:
             self._ours.close()
         if self.proc is not None:
             try:
-                self.proc.wait(timeout=STOP_WAIT_S)
+                self.proc.wait(timeout=patience_s)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()

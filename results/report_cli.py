@@ -5,8 +5,12 @@ viewer, all read from the results store (registered by labkube/cli.py)."""
 from __future__ import annotations
 
 import csv
+import fcntl
 import io
 import json
+import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -15,31 +19,87 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from labkube.cli_checks import UsageFailure, check_output_file, console, open_campaign, write_output_file
-from labkube.report import aggregate, comparison_order, report_rows
+from labkube.cli_checks import (
+    UsageFailure,
+    check_output_file,
+    console,
+    err_console,
+    open_campaign,
+    write_output_file,
+)
+from labkube.report import ReportRow, aggregate, comparison_order, report_rows
 from labkube.results.passk import Attempt, capability_scores, macro_average
 from labkube.results.views import aggregate_table, report_table, status_table
 from labkube.run_spec import scaffold_label
-from labkube.store import CampaignDir, StoreError
+from labkube.store import LOCK_FILE, CampaignDir, StoreError
 
 
 @click.command("status")
 @click.argument("directory", type=click.Path(path_type=Path))
-@click.option("--watch", is_flag=True, help="Refresh until every run is final.")
+@click.option(
+    "--watch",
+    is_flag=True,
+    help="Refresh until every run is final, or until no `labkube run` holds the campaign (nothing would change).",
+)
 def status(directory: Path, watch: bool) -> None:
     """Table of the campaign's runs: phase, step, score so far, tokens, dollars, elapsed."""
-    import time
-
     cdir = open_campaign(directory)
-    rows = report_rows(cdir)
     if not watch:
-        console.print(status_table(rows, f"runs in {cdir.root}"))
+        console.print(status_table(report_rows(cdir), f"runs in {cdir.root}"))
         return
-    with Live(status_table(rows, f"runs in {cdir.root}"), console=console, refresh_per_second=2) as live:
-        while not all(r.status in ("Finished", "Failed") for r in rows):
-            time.sleep(1.0)
-            rows = report_rows(cdir)
-            live.update(status_table(rows, f"runs in {cdir.root}"))
+    if console.is_terminal:
+        with Live(console=console, refresh_per_second=2) as live:
+            ending = watch_campaign(cdir, lambda rows: live.update(status_table(rows, f"runs in {cdir.root}")))
+    else:  # a pipe or a file: a table each time a run's phase or note changes, not one a second
+        shown: list[tuple[str, str, str]] = []
+
+        def print_changed(rows: list[ReportRow]) -> None:
+            phases = [(r.run_id, r.status, r.message) for r in rows]
+            if phases != shown:
+                console.print(status_table(rows, f"runs in {cdir.root}"))
+                shown[:] = phases
+
+        ending = watch_campaign(cdir, print_changed)
+    console.print(ending, highlight=False, soft_wrap=True)
+
+
+def watch_campaign(cdir: CampaignDir, show: Callable[[list[ReportRow]], None], interval_s: float = 1.0) -> str:
+    """Show the campaign's rows every `interval_s` until every run is final or the `labkube run` that held the
+    campaign's lock has let go of it (it ended or died: nothing will change); the line that says which."""
+    while True:
+        # The lock first, the rows after: a runner that let go had written every result it would.
+        gone = runner_gone(cdir)
+        rows = report_rows(cdir)
+        show(rows)
+        unfinished = [r for r in rows if r.status not in ("Finished", "Failed")]
+        if not unfinished:
+            return f"campaign finished: all {len(rows)} run(s) are final"
+        if gone:
+            return (
+                f"nothing is running this campaign: {len(unfinished)} unfinished run(s); to go on, run the same "
+                f"`labkube run` (or `labkube campaign run`) command again with --out {cdir.root}"
+            )
+        time.sleep(interval_s)
+
+
+def runner_gone(cdir: CampaignDir) -> bool:
+    """Whether the campaign's lock (`CampaignDir.lock`, an flock the kernel drops with its holder) exists and no
+    process holds it. A campaign the Kubernetes operator drives has no lock file (its replicas hold a Lease
+    instead): there nothing here can tell, and the watch goes on until every run is final.
+
+    Asked by taking the lock shared, without waiting, and letting go at once: a `labkube run` starting in those
+    microseconds would be refused as if the campaign were busy, a race far too narrow to matter."""
+    try:
+        fd = os.open(cdir.root / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # closing the only descriptor of the open file lets go of the lock it took
+    return True
 
 
 @click.command("report")
@@ -67,6 +127,7 @@ def report(directory: Path, fmt: str, out_file: Path | None, exclude_suspicious:
     """One row per run, plus per task one row per model and scaffold over seeds, the scaffolds of a model side
     by side (or a self-contained HTML report with the same comparison)."""
     cdir = open_campaign(directory)
+    warn_missing_run_folders(cdir)
     if fmt == "html":
         from labkube.results.html_report import render_report_html
 
@@ -116,6 +177,23 @@ def report(directory: Path, fmt: str, out_file: Path | None, exclude_suspicious:
         return
     write_output_file(out_file, text)
     console.print(f"report written: {out_file}")
+
+
+def warn_missing_run_folders(cdir: CampaignDir) -> None:
+    """One line on stderr when campaign.json lists runs whose folder (or its run.json) is gone: the report leaves
+    them out, and would otherwise read as a smaller campaign."""
+    listed = cdir.run_ids()
+    missing = [run_id for run_id in listed if cdir.run_spec(run_id) is None]
+    if not missing:
+        return
+    named = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+    err_console.print(
+        f"[yellow]warning:[/] {len(missing)} of the campaign's {len(listed)} runs have no run folder (or no readable "
+        f"run.json) in {cdir.root / 'runs'}: {named}; the report leaves them out. To run them again, run the "
+        f"campaign's `labkube run` command again with --out {cdir.root}",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 @click.command("view")

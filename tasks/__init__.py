@@ -20,6 +20,7 @@ from labkube.tasks.researchgym import (
     task_folder_name,
 )
 from labkube.tasks.workspace import (
+    clear_half_made,
     commit_pristine,
     make_empty_pristine,
     prepare_workspace,
@@ -176,7 +177,8 @@ def prepare_run_workspace(card: TaskCard, dest: Path, idea_hint: bool = False) -
     """The agent's working copy for any task family; an existing one is kept (resume, retry)."""
     if card.gaia2 is not None:  # the world holds the state; the workspace stays empty
         if not workspace_prepared(dest):
-            dest.mkdir(parents=True, exist_ok=True)
+            clear_half_made(dest)
+            dest.mkdir(parents=True)
             commit_pristine(dest)
         return dest
     if card.gaia is None:
@@ -184,6 +186,7 @@ def prepare_run_workspace(card: TaskCard, dest: Path, idea_hint: bool = False) -
     if not workspace_prepared(dest):
         from labkube.tasks.gaia import prepare_gaia_workspace
 
+        clear_half_made(dest)
         prepare_gaia_workspace(card, dest)
         commit_pristine(dest)
     return dest

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from labkube.settings import ENV_CACHE
 from labkube.task_card import TaskCard
 
 REQUIREMENTS = "requirements.txt"
@@ -106,13 +107,13 @@ def current_env() -> TaskEnv | None:
     return None
 
 
-CACHE_VARIABLE = "LABKUBE_ENV_CACHE"
+CACHE_VARIABLE = ENV_CACHE.name
 
 
 def cache_root() -> Path:
-    explicit = os.environ.get(CACHE_VARIABLE)
-    if explicit:
-        return Path(explicit)
+    explicit = ENV_CACHE.read()
+    if explicit is not None:
+        return explicit
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return base / "labkube" / "task-envs"
 

@@ -77,6 +77,11 @@ def _read_questions(dataset: Path) -> list[GaiaQuestion]:
     except OSError as exc:
         raise TaskError(f"GAIA dataset {dataset}: cannot read metadata.jsonl ({exc.strerror or exc})") from None
     lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:  # a campaign of no runs, and an empty table for every command that lists them
+        raise TaskError(
+            f"GAIA dataset {dataset}: metadata.jsonl holds no questions; add one JSON object per line "
+            '({"task_id": ..., "Question": ..., "Level": ..., "Final answer": ...})'
+        )
     try:  # every row at once; a dataset that fails is read again row by row, to say which line is wrong
         questions = _ROWS.validate_json(f"[{','.join(lines)}]")
     except ValidationError:

@@ -22,6 +22,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from labkube.budgets import Budgets
+from labkube.settings import TASK_OVERLAY
 from labkube.task_card import (
     ALWAYS_HIDDEN,
     Direction,
@@ -48,7 +49,7 @@ from labkube.tasks._markdown import (
 from labkube.tasks._primary import PrimaryTag, infer_primary, settle_primary_groups, unattached
 from labkube.tasks.workspace import links_outside
 
-OVERLAY_ENV = "LABKUBE_TASK_OVERLAY"  # the CLI's default `--overlay`: a labkube.yaml, or a directory of them
+OVERLAY_ENV = TASK_OVERLAY.name  # the CLI's default `--overlay`: a labkube.yaml, or a directory of them
 ASSUMED = "assumed"  # `direction_inferred` when nothing in the task says which way is better
 
 
@@ -622,9 +623,22 @@ def load_researchgym(
     if not md_path.is_file():
         raise TaskError(f"task {ref}: task_description.md is not a file")
     try:
-        description = md_path.read_text(errors="replace")
+        description = md_path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        description = "\0"  # refused below, with a binary file's message
     except OSError as exc:
         raise TaskError(f"task {ref}: cannot read task_description.md ({exc.strerror or exc})") from None
+    # What the agent is given to read and the baselines are parsed from: a run on nothing or on bytes is no run.
+    if "\0" in description:
+        raise TaskError(
+            f"task {ref}: task_description.md is not text (binary, or not UTF-8); write the task's description "
+            "as UTF-8 markdown"
+        )
+    if not description.strip():
+        raise TaskError(
+            f"task {ref}: task_description.md is empty; describe the task there, with a baseline table whose "
+            "`Your Method` row the grader fills"
+        )
     task = task_dir.name
     warnings: list[str] = []
     data: dict[str, Any] = {}

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from labkube.storage_full import storage_errno_in
 from labkube.task_card import TaskCard
 
 PRISTINE_TAG = "labkube-pristine"
@@ -142,8 +143,7 @@ def prepare_workspace(card: TaskCard, dest: Path, idea_hint: bool = False) -> Pa
                 out.append(name)
         return out
 
-    if dest.exists():
-        shutil.rmtree(dest)
+    clear_half_made(dest)
     shutil.copytree(src, dest, ignore=ignore, symlinks=True)
     from labkube.tasks.environment import current_env, link_setup_outputs
 
@@ -162,10 +162,25 @@ def workspace_record(workspace: Path) -> Path:
 
 def workspace_prepared(workspace: Path) -> bool:
     """Whether `workspace` has been committed as the pristine task already (a resumed or retried run keeps it as it
-    is): it exists with labkube's record of it, so an agent that deleted its own `.git` keeps its work; or, in a run
-    directory of a labkube from before the record, with the agent's repository (its audit then says the record is
-    missing). A workspace that is gone is prepared again, whatever record it left."""
-    return workspace.is_dir() and (workspace_record(workspace).is_dir() or (workspace / ".git").is_dir())
+    is): it exists with labkube's record of it, so an agent that deleted its own `.git` keeps its work. The record is
+    renamed into place last (`commit_pristine`), so it marks a preparation that completed: a workspace without it
+    was left half-made (a full disk, a killed process) and is prepared again from the start. Except, in a run
+    directory of a labkube from before the record, a workspace with the agent's repository whose agent has started
+    (a checkpoint beside it): its work is kept, and its audit says the record is missing. A workspace that is gone
+    is prepared again, whatever record it left."""
+    if not workspace.is_dir():
+        return False
+    if workspace_record(workspace).is_dir():
+        return True
+    return (workspace / ".git").is_dir() and (workspace.parent / "checkpoint.json").is_file()
+
+
+def clear_half_made(workspace: Path) -> None:
+    """Remove what a preparation that did not complete left at `workspace` (`workspace_prepared` is false)."""
+    if workspace.is_symlink() or (workspace.exists() and not workspace.is_dir()):
+        workspace.unlink()
+    elif workspace.exists():
+        shutil.rmtree(workspace)
 
 
 class MissingRecord(RuntimeError):
@@ -395,6 +410,9 @@ def _run_git(args: list[str], cwd: Path, index: Path | None = None) -> str:
         check=False,
     )
     if proc.returncode != 0:
+        full = storage_errno_in(proc.stderr)
+        if full is not None:  # a full disk is the machine's failure, said as one (labkube/storage_full.py)
+            raise OSError(full, os.strerror(full), str(cwd))
         raise RuntimeError(f"git {' '.join(args)} failed in {cwd}: {proc.stderr.strip()[:300]}")
     return proc.stdout
 

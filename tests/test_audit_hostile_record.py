@@ -19,9 +19,12 @@ from pathlib import Path
 from cli_helpers import labkube
 from tinytask import make_run_dir, make_tiny_task
 
+from labkube.budgets import StopReason
 from labkube.integrity.evidence import record_workspace_files, workspace_changes
 from labkube.integrity_report import IntegrityReport, ViolationType
-from labkube.store import RunDir
+from labkube.result import RunResult
+from labkube.run_spec import RunPhase
+from labkube.store import RunDir, write_model
 from labkube.task_card import TaskCard
 from labkube.tasks import card_for_run, prepare_run_workspace
 from labkube.tasks.workspace import GIT, PRISTINE_TAG, git_env, record_git, workspace_record
@@ -87,6 +90,8 @@ def hostile_run(tmp_path: Path) -> tuple[RunDir, Path]:
     marks.mkdir()
     plant(rd.workspace / ".git", marks, "agent-repository")
     plant(workspace_record(rd.workspace), marks, "record")
+    # the run's end, as its agent writes it: `labkube audit` audits only a run that has ended
+    write_model(rd.result_json, RunResult.of_run(rd.spec(), status=RunPhase.finished, stop_reason=StopReason.done))
     return rd, marks
 
 

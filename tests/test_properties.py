@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 from tinytask import make_tiny_task
@@ -323,10 +323,20 @@ def test_task_directory_loads_with_warnings_or_raises_task_error(files: dict[str
 
 @CI
 @given(md=st.binary(max_size=400))
-def test_random_bytes_as_task_description_load_with_warnings(md: bytes) -> None:
+def test_random_bytes_as_task_description_load_with_warnings_or_are_refused_as_not_text(md: bytes) -> None:
+    """Text loads, with warnings for what it lacks; bytes that are not text, or nothing, are one TaskError (issue
+    45: a run on them would have nothing to read)."""
+    try:
+        text = md.decode("utf-8")
+    except UnicodeDecodeError:
+        text = "\0"
     with scratch() as tmp:
         task = write_files(tmp / "task", {"task_description.md": md})
-        assert load_or_task_error(task) is not None
+        if "\0" not in text and text.strip():
+            assert load_or_task_error(task) is not None
+            return
+        with pytest.raises(TaskError, match=r"task_description\.md is (not text|empty)"):
+            resolve_tasks(str(task))
 
 
 @pytest.mark.parametrize(
@@ -353,6 +363,7 @@ def test_random_bytes_in_task_yaml_are_task_errors(name: str, content: bytes) ->
 @given(table=markdown_table())
 @example(table="| Method | Acc ↑ | Acc ↑ |\n|---|---|---|\n| Base | 1 | 2 |\n| Your Method | -- | -- |")
 def test_inferred_subtask_ids_are_distinct(table: str) -> None:
+    assume("\0" not in table)  # a NUL makes it binary, refused as such (test_random_bytes_as_task_description_...)
     with scratch() as tmp:
         task = write_files(tmp / "task", {"task_description.md": table})
         cards = load_or_task_error(task)

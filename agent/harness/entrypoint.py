@@ -47,6 +47,7 @@ from labkube.model_ref import parse_model
 from labkube.result import Grade, Outcome, RunResult, completion_of, outcome_for
 from labkube.run_spec import CLI_AGENTS, CLUSTER_ACCOUNT_VARIABLE, ClusterAccount, RunPhase, RunSpec, RunStatus
 from labkube.sandbox import SandboxMode
+from labkube.storage_full import line_for, storage_error
 from labkube.store import RunDir, read_model, set_aside_planted, utcnow, write_model
 from labkube.task_card import NetworkAccess, TaskCard
 from labkube.tasks import (
@@ -678,7 +679,8 @@ DISK_FULL_EXIT = 75  # EX_TEMPFAIL: the run can resume once there is space again
 
 
 def is_disk_full(exc: BaseException) -> bool:
-    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    """A full, over-quota or read-only filesystem (labkube/storage_full.py), however it surfaced."""
+    return storage_error(exc) is not None
 
 
 class DiskFull(AgentError):
@@ -690,13 +692,10 @@ def main(run_dir: Path, resume: bool, finalize_reason: StopReason | None = None)
     try:
         return _main(run_dir, resume, finalize_reason)
     except OSError as exc:
-        if not is_disk_full(exc):
+        found = storage_error(exc, run_dir)
+        if found is None:
             raise
-        where = getattr(exc, "filename", None) or run_dir
-        raise DiskFull(
-            f"disk full writing {where}: free space on that filesystem, then run the same command again to "
-            "resume (everything written before this step is intact)"
-        ) from None
+        raise DiskFull(f"{line_for(found)} (everything written before this step is intact)") from None
 
 
 def _main(run_dir: Path, resume: bool, finalize_reason: StopReason | None) -> int:

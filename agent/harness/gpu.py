@@ -27,13 +27,14 @@ from pydantic import BaseModel, Field
 
 from labkube.result import GPU_USE_FILE as GPU_FILE
 from labkube.result import GpuPoint, GpuUse
+from labkube.settings import GPU_REPLAY, GPU_SAMPLE_S
 from labkube.store import read_model, write_model
 
 log = logging.getLogger(__name__)
 
-REPLAY_VARIABLE = "LABKUBE_GPU_REPLAY"
-INTERVAL_VARIABLE = "LABKUBE_GPU_SAMPLE_S"
-DEFAULT_INTERVAL_S = 5.0
+REPLAY_VARIABLE = GPU_REPLAY.name
+INTERVAL_VARIABLE = GPU_SAMPLE_S.name
+DEFAULT_INTERVAL_S = GPU_SAMPLE_S.default
 MAX_POINTS = 240
 
 
@@ -125,9 +126,9 @@ class ReplaySource:
 
 def open_source(devices: list[str]) -> GpuSource | None:
     """The run's GPUs: a recording when one is named, else NVML; None where NVML has no GPU to give."""
-    replay = os.environ.get(REPLAY_VARIABLE)
-    if replay:
-        return ReplaySource(Path(replay))
+    replay = GPU_REPLAY.read()
+    if replay is not None:
+        return ReplaySource(replay)
     try:
         return NvmlSource(devices)
     except Exception:  # no pynvml, no driver (NVMLError_LibraryNotFound), no such GPU: the run has no GPU to sample
@@ -225,5 +226,5 @@ def start_gpu_meter(run_dir: Path, gpus: int, telemetry: Any) -> GpuMeter | None
     source = open_source(devices)
     if source is None:
         return None
-    interval = float(os.environ.get(INTERVAL_VARIABLE, DEFAULT_INTERVAL_S))
+    interval = GPU_SAMPLE_S.read()
     return GpuMeter(run_dir, source, telemetry, interval).start()

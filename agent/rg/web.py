@@ -11,7 +11,6 @@ redirect leads to them: each hop is checked before it is requested.
 from __future__ import annotations
 
 import codecs
-import os
 from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urljoin
@@ -24,6 +23,7 @@ from labkube.agent.rg.output_cap import cap_output
 from labkube.agent.rg.page_text import page_text
 from labkube.agent.rg.tool import Tool, ToolError, tool
 from labkube.agent.rg.tools import ToolContext
+from labkube.settings import WEB_SEARCH
 
 
 class SearchHit(BaseModel):
@@ -58,13 +58,8 @@ class SearxngBackend:
 
 
 def backend_from_env() -> SearchBackend | None:
-    value = os.environ.get("LABKUBE_WEB_SEARCH", "off").strip()
-    if value in ("", "off"):
-        return None
-    kind, _, url = value.partition(":")
-    if kind == "searxng" and url:
-        return SearxngBackend(url)
-    raise ValueError(f"LABKUBE_WEB_SEARCH={value!r}: use `off` or `searxng:http://host:port`")
+    url = WEB_SEARCH.read()
+    return SearxngBackend(url) if url is not None else None
 
 
 @tool(access="read")

@@ -10,7 +10,6 @@ in its build), so a pod without registry access never installs.
 from __future__ import annotations
 
 import fcntl
-import os
 import shutil
 import subprocess
 import tempfile
@@ -19,7 +18,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-CACHE_VARIABLE = "LABKUBE_CLI_CACHE"
+from labkube.settings import CLI_CACHE
+
+CACHE_VARIABLE = CLI_CACHE.name
 
 
 class CliAgentSpec(BaseModel):
@@ -51,7 +52,7 @@ class InstallError(RuntimeError):
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get(CACHE_VARIABLE) or Path.home() / ".cache" / "labkube" / "cli-agents")
+    return CLI_CACHE.read() or Path.home() / ".cache" / "labkube" / "cli-agents"
 
 
 def install_dir(agent: CliAgentSpec) -> Path:

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from labkube.settings import ARE_VENV
+
 ARE_VERSION = "1.2.0"
 ARE_REQUIREMENT = f"meta-agents-research-environments=={ARE_VERSION}"
 DEFAULT_VENV = Path("~/.cache/labkube") / f"are-{ARE_VERSION}"
-VENV_ENV_VAR = "LABKUBE_ARE_VENV"
+VENV_ENV_VAR = ARE_VENV.name
 MARKER = ".labkube-are-ready"
 
 # Imported by the check: the modules the world server needs, so a half-installed venv is caught here.
@@ -36,7 +37,7 @@ class WorldEnvError(RuntimeError):
 
 def world_env_dir() -> Path:
     """Where the ARE virtualenv lives: `$LABKUBE_ARE_VENV`, else `~/.cache/labkube/are-1.2.0`."""
-    return Path(os.environ.get(VENV_ENV_VAR) or DEFAULT_VENV).expanduser()
+    return ARE_VENV.read() or DEFAULT_VENV.expanduser()
 
 
 def _python_in(venv: Path) -> Path:
