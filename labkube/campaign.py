@@ -6,7 +6,7 @@ import math
 import os
 from itertools import product
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -105,9 +105,19 @@ class CampaignSpec(BaseModel):
     @field_validator("models")
     @classmethod
     def _known_models(cls, models: list[str]) -> list[str]:
-        for m in models:
+        for i, m in enumerate(models):
             parse_model(m)
+            if m in models[:i]:
+                raise ValueError(f"model {m} is given twice; give it once")
         return models
+
+    @field_validator("tasks")
+    @classmethod
+    def _each_task_once(cls, tasks: list[str]) -> list[str]:
+        twice = next((task for i, task in enumerate(tasks) if task in tasks[:i]), None)
+        if twice is not None:
+            raise ValueError(f"task {twice} is given twice; give it once")
+        return tasks
 
     @field_validator("prices")
     @classmethod
@@ -224,10 +234,31 @@ def agent_mismatch(agent: str, family: TaskFamily, model: str) -> str | None:
     return None
 
 
+class RunOrigin(NamedTuple):
+    """What made a run: the campaign's task reference, its model, and the task it named (its card's reference and
+    where the task lives: a folder, or a dataset's question)."""
+
+    ref: str
+    model: str
+    task: str
+    task_at: tuple[str, str | None]
+
+
+def same_run_twice(run_id: str, first: RunOrigin, second: RunOrigin) -> str:
+    """Why two of a campaign's runs are one: a task given twice under two spellings, or two task or model names
+    that differ only in what a run id cannot hold."""
+    if first.model != second.model:
+        return f"models {first.model} and {second.model} map to the same run id {run_id}; give one of them"
+    if first.task_at == second.task_at:
+        return f"tasks {first.ref} and {second.ref} both name {second.task}; give it once"
+    return f"tasks {first.task} and {second.task} map to the same run id {run_id}; rename one"
+
+
 def expand_runs(spec: CampaignSpec, cards: dict[str, list[TaskCard]]) -> list[RunSpec]:
     """One RunSpec per task x model x seed (a dataset reference brings one task per question);
     the campaign's budgets override the task's defaults."""
     runs = []
+    made_by: dict[str, RunOrigin] = {}
     skipped: dict[str, str] = {}
     for ref, model, agent, seed in product(spec.tasks, spec.models, spec.agents, spec.seed_list):
         for card in cards[ref]:
@@ -268,9 +299,10 @@ def expand_runs(spec: CampaignSpec, cards: dict[str, list[TaskCard]]) -> list[Ru
                     sandbox=SandboxMode.pod if spec.backend == "k8s" else SandboxMode(spec.sandbox),
                 )
             )
-    ids = [r.run_id for r in runs]
-    if len(set(ids)) != len(ids):
-        raise ValueError("two runs map to the same run id: task or model names collide after slugging")
+            origin = RunOrigin(ref, model, card.ref, (str(Path(card.path).resolve()), runs[-1].task_id))
+            if runs[-1].run_id in made_by:
+                raise ValueError(same_run_twice(runs[-1].run_id, made_by[runs[-1].run_id], origin))
+            made_by[runs[-1].run_id] = origin
     for agent in spec.agents:  # a scaffold that applies nowhere is a mistake; somewhere, a comparison
         if agent in skipped and not any(r.agent == agent for r in runs):
             raise ValueError(f"agent {agent} has nothing to run: {skipped[agent]}")

@@ -3,18 +3,20 @@ place where errors the commands meet later become one line on stderr (exit 2) in
 
 from __future__ import annotations
 
+import difflib
 import errno
 import math
 import os
 import socket
 import sys
 import traceback
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import click
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from rich.console import Console
 from rich.markup import escape
 
@@ -119,6 +121,138 @@ def first_validation_error(exc: ValidationError, what: str) -> str:
     where = ".".join(str(p) for p in err["loc"]) or "(top level)"
     msg = err["msg"].removeprefix("Value error, ")
     return f"{what}: {where}: {msg}"
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
+    """`did you mean X?` for the valid name nearest `word`, or None where none is near."""
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f"did you mean {close[0]}?" if close else None
+
+
+# What a value must be, by the kind of error Pydantic reports (its `ctx` fills the braces).
+ACCEPTS = {
+    "greater_than": "a number above {gt}",
+    "greater_than_equal": "a number of at least {ge}",
+    "less_than": "a number below {lt}",
+    "less_than_equal": "a number of at most {le}",
+    "int_parsing": "a whole number",
+    "int_type": "a whole number",
+    "int_from_float": "a whole number",
+    "float_parsing": "a number",
+    "float_type": "a number",
+    "finite_number": "a finite number",
+    "bool_parsing": "true or false",
+    "bool_type": "true or false",
+    "string_type": "text",
+    "list_type": "a list",
+    "tuple_type": "a list",
+    "dict_type": "a mapping",
+    "model_type": "a mapping",
+    "model_attributes_type": "a mapping",
+    "literal_error": "one of {expected}",
+    "enum": "one of {expected}",
+    "too_short": "at least {min_length} item(s)",
+    "too_long": "at most {max_length} item(s)",
+    "string_pattern_mismatch": "text matching {pattern}",
+}
+
+
+def _shown(value: Any) -> str:
+    """A value as the user wrote it, short: 0 for 0.0, the text of a string, a long value cut."""
+    if isinstance(value, float):
+        return f"{value:g}"
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def _accepts(errors: list[dict[str, Any]]) -> str:
+    """What the value must be, from the errors Pydantic gave for it (several for a union: `int | list[int]`)."""
+    phrases: list[str] = []
+    for err in errors:
+        template = ACCEPTS.get(err["type"])
+        if template is None:
+            return err["msg"].removeprefix("Value error, ")
+        ctx = {k: _shown(v) for k, v in (err.get("ctx") or {}).items()}
+        try:
+            phrase = template.format_map(ctx)
+        except KeyError:  # a Pydantic that no longer says the bound: its own words
+            return err["msg"]
+        if phrase not in phrases:
+            phrases.append(phrase)
+    return "give " + " or ".join(phrases)
+
+
+def _user_path(loc: tuple[int | str, ...], data: Any) -> tuple[int | str, ...]:
+    """The part of Pydantic's `loc` that is keys and indexes of the user's own data: the names of union members
+    (`seeds.int`) and validators it adds are not what the user typed."""
+    path: list[int | str] = []
+    for part in loc:
+        in_mapping = isinstance(data, dict) and part in data
+        in_list = isinstance(data, (list, tuple)) and isinstance(part, int) and 0 <= part < len(data)
+        if in_mapping or in_list:
+            data = data[part]
+            path.append(part)
+    return tuple(path)
+
+
+def _keys_at(model: type[BaseModel], path: tuple[int | str, ...]) -> list[str]:
+    """The keys the model accepts where `path` leads (a nested model's own keys for `budgets.wall_hour`)."""
+    for part in path:
+        field = model.model_fields.get(str(part))
+        annotation = field.annotation if field is not None else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            break
+        model = annotation
+    return list(model.model_fields)
+
+
+def data_error_line(exc: ValidationError, data: Any, model: type[BaseModel], where: str) -> str:
+    """What Pydantic refused in a mapping the user wrote (a campaign YAML), as one line in the user's words:
+    `FILE: KEY is VALUE; give WHAT IT ACCEPTS`, a key not accepted with the nearest that is."""
+    # a key not accepted first: `task:` for `tasks:` also leaves `tasks` missing, and the typo is what to fix
+    errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    path = _user_path(errors[0]["loc"], data)
+    same = [e for e in errors if _user_path(e["loc"], data) == path]
+    key = ".".join(str(p) for p in path)
+    first = same[0]
+    if first["type"] == "extra_forbidden":
+        accepted = _keys_at(model, path[:-1])
+        hint = did_you_mean(str(path[-1]), accepted) or f"the keys: {', '.join(accepted)}"
+        return f"{where}: {key} is not a key it accepts; {hint}"
+    if first["type"] == "missing":  # not in the user's data: the path is Pydantic's, its last part the key
+        missing = ".".join(str(p) for p in (*path, first["loc"][-1]))
+        return f"{where}: {missing} is missing; add it"
+    if not key:  # a check across keys, its own message
+        return f"{where}: {_accepts(same).removeprefix('give ')}"
+    if first["type"] == "value_error":
+        return f"{where}: {key}: {_accepts(same)}"
+    return f"{where}: {key} is {_shown(first['input'])}; {_accepts(same)}"
+
+
+def _flag_name(param: click.Parameter) -> str:
+    """How the user names `param`: its long flag, or the argument's metavar."""
+    if isinstance(param, click.Option):
+        return max(param.opts, key=len)
+    return param.human_readable_name
+
+
+def option_error_line(exc: ValidationError, command: click.Command, values: dict[str, Any]) -> str:
+    """What Pydantic refused in a model built from `command`'s options, as one line naming the flag the user gave
+    and what it accepts. A field is the option's own name, or it with its unit: `grade_interval_s` for
+    `--grade-interval`."""
+    errors = exc.errors()
+    field = str(errors[0]["loc"][0]) if errors[0]["loc"] else ""
+    same = [e for e in errors if e["loc"][:1] == errors[0]["loc"][:1]]
+    params = {p.name: p for p in command.params}
+    param = params.get(field) or params.get(field.removesuffix("_s"))
+    if not field:  # a check across options: its own message names them
+        return _accepts(errors).removeprefix("give ")
+    if param is None or param.name is None:
+        return first_validation_error(exc, "campaign")
+    value = values.get(param.name)
+    if errors[0]["type"] == "value_error" or isinstance(value, (list, tuple)) or isinstance(param, click.Argument):
+        return _accepts(same) if isinstance(param, click.Argument) else f"{_flag_name(param)}: {_accepts(same)}"
+    return f"{_flag_name(param)} {_shown(value)}: {_accepts(same)}"
 
 
 def open_campaign(directory: Path) -> CampaignDir:

@@ -29,9 +29,10 @@ from labkube.cli_checks import (
     check_port_free,
     check_ray_address,
     console,
+    data_error_line,
     err_console,
-    first_validation_error,
     open_campaign,
+    option_error_line,
 )
 from labkube.model_ref import UnknownModel
 from labkube.report import LiveRows, aggregate, report_rows
@@ -353,7 +354,8 @@ def run(
             task_overlays=task_overlays,
         )
     except ValidationError as exc:
-        raise UsageFailure(first_validation_error(exc, "campaign")) from None
+        ctx = click.get_current_context()
+        raise UsageFailure(option_error_line(exc, ctx.command, ctx.params)) from None
     if backend == "k8s":
         given = [
             flag
@@ -533,7 +535,7 @@ def load_campaign_file(path: Path) -> CampaignSpec:
     try:
         return CampaignSpec.model_validate(data)
     except ValidationError as exc:
-        raise UsageFailure(first_validation_error(exc, str(path))) from None
+        raise UsageFailure(data_error_line(exc, data, CampaignSpec, str(path))) from None
 
 
 def with_overlays_read(data: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -541,7 +543,7 @@ def with_overlays_read(data: dict[str, Any], path: Path) -> dict[str, Any]:
     try:
         spec = CampaignSpec.model_validate({**data, "backend": "local"})
     except ValidationError as exc:
-        raise UsageFailure(first_validation_error(exc, str(path))) from None
+        raise UsageFailure(data_error_line(exc, data, CampaignSpec, str(path))) from None
     assert spec.overlay is not None
     if spec.task_overlays:
         raise UsageFailure(f"{path}: give overlay (a path) or task_overlays (the mappings), not both")

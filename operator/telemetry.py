@@ -93,6 +93,10 @@ class OperatorMetrics:
 
         if self.replica is not None:
             yield leader_family(self.replica)
+            if not self.replica.leader:
+                # fenced or standing by: the leader serves the campaigns' series; a copy frozen here (its daemons may
+                # take a while to end while the API is down) would be counted twice by a dashboard summing replicas
+                return
         merged: dict[str, Metric] = {}
         for (namespace, _), telemetry in list(self.campaigns.items()):
             for family in telemetry.m.registry.collect():

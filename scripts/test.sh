@@ -49,4 +49,5 @@ VENV=${LABKUBE_TEST_VENV:-.venv-test}
 
 export RAY_AUTH_MODE=disabled
 # `pytest` (not `python -m pytest`): the checkout's operator/ folder must not shadow the stdlib module.
-exec "$VENV/bin/pytest" -q "$@"
+# the 20 slowest tests are printed at the end of every run: where the time goes
+exec "$VENV/bin/pytest" -q --durations=20 "$@"

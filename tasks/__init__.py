@@ -74,8 +74,21 @@ WHAT_A_TASK_IS = (
 
 
 def _unknown(ref: str) -> TaskError:
-    known = ", ".join(bundled_tasks()) or "none"
-    return TaskError(f"unknown task {ref!r}: not a task directory and not a bundled task (bundled: {known})")
+    """A reference that names nothing: the nearest bundled task or folder beside it as a suggestion, or the list."""
+    bundled = bundled_tasks()
+    near = difflib.get_close_matches(ref, _siblings(ref), n=1) or difflib.get_close_matches(ref, bundled, n=1)
+    hint = f"did you mean {near[0]}?" if near else f"bundled: {', '.join(bundled) or 'none'}"
+    return TaskError(f"unknown task {ref!r}: not a task directory and not a bundled task ({hint})")
+
+
+def _siblings(ref: str) -> list[str]:
+    """The folders beside the one `ref` names, spelled as `ref` is (a typo in a task folder's name)."""
+    path = Path(ref.partition("#")[0].rstrip("/"))
+    parent = path.expanduser().parent
+    try:
+        return [str(path.parent / p.name) for p in parent.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    except OSError:
+        return []
 
 
 def _researchgym(task_dir: Path, ref: str, overlays: Mapping[str, dict[str, Any]] | None) -> TaskCard:

@@ -9,6 +9,7 @@ The answer the agent gives through `end_task` is scored by GAIA's official rules
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import shutil
@@ -133,7 +134,10 @@ def load_gaia(dataset: Path, base_ref: str, task_id: str | None = None) -> list[
     if task_id is not None:
         questions = [q for q in questions if q.task_id == task_id]
         if not questions:
-            raise TaskError(f"GAIA dataset {dataset}: no question {task_id!r}")
+            ids = [q.task_id for q in load_questions(dataset)]
+            near = difflib.get_close_matches(task_id, ids, n=1)
+            hint = f"did you mean {near[0]}?" if near else f"its questions: {', '.join(ids[:10])}"
+            raise TaskError(f"GAIA dataset {dataset}: no question {task_id!r} ({hint})")
     return [question_card(dataset, f"{base_ref}/{q.task_id}", q) for q in questions]
 
 

@@ -183,7 +183,7 @@ def test_a_ray_address_that_is_not_host_and_port(tmp_path: Path, address: str) -
         ("--budget-hours", "nan", "--budget-hours nan: give a finite number above 0"),
         ("--budget-usd", "-3", "--budget-usd -3.0: give a finite number above 0"),
         ("--budget-steps", "0", "--budget-steps 0: give a whole number above 0"),
-        ("--inspector-budget-usd", "inf", "inspector_budget_usd: Input should be a finite number"),
+        ("--inspector-budget-usd", "inf", "--inspector-budget-usd inf: give a finite number"),
     ],
 )
 def test_budgets_are_finite_and_positive(tmp_path: Path, flag: str, value: str, expected: str) -> None:
@@ -194,7 +194,7 @@ def test_an_infinite_budget_in_a_campaign_file_is_refused(tmp_path: Path) -> Non
     spec = tmp_path / "c.yaml"
     spec.write_text(f"tasks: [{BUNDLED_TASK}]\nbudgets: {{wall_hours: .inf}}\n")
     refused_writing_nothing(
-        tmp_path, "campaign", "run", str(spec), "--out", "c", expected="budgets.wall_hours: Input should be a finite"
+        tmp_path, "campaign", "run", str(spec), "--out", "c", expected="budgets.wall_hours is inf; give a finite number"
     )
 
 

@@ -14,6 +14,7 @@ The world process reads JSON itself; here we only read enough to name scenarios 
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -156,8 +157,10 @@ def resolve_scenarios(ref: str) -> list[Gaia2Scenario]:
         elif name in ARE_REGISTRY_SCENARIOS:
             found = [Gaia2Scenario(ref=target, scenario_id=name, source=name)]
         else:
-            known = ", ".join([*bundled_scenarios(), *(f"gaia2/{n}" for n in ARE_REGISTRY_SCENARIOS)])
-            raise ScenarioError(f"unknown Gaia2 scenario {target!r}: not bundled and not in ARE's registry ({known})")
+            names = [*bundled_scenarios(), *(f"gaia2/{n}" for n in ARE_REGISTRY_SCENARIOS)]
+            near = difflib.get_close_matches(target, names, n=1)
+            hint = f"did you mean {near[0]}?" if near else ", ".join(names)
+            raise ScenarioError(f"unknown Gaia2 scenario {target!r}: not bundled and not in ARE's registry ({hint})")
     elif path.is_dir():
         found = list(_from_dir(path))
     elif path.is_file() and path.suffix == ".jsonl":
