@@ -13,7 +13,7 @@ from pathlib import Path
 from labkube.agent.blocked_urls import blocked_in_command, is_blocked
 from labkube.integrity.evidence import WORKSPACE_FILES, Evidence, ToolCall, normpath
 from labkube.integrity_report import Severity, Violation, ViolationType
-from labkube.store import PLANTED_FOLDERS, REFUSED_SUFFIX, file_kind
+from labkube.store import planted_files
 from labkube.tasks.grading import lookup
 from labkube.tasks.workspace import matches
 
@@ -456,34 +456,16 @@ def check_run_folder(ev: Evidence) -> list[Violation]:
     """What the agent left in the run folder where labkube keeps its own files (beside the workspace, and in
     `logs/`): a FIFO, socket, device or symbolic link, or one a grading pod set aside as `<name>.refused`
     (`store.set_aside_planted`). labkube makes none of them; each would hang or redirect labkube's reads and writes."""
-    found = []
-    run_dir = ev.workspace.parent
-    for folder in PLANTED_FOLDERS:
-        base = run_dir / folder if folder else run_dir
-        try:
-            entries = sorted(os.scandir(base), key=lambda e: e.name)
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        for entry in entries:
-            try:
-                mode = entry.stat(follow_symlinks=False).st_mode
-            except FileNotFoundError:
-                continue
-            set_aside = entry.name.endswith(REFUSED_SUFFIX) or REFUSED_SUFFIX + "-" in entry.name
-            if not set_aside and (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-                continue
-            kind = file_kind(mode)
-            name = (Path(folder) / entry.name).as_posix()
-            found.append(
-                Violation(
-                    type=ViolationType.planted_file,
-                    severity=Severity.high,
-                    file=name,
-                    check="run_folder",
-                    evidence=f"{name} is {kind}: {PLANTED_WHY[set_aside]}",
-                )
-            )
-    return found
+    return [
+        Violation(
+            type=ViolationType.planted_file,
+            severity=Severity.high,
+            file=planted.name,
+            check="run_folder",
+            evidence=f"{planted.name} is {planted.kind}: {PLANTED_WHY[planted.set_aside]}",
+        )
+        for planted in planted_files(ev.workspace.parent)
+    ]
 
 
 CHECKS: dict[str, Callable[[Evidence], list[Violation]]] = {

@@ -27,6 +27,7 @@ import os
 import socket
 import stat
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, TypeVar
@@ -158,33 +159,51 @@ def file_kind(mode: int) -> str:
 PLANTED_FOLDERS = ("", "logs")  # of a run folder: where labkube keeps its own files
 
 
-def set_aside_planted(root: Path, folders: tuple[str, ...] = PLANTED_FOLDERS) -> list[str]:
-    """Move out of labkube's way whatever in `root` (and in its `folders`) is neither a regular file nor a folder: a
-    FIFO, a socket, a device or a symbolic link an agent left where labkube reads or writes its own files (a FIFO as
-    `transcript.jsonl` would hang a read, one as `result.json` a write; a link would take a write elsewhere). Each is
-    renamed, never opened, to `<name>.refused` (or `.refused-N`); what was moved is returned as "name (kind)"."""
-    moved: list[str] = []
+@dataclass(frozen=True)
+class PlantedFile:
+    """An entry of a run folder (or of one of its `PLANTED_FOLDERS`) that labkube never makes there."""
+
+    name: str  # relative to the run folder
+    path: Path
+    kind: str  # `file_kind`, as `lstat` sees it
+    set_aside: bool  # already renamed `<name>.refused` by a grading pod
+
+
+def planted_files(root: Path, folders: tuple[str, ...] = PLANTED_FOLDERS) -> list[PlantedFile]:
+    """What in `root` (and in its `folders`) is neither a regular file nor a folder (a FIFO, a socket, a device or a
+    symbolic link: an agent's), and what a grading pod set aside already; each looked at with `lstat`, never opened."""
+    found = []
     for folder in folders:
         base = root / folder if folder else root
         try:
-            entries = list(os.scandir(base))
+            entries = sorted(os.scandir(base), key=lambda e: e.name)
         except (FileNotFoundError, NotADirectoryError):
             continue
         for entry in entries:
-            if entry.name.endswith(REFUSED_SUFFIX) or REFUSED_SUFFIX + "-" in entry.name:
-                continue
             try:
                 mode = entry.stat(follow_symlinks=False).st_mode
             except FileNotFoundError:
                 continue
-            if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
-                continue
-            kind = file_kind(mode)
-            target, n = base / (entry.name + REFUSED_SUFFIX), 1
-            while os.path.lexists(target):
-                target, n = base / f"{entry.name}{REFUSED_SUFFIX}-{n}", n + 1
-            os.rename(entry.path, target)
-            moved.append(f"{(Path(folder) / entry.name).as_posix()} ({kind})")
+            set_aside = entry.name.endswith(REFUSED_SUFFIX) or REFUSED_SUFFIX + "-" in entry.name
+            if set_aside or not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                name = (Path(folder) / entry.name).as_posix()
+                found.append(PlantedFile(name, Path(entry.path), file_kind(mode), set_aside))
+    return found
+
+
+def set_aside_planted(root: Path, folders: tuple[str, ...] = PLANTED_FOLDERS) -> list[str]:
+    """Move out of labkube's way what `planted_files` finds (a FIFO as `transcript.jsonl` would hang a read, one as
+    `result.json` a write; a link would take a write elsewhere): each is renamed, never opened, to `<name>.refused`
+    (or `.refused-N`); what was moved is returned as "name (kind)"."""
+    moved: list[str] = []
+    for planted in planted_files(root, folders):
+        if planted.set_aside:
+            continue
+        target, n = planted.path.with_name(planted.path.name + REFUSED_SUFFIX), 1
+        while os.path.lexists(target):
+            target, n = planted.path.with_name(f"{planted.path.name}{REFUSED_SUFFIX}-{n}"), n + 1
+        os.rename(planted.path, target)
+        moved.append(f"{planted.name} ({planted.kind})")
     return moved
 
 

@@ -407,16 +407,10 @@ class PodRun(PodRunRecord):
         now = datetime.now(UTC)
         name = pod["metadata"]["name"]
         node_name = (pod.get("spec") or {}).get("nodeName")
-        if node_name:
-            try:
-                node = await self.session.node(node_name, fresh=gone)
-            except Exception:
-                node = {}  # unknown: judged by the pod's own deletion alone
-            if node != {}:
-                loss = node_loss(node_name, node, 0.0 if gone else margin, now)
-                if loss is not None:
-                    # a deleted node's last heartbeat is the one last read from it, if it ever was
-                    return f"pod {name} was lost: {loss[0]}", loss[1] or self.session.node_heartbeats.get(node_name)
+        loss = await self.node_loss_of(node_name, 0.0 if gone else margin, now, fresh=gone) if node_name else None
+        if loss is not None:
+            # a deleted node's last heartbeat is the one last read from it, if it ever was
+            return f"pod {name} was lost: {loss[0]}", loss[1] or self.session.node_heartbeats.get(node_name)
         deleting = parse_time((pod.get("metadata") or {}).get("deletionTimestamp"))
         if not gone and deleting is not None and (now - deleting).total_seconds() > margin:
             return (
@@ -425,6 +419,17 @@ class PodRun(PodRunRecord):
                 deleting,
             )
         return None
+
+    async def node_loss_of(
+        self, node_name: str, margin_s: float, now: datetime, fresh: bool
+    ) -> tuple[str, datetime | None] | None:
+        """`node_loss` of the Node as the API answers; None also when it cannot be read (its state is unknown, and
+        the session says so once in the log): the pod is then judged by its own deletion alone."""
+        try:
+            node = await self.session.node(node_name, fresh=fresh)
+        except Exception:
+            return None
+        return node_loss(node_name, node, margin_s, now)
 
     def outcome(self, end: PodEnd) -> tuple[Outcome, str]:
         if end.lost is not None:

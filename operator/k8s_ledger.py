@@ -22,7 +22,6 @@ from labkube.store import read_model, write_model
 __all__ = [
     "PodLedger",
     "PodTime",
-    "campaign_gpu_seconds",
     "campaign_ledger_totals",
     "last_seen_running",
     "ledger_from_status",
@@ -81,14 +80,10 @@ def ledger_path(campaign_root: Path, run_id: str) -> Path:
     return campaign_root / "pods" / f"{run_id}.json"
 
 
-def campaign_gpu_seconds(campaign_root: Path, run_ids: list[str]) -> float:
-    """GPU-seconds the campaign's runs held, from the operator's ledgers: what `labkube_campaign_gpu_seconds_total` and
-    its cap alert count on a cluster, never a run's own account of its wall time."""
-    return campaign_ledger_totals(campaign_root, run_ids)[0]
-
-
 def campaign_ledger_totals(campaign_root: Path, run_ids: list[str]) -> tuple[float, int]:
-    """The campaign's GPU-seconds and its lost pods (`labkube_campaign_run_pods_lost_total`), from the ledgers."""
+    """The campaign's GPU-seconds and its lost pods, from the operator's ledgers: what
+    `labkube_campaign_gpu_seconds_total` (and its cap alert) and `labkube_campaign_run_pods_lost_total` count on a
+    cluster, never a run's own account of its wall time."""
     ledgers = [read_model(ledger_path(campaign_root, run_id), PodLedger) for run_id in run_ids]
     known = [ledger for ledger in ledgers if ledger is not None]
     return sum(ledger.gpu_hours() * 3600.0 for ledger in known), sum(ledger.lost_pods() for ledger in known)

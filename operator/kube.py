@@ -307,15 +307,8 @@ def parse_time(text: object) -> datetime | None:
 def allocatable_gpus(client: ApiClient, resource: str) -> int | None:
     """The cluster's GPUs (`resource`, e.g. nvidia.com/gpu) that pods can be given: the sum of `status.allocatable`
     over Ready, schedulable nodes. None if the operator may not list nodes (say so, and let the scheduler bound)."""
-    from kubernetes.client import ApiException, CoreV1Api
-
-    try:
-        nodes = list_pages(CoreV1Api(client).list_node, _request_timeout=30)["items"]
-    except ApiException as exc:
-        if exc.status in (401, 403, 404):
-            return None
-        raise
-    return sum(_node_gpus(nodes, resource))
+    figures = node_gpu_figures(client, resource)
+    return None if figures is None else figures[0]
 
 
 def node_gpu_figures(client: ApiClient, resource: str) -> tuple[int, int] | None:

@@ -35,3 +35,13 @@ def tree_digest(root: Path) -> str:
         if p.is_file() and not p.is_symlink():
             h.update(p.read_bytes())
     return h.hexdigest()
+
+
+def one_line_error(proc: subprocess.CompletedProcess, code: int = 2) -> str:
+    """The one `error:` line a failed command printed, checked: its exit code, no traceback, nothing else on stderr."""
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: "), lines[0]
+    return lines[0]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_helpers import BUNDLED_TASK, labkube, tree_digest
+from cli_helpers import BUNDLED_TASK, labkube, one_line_error, tree_digest
 
 from labkube.store import LOCK_FILE
 from labkube.tasks import BUNDLED
@@ -35,14 +35,10 @@ with CampaignDir(sys.argv[1]).lock():
 
 def refused(proc: subprocess.CompletedProcess, *expected: str) -> str:
     """The one line of a refusal, checked: exit 2, no traceback, each of `expected` in it."""
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("error: "), lines[0]
+    line = one_line_error(proc)
     for part in expected:
-        assert part in lines[0], lines[0]
-    return lines[0]
+        assert part in line, line
+    return line
 
 
 def refused_writing_nothing(cwd: Path, *args: str, expected: tuple[str, ...]) -> str:

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from cli_helpers import BUNDLED_TASK, labkube, tree_digest
+from cli_helpers import BUNDLED_TASK, labkube, one_line_error, tree_digest
 
 from labkube.tasks import BUNDLED
 
@@ -19,18 +19,13 @@ def refused(cwd: Path, *args: str, expected: tuple[str, ...], unwanted: tuple[st
     """The one line of a refusal of `labkube ARGS`, checked: exit 2, no traceback, nothing written, each of
     `expected` in it and none of `unwanted`."""
     before = tree_digest(cwd)
-    proc = labkube(*args, cwd=cwd, timeout=120)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("error: "), lines[0]
+    line = one_line_error(labkube(*args, cwd=cwd, timeout=120))
     for part in expected:
-        assert part in lines[0], lines[0]
+        assert part in line, line
     for part in unwanted:
-        assert part not in lines[0], lines[0]
+        assert part not in line, line
     assert tree_digest(cwd) == before, "something was written"
-    return lines[0]
+    return line
 
 
 def campaign_file(cwd: Path, text: str) -> Path:

@@ -5,12 +5,11 @@ accept is one line naming the variable, the value and what it accepts, exit 2; b
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from cli_helpers import BUNDLED_TASK, labkube, tree_digest
+from cli_helpers import BUNDLED_TASK, labkube, one_line_error, tree_digest
 
 from labkube.settings import USER_SETTINGS, WARM_WORKERS, SettingError, settings_problems
 
@@ -41,19 +40,10 @@ JUNK: dict[str, Callable[[Path], str]] = {
 UNSET = {setting.name: "" for setting in USER_SETTINGS}
 
 
-def one_line_refusal(proc: subprocess.CompletedProcess) -> str:
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("error: "), lines[0]
-    return lines[0]
-
-
 def refused_writing_nothing(tmp_path: Path, name: str, value: str, *args: str) -> str:
     before = tree_digest(tmp_path)
     proc = labkube(*args, cwd=tmp_path, env={**UNSET, name: value}, timeout=120)
-    line = one_line_refusal(proc)
+    line = one_line_error(proc)
     assert tree_digest(tmp_path) == before, "something was written"
     assert not (tmp_path / "c").exists() and not (tmp_path / "campaigns").exists()
     return line

@@ -189,6 +189,9 @@ def test_a_pod_that_ran_within_one_second_counts_that_second_not_zero() -> None:
     assert quick.seconds() == 2.0 and quick.gpu_hours() == pytest.approx(2 / 3600)
     running = PodLedger(run_id="r", gpus=1, pods={"c-r-0": PodTime(start=start)})
     assert running.seconds(now=start) == 0.0 and running.seconds(now=start + timedelta(seconds=5)) == 5.0
+    # the Run status's figure moves in whole minutes while the pod runs (a patch per change); ended pods stay exact
+    assert running.seconds(start + timedelta(seconds=119), live_step_s=60) == 60.0
+    assert quick.seconds(start + timedelta(seconds=119), live_step_s=60) == 2.0
     lost = PodLedger(
         run_id="l", gpus=8, pods={"c-l-0": PodTime(start=start, end=start + timedelta(hours=1), lost="its node died")}
     )
