@@ -306,8 +306,13 @@ def python_signal_handlers() -> Iterator[None]:
         return
     kept = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     rays_own = ray_utils.set_sigterm_handler
-    if callable(kept[signal.SIGTERM]):
+    handles_sigterm = callable(kept[signal.SIGTERM])
+    if handles_sigterm:
         ray_utils.set_sigterm_handler = lambda _handler: None
+        # Ray's core worker also installs a C failure handler for SIGTERM while it starts, which prints a
+        # `*** SIGTERM received` dump: a SIGTERM then waits, blocked, until Python's handler is back (the threads
+        # Ray starts meanwhile keep it blocked, so it comes to this one)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
         yield
     finally:
@@ -315,6 +320,8 @@ def python_signal_handlers() -> Iterator[None]:
         for sig, handler in kept.items():
             if handler is not None:
                 signal.signal(sig, handler)
+        if handles_sigterm:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 def _connect(
