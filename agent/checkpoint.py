@@ -30,3 +30,8 @@ class Checkpoint(BaseModel):
     resumes: int = 0
     jobs: list[JobRecord] = Field(default_factory=list)
     world_verdict: dict[str, Any] | None = Field(default=None, description="ARE's validation of a Gaia2 run.")
+    interventions_seen: list[str] = Field(
+        default_factory=list,
+        description="The interventions (labkube/interventions.py) this run's harness has applied and written to the "
+        "transcript: each once, a message delivered once, across resumes.",
+    )

@@ -46,6 +46,7 @@ class StopReason(StrEnum):
     error = "error"  # harness error
     killed = "killed"  # terminated from outside with no checkpoint to resume
     setup_error = "setup_error"  # the task environment could not be built; the agent never started
+    cancelled = "cancelled"  # a person cancelled the run (`labkube runs cancel`)
 
 
 class Usage(BaseModel):

@@ -20,6 +20,8 @@ from labkube.run_spec import (
     JUDGE_BUDGET_HELP,
     JUDGE_MODEL_HELP,
     JUDGE_TIMEOUT_HELP,
+    PAUSE_EVERY_HOURS_HELP,
+    PAUSE_EVERY_USD_HELP,
     WORLD_VALIDATION_LIMIT_S,
     AgentName,
     RunSpec,
@@ -49,6 +51,8 @@ class CampaignSpec(BaseModel):
     budgets: Budgets = Field(default_factory=Budgets)
     concurrency: int = Field(default=4, ge=1, le=10_000)
     gpu_hours_cap: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    pause_every_usd: float | None = Field(default=None, gt=0, allow_inf_nan=False, description=PAUSE_EVERY_USD_HELP)
+    pause_every_hours: float | None = Field(default=None, gt=0, allow_inf_nan=False, description=PAUSE_EVERY_HOURS_HELP)
     idea_hint: bool = False
     grade_interval_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     prices: dict[str, tuple[float, ...]] = Field(default_factory=dict)
@@ -285,6 +289,8 @@ def expand_runs(spec: CampaignSpec, cards: dict[str, list[TaskCard]]) -> list[Ru
                     budgets=card.budgets.merged(spec.budgets),
                     idea_hint=spec.idea_hint,
                     grade_interval_s=spec.grade_interval_s,
+                    pause_every_usd=spec.pause_every_usd,
+                    pause_every_hours=spec.pause_every_hours,
                     prices=spec.prices,
                     api_key_env=spec.api_key_env,
                     context_threshold=spec.context_threshold,

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from labkube.budgets import Spend, StopReason
+from labkube.interventions import Intervention
 from labkube.run_spec import DEFAULT_AGENT, AgentName, RunPhase, RunSpec
 from labkube.sandbox import SandboxMode
 
@@ -45,6 +46,9 @@ class Outcome(StrEnum):
     - `scored`: a grading succeeded and gave the headline subtask a value;
     - `no_value`: the grading ran cleanly but gave the headline subtask no value (the message says which
       subtask and what the grader printed);
+    - `cancelled`: a person ended the run (`labkube runs cancel`); not the agent's failure nor labkube's, but not a
+      measurement either: left out of every statistic and counted apart, its grading (when taken) kept in the score
+      curve only;
     - an error outcome: the run's numbers are not a measurement of the agent, and every statistic over
       seeds leaves the run out (and says how many it left out).
     """
@@ -58,10 +62,16 @@ class Outcome(StrEnum):
     # the campaign started (its grader is not the one the campaign pinned)
     model_error = "model_error"  # the model API refused the run (credentials, unknown model, ...)
     harness_error = "harness_error"  # labkube itself failed
+    cancelled = "cancelled"  # a person cancelled the run (labkube runs cancel)
 
     @property
     def is_error(self) -> bool:
-        return self not in (Outcome.scored, Outcome.no_value)
+        return self not in (Outcome.scored, Outcome.no_value, Outcome.cancelled)
+
+    @property
+    def measured(self) -> bool:
+        """The run's numbers measure the agent: scored or no_value (never an error, never a cancelled run)."""
+        return self in (Outcome.scored, Outcome.no_value)
 
 
 ERROR_OUTCOMES = tuple(o for o in Outcome if o.is_error)
@@ -215,6 +225,11 @@ class RunResult(BaseModel):
     gpu: GpuUse | None = Field(
         default=None, description="What the run's GPUs did (NVML samples); None: the run had no GPU to sample."
     )
+    interventions: list[Intervention] = Field(
+        default_factory=list,
+        description="What people did to the run while it ran (`labkube runs`: cancel, pause, resume, extend, "
+        "message; labkube's usage checkpoints), oldest first: a run with any is marked in every report and export.",
+    )
 
     @classmethod
     def of_run(cls, spec: RunSpec, **fields: Any) -> RunResult:
@@ -231,6 +246,16 @@ class RunResult(BaseModel):
         return self.outcome is not None and self.outcome.is_error
 
     @property
+    def measured(self) -> bool:
+        """Its numbers measure the agent (`Outcome.measured`): what every statistic counts."""
+        return self.outcome is not None and self.outcome.measured
+
+    @property
+    def intervened(self) -> bool:
+        """A person (or a usage checkpoint) touched the run while it ran."""
+        return bool(self.interventions)
+
+    @property
     def curve_is_agent_claim(self) -> bool:
         """The periodic gradings of `score_curve` ran in the agent's pod: its own claim, never the referee's."""
         return self.score_curve_source == "agent_pod"
@@ -242,13 +267,14 @@ class RunResult(BaseModel):
             last = self.score_curve[-1] if self.score_curve else None
             failed = last is not None and last.error is not None
             self.outcome = outcome_for(self.stop_reason, self.status, grader_failed=failed, score=self.score)
-        if self.outcome.is_error:
+        if not self.outcome.measured:
             self._drop_the_score()
         return self
 
     def _drop_the_score(self) -> None:
-        """An error outcome's numbers measure a failure, not the agent: none is kept where a reader takes a score
-        from (results written before this rule included); the graded values move to `values_before_error`."""
+        """An error outcome's numbers measure a failure, not the agent, and a cancelled run's measure a run a person
+        ended: none is kept where a reader takes a score from (results written before this rule included); the graded
+        values move to `values_before_error` (and stay in the score curve's last point)."""
         self.values_before_error = self.values_before_error or _with_values(self.subtasks)
         self.subtasks = [s.without_value() for s in self.subtasks]
         self.score = None
@@ -259,6 +285,7 @@ class RunResult(BaseModel):
 
 
 _STOP_OUTCOMES = {
+    StopReason.cancelled: Outcome.cancelled,
     StopReason.setup_error: Outcome.setup_error,
     StopReason.world_error: Outcome.world_error,
     StopReason.model_error: Outcome.model_error,

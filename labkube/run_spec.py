@@ -31,6 +31,14 @@ JUDGE_TIMEOUT_HELP = (
     f"below the world's {WORLD_VALIDATION_LIMIT_S:.0f} s for validating a run); a judge that does not answer in time "
     "is a judge_error."
 )
+PAUSE_EVERY_USD_HELP = (
+    "A usage checkpoint: each run pauses when its model spend crosses the next multiple of this many dollars, until a "
+    "person resumes or extends it (labkube runs resume|extend)."
+)
+PAUSE_EVERY_HOURS_HELP = (
+    "A usage checkpoint: each run pauses when its charged wall time crosses the next multiple of this many hours, "
+    "until a person resumes or extends it."
+)
 INSPECTOR_MODEL_HELP = "Model for the LLM integrity inspector (the rule checks always run)."
 INSPECTOR_BUDGET_HELP = "The integrity inspector's own dollar budget per run."
 
@@ -140,6 +148,8 @@ class RunSpec(BaseModel):
         description="Digest of the pristine task's files (sha256 of its manifest: each file's path, mode and sha256), "
         "pinned when the campaign started; a grading that finds the task changed fails, naming the files.",
     )
+    pause_every_usd: float | None = Field(default=None, gt=0, allow_inf_nan=False, description=PAUSE_EVERY_USD_HELP)
+    pause_every_hours: float | None = Field(default=None, gt=0, allow_inf_nan=False, description=PAUSE_EVERY_HOURS_HELP)
 
     @model_validator(mode="before")
     @classmethod
@@ -152,6 +162,7 @@ class RunPhase(StrEnum):
     starting = "Starting"
     running = "Running"
     grading = "Grading"
+    paused = "Paused"  # a person paused it (or a usage checkpoint did): saved, its slot and GPUs free, not charged
     finished = "Finished"  # reached a final state by itself or by a budget
     failed = "Failed"  # harness error
 

@@ -1,0 +1,81 @@
+"""Where a run's interventions (labkube/interventions.py) are kept.
+
+Locally the list is `<campaign>/control/<run-id>.json`, written by `labkube runs` (and by the supervisor at a usage
+checkpoint) under `<campaign>/control/.lock`, in a folder only the campaign's owner can enter and out of every run's
+sandbox. On a cluster it is the Run's `spec.interventions`, which only the API's RBAC lets anyone write, and a pod
+reads the copy the operator mounts read-only (`CONTROL_FILE_VARIABLE`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import getpass
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+from labkube.interventions import Intervention, RunControl
+from labkube.store import read_model, write_model
+
+CONTROL_DIR = "control"
+# A run pod's agent container finds its Run's interventions here (a read-only ConfigMap the operator keeps up to date).
+CONTROL_FILE_VARIABLE = "LABKUBE_CONTROL_FILE"
+# A harness that paused at the operator's request exits with this code: saved, resumable, neither a crash nor a result.
+PAUSED_EXIT = 76
+
+
+def requester() -> str:
+    """Who is asking, locally: the user and the machine."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}"
+
+
+def control_dir(campaign_root: Path) -> Path:
+    return campaign_root / CONTROL_DIR
+
+
+def control_path(campaign_root: Path, run_id: str) -> Path:
+    return control_dir(campaign_root) / f"{run_id}.json"
+
+
+def run_control_path(run_dir: Path) -> Path:
+    """Where a run's harness reads its interventions: the copy the operator mounts in a pod, else the campaign's."""
+    mounted = os.environ.get(CONTROL_FILE_VARIABLE)
+    if mounted:
+        return Path(mounted)
+    return control_path(run_dir.parent.parent, run_dir.name)
+
+
+def read_control(path: Path, run_id: str) -> RunControl:
+    """A run's control; none yet (or a file that is not one, which only its owner could have written) reads as no
+    interventions."""
+    control = read_model(path, RunControl, limit=8 << 20)
+    return control if control is not None and control.run_id == run_id else RunControl(run_id=run_id)
+
+
+def run_control(campaign_root: Path, run_id: str) -> RunControl:
+    return read_control(control_path(campaign_root, run_id), run_id)
+
+
+@contextlib.contextmanager
+def control_lock(campaign_root: Path) -> Iterator[Path]:
+    """The campaign's control folder, made only its owner's (0700), locked against every other writer of it."""
+    folder = control_dir(campaign_root)
+    folder.mkdir(mode=0o700, exist_ok=True)
+    with open(folder / ".lock", "a+b") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield folder
+
+
+def add_interventions(campaign_root: Path, made: dict[str, Intervention]) -> None:
+    """Append each run's intervention to its control file, all under the campaign's control lock."""
+    with control_lock(campaign_root):
+        for run_id, intervention in made.items():
+            control = run_control(campaign_root, run_id)
+            control.interventions.append(intervention)
+            write_model(control_path(campaign_root, run_id), control)
