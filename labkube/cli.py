@@ -2,6 +2,7 @@
 assembles it; each command family has a module of its own, which parses its options and calls into the rooms:
 
 - `run`, `campaign run`, `demo`: labkube/runs_cli.py
+- `runs cancel|pause|resume|drain|extend|message` (live control of a campaign's runs): labkube/control_cli.py
 - `status`, `report`, `view`: results/report_cli.py; `analyze`: results/analysis_cli.py; `export`:
   results/export_cli.py
 - `audit`: labkube/audit_cli.py
@@ -26,6 +27,7 @@ import click
 from labkube.agents_cli import agent, agents, gateway
 from labkube.audit_cli import audit
 from labkube.cli_checks import FrontDoor
+from labkube.control_cli import runs
 from labkube.crds_cli import crds
 from labkube.operator_cli import operator_command
 from labkube.process_exit import exit_process
@@ -55,6 +57,7 @@ for command in (
     run,
     campaign,
     demo,
+    runs,
     status,
     report,
     view,

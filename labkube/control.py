@@ -16,8 +16,8 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
-from labkube.interventions import Intervention, RunControl
-from labkube.store import read_model, write_model
+from labkube.interventions import ControlVerb, Intervention, RunControl, RunState, SteerRequest, check_request
+from labkube.store import CampaignDir, read_model, write_model
 
 CONTROL_DIR = "control"
 # A run pod's agent container finds its Run's interventions here (a read-only ConfigMap the operator keeps up to date).
@@ -43,11 +43,14 @@ def control_path(campaign_root: Path, run_id: str) -> Path:
     return control_dir(campaign_root) / f"{run_id}.json"
 
 
-def run_control_path(run_dir: Path) -> Path:
-    """Where a run's harness reads its interventions: the copy the operator mounts in a pod, else the campaign's."""
+def run_control_path(run_dir: Path) -> Path | None:
+    """Where a run's harness reads its interventions: the copy the operator mounts in a pod, else the campaign's. In
+    a pod without that copy, none: every folder around the run there is the agent's to write."""
     mounted = os.environ.get(CONTROL_FILE_VARIABLE)
     if mounted:
         return Path(mounted)
+    if os.environ.get("LABKUBE_RUN_DIR"):
+        return None
     return control_path(run_dir.parent.parent, run_dir.name)
 
 
@@ -79,3 +82,32 @@ def add_interventions(campaign_root: Path, made: dict[str, Intervention]) -> Non
             control = run_control(campaign_root, run_id)
             control.interventions.append(intervention)
             write_model(control_path(campaign_root, run_id), control)
+
+
+def run_state(cdir: CampaignDir, run_id: str, control: RunControl) -> RunState:
+    """What a request is checked against for one run of a local campaign (from its files)."""
+    spec = cdir.run_spec(run_id)
+    return RunState(
+        run_id=run_id,
+        family=spec.family.value if spec is not None else "",
+        agent=spec.agent if spec is not None else "",
+        started=(cdir.run_dir(run_id) / "checkpoint.json").exists(),
+        final=cdir.is_finished(run_id),
+        control=control,
+    )
+
+
+def steer_here(cdir: CampaignDir, request: SteerRequest) -> list[str]:
+    """Apply `request` to a local campaign: checked and written under the control lock, so that two requests at once
+    are each checked against the other's outcome. The run ids it acted on; ControlError (nothing written) when it
+    cannot be applied."""
+    whole = request.all_runs or request.verb is ControlVerb.drain
+    with control_lock(cdir.root):
+        ids = cdir.run_ids() if whole else request.run_ids
+        controls = {run_id: run_control(cdir.root, run_id) for run_id in ids}
+        states = [run_state(cdir, run_id, controls[run_id]) for run_id in ids]
+        picked = check_request(request.verb, states, whole, request.intervention.budgets)
+        for run_id in picked:
+            controls[run_id].interventions.append(request.for_run())
+            write_model(control_path(cdir.root, run_id), controls[run_id])
+    return picked

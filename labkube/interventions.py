@@ -76,13 +76,15 @@ class Intervention(BaseModel):
         "(`usd`, `hours`).",
     )
 
+    def crossed_text(self) -> str:
+        return ", ".join(f"${v:g}" if k == "usd" else f"{v:g} h" for k, v in self.crossed.items())
+
     def describe(self) -> str:
         """One line for tables and the transcript."""
         what = {
             InterventionKind.extend: f"extend to {self.budgets.describe() if self.budgets else 'the same budgets'}",
             InterventionKind.message: f"message {self.message!r}",
-            InterventionKind.usage_checkpoint: "usage checkpoint at "
-            + ", ".join(f"${v:g}" if k == "usd" else f"{v:g} h" for k, v in self.crossed.items()),
+            InterventionKind.usage_checkpoint: f"usage checkpoint at {self.crossed_text()}",
             InterventionKind.pause: "pause now" if self.now else "pause",
             InterventionKind.cancel: "cancel" if self.grade else "cancel (not graded)",
         }.get(self.kind, self.kind.value)
@@ -144,6 +146,14 @@ class RunControl(BaseModel):
                 if multiple > 0 and multiple > self.crossed(key) + 1e-9:
                     due[key] = round(multiple, 9)
         return due
+
+
+def pause_line(pause: Intervention) -> str:
+    """What a paused run's status says."""
+    if pause.kind is InterventionKind.usage_checkpoint:
+        return f"paused at a usage checkpoint ({pause.crossed_text()} spent): resume or extend it to go on"
+    why = f" ({pause.reason})" if pause.reason else ""
+    return f"paused by {pause.by}{why}: labkube runs resume continues it"
 
 
 class ControlVerb(StrEnum):
@@ -231,3 +241,20 @@ def why_not(verb: ControlVerb, run: RunState) -> str | None:
     if verb is ControlVerb.message:
         return NO_MESSAGES.get("gaia2" if run.family == "gaia2" else run.agent)
     return None
+
+
+class SteerRequest(BaseModel):
+    """`labkube runs VERB CAMPAIGN [RUN_ID...] [--all]` as either backend applies it: `intervention` is what each
+    run it acts on gets (a copy with an id of its own); no run ids and not `all_runs` is refused, except for drain,
+    which is always the whole campaign."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    verb: ControlVerb
+    campaign: str
+    run_ids: list[str] = Field(default_factory=list)
+    all_runs: bool = False
+    intervention: Intervention
+
+    def for_run(self) -> Intervention:
+        return self.intervention.model_copy(update={"id": uuid.uuid4().hex[:12]})

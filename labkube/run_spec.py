@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from labkube.budgets import Budgets, Spend, StopReason
+from labkube.interventions import Intervention
 from labkube.sandbox import SandboxMode
 from labkube.task_card import TaskFamily
 
@@ -79,6 +80,11 @@ class ClusterAccount(BaseModel):
     wall_seconds: float = Field(ge=0, description="The run's pods' time as the API reported it (the GPU ledger).")
     attempts: int = Field(ge=0, description="Agent pods started.")
     budget_stop: StopReason | None = Field(default=None, description="The budget a gateway refused calls for.")
+    interventions: list[Intervention] = Field(
+        default_factory=list,
+        description="The Run's `spec.interventions` (labkube runs, kubectl patch): the result's record of them, and a "
+        "cancel among them makes the outcome `cancelled` whatever the agent's checkpoint says.",
+    )
 
 
 class RunSpec(BaseModel):

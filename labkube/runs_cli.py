@@ -37,7 +37,14 @@ from labkube.cli_checks import (
 from labkube.model_ref import UnknownModel
 from labkube.report import LiveRows, aggregate, report_rows
 from labkube.results.views import aggregate_table, report_table, status_table
-from labkube.run_spec import DEFAULT_JUDGE_TIMEOUT_S, WORLD_VALIDATION_LIMIT_S, RunSpec, slug
+from labkube.run_spec import (
+    DEFAULT_JUDGE_TIMEOUT_S,
+    PAUSE_EVERY_HOURS_HELP,
+    PAUSE_EVERY_USD_HELP,
+    WORLD_VALIDATION_LIMIT_S,
+    RunSpec,
+    slug,
+)
 from labkube.store import CampaignDir, CampaignLocked, StoreError
 from labkube.task_card import Grading, TaskCard, TaskFamily
 
@@ -235,6 +242,8 @@ def budgets_from(hours: float | None, usd: float | None, tokens: int | None, ste
 @click.option("--budget-usd", type=float, default=None, help="Model spend per run, in dollars.")
 @click.option("--budget-tokens", type=int, default=None, help="Tokens per run (input + output).")
 @click.option("--budget-steps", type=int, default=None, help="Agent steps per run.")
+@click.option("--pause-every-usd", type=float, default=None, help=PAUSE_EVERY_USD_HELP)
+@click.option("--pause-every-hours", type=float, default=None, help=PAUSE_EVERY_HOURS_HELP)
 @click.option("--idea-hint", is_flag=True, help="Show the task's idea_hint.txt to the agent.")
 @click.option("--grade-interval", type=float, default=None, help="Grade every N seconds during a run.")
 @click.option("--judge-model", default=None, help="Gaia2: model for ARE's soft (LLM) judge checks.")
@@ -304,6 +313,8 @@ def run(
     budget_usd: float | None,
     budget_tokens: int | None,
     budget_steps: int | None,
+    pause_every_usd: float | None,
+    pause_every_hours: float | None,
     idea_hint: bool,
     grade_interval: float | None,
     judge_model: str | None,
@@ -336,6 +347,8 @@ def run(
             seeds=seeds,
             budgets=budgets_from(budget_hours, budget_usd, budget_tokens, budget_steps),
             concurrency=concurrency,
+            pause_every_usd=pause_every_usd,
+            pause_every_hours=pause_every_hours,
             idea_hint=idea_hint,
             grade_interval_s=grade_interval,
             judge_model=judge_model,

@@ -341,6 +341,8 @@ def mark_stopped(cdir: CampaignDir, message: str = STOPPED) -> int:
         if cdir.is_finished(run_id) or not cdir.run_dir(run_id).is_dir():
             continue
         status = cdir.status(run_id) or RunStatus(run_id=run_id)
+        if status.phase is RunPhase.paused:  # it stays paused (labkube runs resume), whoever runs the campaign next
+            continue
         update = {"phase": RunPhase.pending, "message": message, "updated_at": utcnow()}
         write_model(cdir.run_dir(run_id) / "status.json", status.model_copy(update=update))
         marked += 1

@@ -34,6 +34,8 @@ import ray.exceptions
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
+from labkube.control import run_control
+from labkube.interventions import pause_line
 from labkube.operator.driver_errors import HELD, DriverError
 from labkube.operator.kube import short_error
 from labkube.operator.lean_head import lean_head
@@ -529,6 +531,16 @@ async def drive(
     cluster_gpus = pod_gpus(ctx) if backend is not None else None
 
     async def one(i: int, run: RunSpec) -> RunResult:
+        """The run to a final result: while it is paused (`labkube runs pause`), it waits here holding no slot and no
+        GPU, and starts again from its checkpoint once resumed."""
+        while True:
+            if backend is None:
+                await wait_while_paused(campaign_root, run)
+            result = await one_start(i, run)
+            if result.status is not RunPhase.paused:
+                return result
+
+    async def one_start(i: int, run: RunSpec) -> RunResult:
         nonlocal waiting
         async with limit, slots or contextlib.nullcontext():
             waiting += 1 if run.gpus else 0
@@ -566,7 +578,7 @@ async def drive(
                 if cluster_gpus is not None:
                     await cluster_gpus.give(held)
         result = RunResult.model_validate(data)
-        if on_result is not None:
+        if on_result is not None and result.status is not RunPhase.paused:
             on_result(result)
         return result
 
@@ -660,6 +672,27 @@ class GpuHoursMeter:
             if status is not None:
                 total += gpus * status.spend.wall_seconds
         return total / 3600.0
+
+
+PAUSED_POLL_S = 0.5
+
+
+async def wait_while_paused(campaign_root: Path, run: RunSpec) -> None:
+    """Until the run's control (labkube/control.py) no longer holds it paused (resumed, extended past its usage
+    checkpoint, or cancelled: its agent then grades it as it stands); its status says it is paused meanwhile."""
+    said = False
+    while True:
+        control = await asyncio.to_thread(run_control, campaign_root, run.run_id)
+        pause = control.paused
+        if pause is None or control.cancelled is not None:
+            return
+        if not said:
+            path = campaign_root / "runs" / run.run_id / "status.json"
+            status = read_model(path, RunStatus) or RunStatus(run_id=run.run_id)
+            update = {"phase": RunPhase.paused, "message": pause_line(pause), "updated_at": utcnow()}
+            write_model(path, status.model_copy(update=update))
+            said = True
+        await asyncio.sleep(PAUSED_POLL_S)
 
 
 def hold_run(campaign_root: Path, run: RunSpec, message: str) -> RunResult:

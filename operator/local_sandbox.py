@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,12 +52,14 @@ async def run_local(
     memory_gb: float | None = None,
     cpus: float | None = None,
     zygote: AgentZygote | None = None,
+    deadline_now: Callable[[], float | None] | None = None,
 ) -> SandboxExit:
     """Run `labkube agent` for `run_dir`; past `deadline_s`, SIGTERM the group, then SIGKILL it. Every process the
     run started is gone before this returns (`agent/containment.py`: the run's cgroup, with `memory_gb` and
     `cpus` as its limits where the machine allows, else its process tree and token). With `zygote`, the agent is
     forked from that warm process (`operator/agent_zygote.py`) instead of started as a fresh interpreter; if the
-    zygote cannot, it is started as usual."""
+    zygote cannot, it is started as usual. With `deadline_now`, the deadline is asked again when it passes (a person
+    may have extended the run's time meanwhile: `labkube runs extend`)."""
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     box = await asyncio.to_thread(open_containment, run_dir, memory_gb, cpus)
@@ -75,7 +78,7 @@ async def run_local(
             proc = await _start_agent(run_dir, extra, child_env, secrets, logs)
         box = join_cgroup(box, proc.pid)
         try:
-            return await _wait_agent(proc, deadline_s, grace_s)
+            return await _wait_agent(proc, deadline_s, grace_s, deadline_now)
         finally:
             if zygote is not None and isinstance(proc, ZygoteChild):
                 zygote.forget(proc.pid)
@@ -103,10 +106,19 @@ async def _start_agent(
     return proc
 
 
-async def _wait_agent(proc: AgentProcess, deadline_s: float | None, grace_s: float) -> SandboxExit:
+async def _wait_agent(
+    proc: AgentProcess, deadline_s: float | None, grace_s: float, deadline_now: Callable[[], float | None] | None
+) -> SandboxExit:
     timed_out = False
     try:
-        await asyncio.wait_for(proc.wait(), timeout=deadline_s)
+        while True:
+            try:
+                await asyncio.wait_for(proc.wait(), timeout=deadline_s)
+                break
+            except TimeoutError:
+                deadline_s = deadline_now() if deadline_now is not None else None
+                if deadline_s is None or deadline_s <= 0:
+                    raise
     except TimeoutError:
         timed_out = True
         _signal_group(proc.pid, signal.SIGTERM)

@@ -8,9 +8,12 @@ import functools
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from labkube.budgets import StopReason
+from labkube.control import PAUSED_EXIT, add_interventions, run_control
+from labkube.interventions import Intervention, InterventionKind
 from labkube.operator.agent_zygote import AgentZygote
 from labkube.operator.local_sandbox import SandboxExit, run_local
 from labkube.operator.run_failure import harness_failure, last_error_line
@@ -30,12 +33,34 @@ def _final(rd: RunDir) -> RunResult | None:
     return result if result is not None and result.final else None
 
 
+def _time_limit(rd: RunDir, spec: RunSpec) -> float | None:
+    """The run's time budget in seconds, as extended (`labkube runs extend --hours`)."""
+    return run_control(rd.root.parent.parent, spec.run_id).budgets(spec.budgets).wall_seconds
+
+
 def _deadline(rd: RunDir, spec: RunSpec) -> float | None:
-    if spec.budgets.wall_seconds is None:
+    """Seconds the run's agent may still take: its time budget left, and its final grading."""
+    limit = _time_limit(rd, spec)
+    if limit is None:
         return None
     status = read_model(rd.status_json, RunStatus)
     spent = status.spend.wall_seconds if status else 0.0
-    return max(0.0, spec.budgets.wall_seconds - spent) + GRADE_ALLOWANCE_S
+    return max(0.0, limit - spent) + GRADE_ALLOWANCE_S
+
+
+def _extended_by(rd: RunDir, spec: RunSpec) -> Callable[[], float | None]:
+    """Asked when the deadline passes: the seconds a person added to the run's time since it was last asked (None:
+    none, the deadline stands)."""
+    granted = {"limit": _time_limit(rd, spec)}
+
+    def more() -> float | None:
+        limit, before = _time_limit(rd, spec), granted["limit"]
+        granted["limit"] = limit
+        if limit is None:
+            return 3600.0 if before is not None else None  # the limit was lifted: ask again in an hour
+        return limit - before if before is not None and limit > before else None
+
+    return more
 
 
 async def supervise_run(
@@ -53,6 +78,9 @@ async def supervise_run(
     if done is not None:
         return done
     spec = rd.spec()
+    control = run_control(rd.root.parent.parent, spec.run_id)
+    if control.paused is not None and control.cancelled is None:  # paused before it (re)started: nothing to start
+        return RunResult.of_run(spec, status=RunPhase.paused)
     if not rd.status_json.exists():
         write_model(rd.status_json, RunStatus(run_id=spec.run_id, phase=RunPhase.starting, updated_at=utcnow()))
     try:
@@ -87,7 +115,17 @@ async def _attempts(
     clean = True
     for _attempt in range(MAX_ATTEMPTS):
         extra = ("--resume",) if rd.checkpoint_json.exists() else ()
-        exit_ = await run_local(rd.root, *extra, deadline_s=_deadline(rd, spec), env=env, zygote=zygote, **limits)
+        exit_ = await run_local(
+            rd.root,
+            *extra,
+            deadline_s=_deadline(rd, spec),
+            env=env,
+            zygote=zygote,
+            deadline_now=_extended_by(rd, spec),
+            **limits,
+        )
+        if exit_.returncode == PAUSED_EXIT:
+            return paused(rd, spec), True
         clean = clean and exit_.returncode in (0, 1) and not exit_.timed_out
         done = _final(rd)
         if done is not None:
@@ -104,6 +142,24 @@ async def _attempts(
         return done, False
     stop_on_a_full_disk(rd, spec, ended)
     return harness_failure(rd, f"agent exited {exit_.returncode if exit_ else '?'} without a result; see logs/"), False
+
+
+def paused(rd: RunDir, spec: RunSpec) -> RunResult:
+    """The run's agent paused (labkube runs pause, or a usage checkpoint it crossed, which is recorded here: the
+    harness never writes its own control): a result that is not final, with the run's phase Paused."""
+    campaign_root = rd.root.parent.parent
+    control = run_control(campaign_root, spec.run_id)
+    status = read_model(rd.status_json, RunStatus) or RunStatus(run_id=spec.run_id)
+    if control.paused is None and control.cancelled is None:
+        due = control.due_checkpoint(status.spend, spec.pause_every_usd, spec.pause_every_hours)
+        if due:
+            why = "; ".join(
+                f"pause every ${spec.pause_every_usd:g}" if k == "usd" else f"pause every {spec.pause_every_hours:g} h"
+                for k in due  # only the limits set are ever due
+            )
+            checkpoint = Intervention(kind=InterventionKind.usage_checkpoint, by="labkube", reason=why, crossed=due)
+            add_interventions(campaign_root, {spec.run_id: checkpoint})
+    return RunResult.of_run(spec, status=RunPhase.paused, message=status.message or None)
 
 
 def stop_on_a_full_disk(rd: RunDir, spec: RunSpec, exit_: SandboxExit) -> None:

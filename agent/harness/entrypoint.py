@@ -27,6 +27,7 @@ from labkube.agent.budget import BudgetTracker
 from labkube.agent.checkpoint import Checkpoint
 from labkube.agent.containment import adopt_run_processes, end_run_processes, end_the_rest_of_the_container
 from labkube.agent.harness.gpu import gpu_minor_numbers, read_gpu_use, start_gpu_meter
+from labkube.agent.harness.steering import RunPaused, Steering, make_before_step, pause_line, record_interventions
 from labkube.agent.jobs import JobManager
 from labkube.agent.messages import Message
 from labkube.agent.prompts import initial_messages
@@ -43,6 +44,8 @@ from labkube.agent.scaffolds.are_default import run_are_default
 from labkube.agent.telemetry import RunTelemetry, start_telemetry
 from labkube.agent.transcript import JsonlLog, now_iso, read_jsonl
 from labkube.budgets import Budgets, StopReason, spend_floor
+from labkube.control import PAUSED_EXIT, read_control, run_control_path
+from labkube.interventions import Intervention, RunControl
 from labkube.model_ref import parse_model
 from labkube.result import Grade, Outcome, RunResult, completion_of, outcome_for
 from labkube.run_spec import CLI_AGENTS, CLUSTER_ACCOUNT_VARIABLE, ClusterAccount, RunPhase, RunSpec, RunStatus
@@ -167,8 +170,9 @@ def restore_messages(rd: RunDir, ckpt: Checkpoint) -> list[Message]:
     return [Message.model_validate({k: v for k, v in r.items() if k != "epoch"}) for r in records]
 
 
-async def run_agent(run_dir: Path, resume: bool = False) -> RunResult:
+async def run_agent(run_dir: Path, resume: bool = False, steering: Steering | None = None) -> RunResult:
     rd = RunDir(run_dir)
+    steering = steering or Steering.of_run(rd.root, rd.spec().run_id)
     spec = rd.spec()
     card = card_for_run(spec.task, spec.task_path, spec.task_id, spec.family, spec.task_overlay)
     record_if_intact(card, spec.task_digest, rd.root)  # so that a change from here on is named
@@ -252,13 +256,13 @@ async def run_agent(run_dir: Path, resume: bool = False) -> RunResult:
     provider.restore(ckpt.provider_state)
     jobs = JobManager(rd.root / "jobs")
     jobs.restore(ckpt.jobs)
-    tracker = BudgetTracker(spec.budgets, ckpt.spend)
+    tracker = BudgetTracker(steering.refresh().budgets(spec.budgets), ckpt.spend)
 
     def time_left() -> float | None:
-        if spec.budgets.wall_seconds is None:
+        if tracker.budgets.wall_seconds is None:
             return None
         tracker.tick()
-        return spec.budgets.wall_seconds - tracker.spend.wall_seconds
+        return tracker.budgets.wall_seconds - tracker.spend.wall_seconds
 
     ctx = ToolContext(
         workspace=Workspace(rd.workspace),
@@ -323,6 +327,7 @@ async def run_agent(run_dir: Path, resume: bool = False) -> RunResult:
         write_status(rd, spec, ckpt, RunPhase.running)
 
     run.on_step = after_step
+    run.before_step = make_before_step(steering, spec, spec.budgets, telemetry)
     ckpt.transcript_offset, ckpt.conversation_offset = transcript.offset, conversation.offset
     save_checkpoint(rd, ckpt)
     write_status(rd, spec, ckpt, RunPhase.running)
@@ -335,9 +340,22 @@ async def run_agent(run_dir: Path, resume: bool = False) -> RunResult:
         proxy = await start_proxy(ctx.room.proxy, card, transcript)
     try:
         reason = await run_loop(run)
+    except RunPaused as paused:  # at a step boundary: what the step before it saved is the run's whole state
+        jobs.kill_all()
+        if world is not None:
+            await world.close()
+        ckpt.jobs = list(jobs.jobs.values())
+        ckpt.transcript_offset, ckpt.conversation_offset = transcript.offset, conversation.offset
+        save_checkpoint(rd, ckpt)
+        write_status(rd, spec, ckpt, RunPhase.paused, paused.why)
+        raise
     except asyncio.CancelledError:
         run.tracker.tick()
-        if not time_is_up(spec, run.tracker):
+        if steering.halt == "cancel":  # a person cancelled it: graded as it stands (or not at all: --no-grade)
+            jobs.kill_all()
+            reason = StopReason.cancelled
+            record_interventions(steering.refresh(), ckpt, transcript, telemetry, ckpt.step)
+        elif not time_is_up(run.tracker):
             # SIGTERM (preemption, a dead supervisor): the last completed step's checkpoint is on disk.
             jobs.kill_all()
             if world is not None:
@@ -345,11 +363,11 @@ async def run_agent(run_dir: Path, resume: bool = False) -> RunResult:
             transcript.append({"type": "terminated", "ts": now_iso(), "step": ckpt.step})
             write_status(rd, spec, ckpt, RunPhase.running, "terminated; resumable")
             raise
-        # Terminated at the end of the time budget (a pod's deadline, a stuck call): grade what is there.
-        reason = StopReason.time
-        transcript.append(
-            {"type": "budget_stop", "ts": now_iso(), "reason": "time", "detail": "terminated at deadline"}
-        )
+        else:  # terminated at the end of the time budget (a pod's deadline, a stuck call): grade what is there
+            reason = StopReason.time
+            transcript.append(
+                {"type": "budget_stop", "ts": now_iso(), "reason": "time", "detail": "terminated at deadline"}
+            )
     except Exception as exc:  # a harness error: still grade what is there
         if is_disk_full(exc):
             raise
@@ -442,8 +460,15 @@ def finalize(
     # workspace of many gigabytes at every run's end would buy nothing.
     rebuilt = spec.sandbox is not SandboxMode.bwrap
     recorded = record_workspace(rd, PristineTask(card, spec.idea_hint) if rebuilt else None)
+    control = RunControl(run_id=spec.run_id, interventions=interventions_of(rd, spec.run_id))
+    cancel = control.cancelled
+    if cancel is not None and ckpt.stop_reason in (None, StopReason.killed, StopReason.cancelled):
+        ckpt.stop_reason = StopReason.cancelled
     write_status(rd, spec, ckpt, RunPhase.grading)
-    final = take_grade(rd, card, ckpt, final=True)
+    if ckpt.stop_reason is StopReason.cancelled and cancel is not None and not cancel.grade:
+        final = Grade(at_seconds=round(ckpt.spend.wall_seconds, 3), step=ckpt.step, note=NOT_GRADED)
+    else:
+        final = take_grade(rd, card, ckpt, final=True)
     ckpt.score_curve.append(final)
     primary = card.primary
     p = next((s for s in final.subtasks if primary and s.id == primary.id), None)
@@ -471,13 +496,16 @@ def finalize(
         error = judge_error
     elif outcome.is_error and error is None:
         error = f"the run stopped on {reason.value}"
+    message = None if outcome.is_error else final.note
+    if outcome is Outcome.cancelled and cancel is not None:
+        message = f"{cancel.describe()}{f'; {final.note}' if final.note else ''}"
     result = RunResult.of_run(
         spec,
         status=RunPhase.failed if outcome.is_error else RunPhase.finished,
         stop_reason=reason,
         outcome=outcome,
         error=error,
-        message=None if outcome.is_error else final.note,
+        message=message,
         score=final.score,
         flagged_score=p.fraction_of_sota if p is not None and p.implausible else None,
         values_before_error=final.values_before_error,
@@ -496,6 +524,7 @@ def finalize(
         resumes=ckpt.resumes,
         setup_seconds=setup_seconds(rd),
         gpu=read_gpu_use(rd.root),
+        interventions=control.interventions,
     )
     save_checkpoint(rd, ckpt)
     write_model(rd.result_json, result)
@@ -508,6 +537,19 @@ def finalize(
             telemetry.gaia2(bool(ckpt.world_verdict.get("success")), result.capabilities)
         telemetry.finished()
     return result
+
+
+NOT_GRADED = "cancelled with --no-grade: not graded"
+
+
+def interventions_of(rd: RunDir, run_id: str) -> list[Intervention]:
+    """The run's interventions for its result: in a grading pod the operator's account of them (the Run's spec, which
+    only the API's RBAC lets anyone write), else the campaign's control file (out of every sandbox's reach)."""
+    account = cluster_account()
+    if account is not None:
+        return account.interventions
+    path = run_control_path(rd.root)
+    return read_control(path, run_id).interventions if path is not None else []
 
 
 def result_details(card: TaskCard, spec: RunSpec, ckpt: Checkpoint) -> dict[str, Any]:
@@ -601,7 +643,8 @@ def finalize_stopped(run_dir: Path, reason: StopReason) -> RunResult:
     if account is None:
         ckpt.stop_reason = ckpt.stop_reason or reason
     else:  # a grading pod: the checkpoint is on the agent's volume, and the run is charged what the cluster saw
-        ckpt.stop_reason = cluster_stop_reason(reason, ckpt.stop_reason, account, spec.budgets)
+        budgets = RunControl(run_id=spec.run_id, interventions=account.interventions).budgets(spec.budgets)
+        ckpt.stop_reason = cluster_stop_reason(reason, ckpt.stop_reason, account, budgets)
         if account.spend is not None:
             ckpt.spend = account.spend.model_copy(deep=True)
         ckpt.spend.wall_seconds = account.wall_seconds
@@ -660,8 +703,8 @@ def cluster_stop_reason(
     return reason
 
 
-def time_is_up(spec: RunSpec, tracker: BudgetTracker) -> bool:
-    limit = spec.budgets.wall_seconds
+def time_is_up(tracker: BudgetTracker) -> bool:
+    limit = tracker.budgets.wall_seconds
     return limit is not None and tracker.spend.wall_seconds >= limit
 
 
@@ -754,6 +797,14 @@ def _contained_main(run_dir: Path, resume: bool, finalize_reason: StopReason | N
     if finalize_reason is not None:
         result = finalize_stopped(run_dir, finalize_reason)
         return 0 if result.status is RunPhase.finished else 1
+    spec = RunDir(run_dir).spec()
+    steering = Steering.of_run(RunDir(run_dir).root, spec.run_id)
+    # rg-agent pauses at its next step boundary; a vendor CLI or ARE's agent has none of labkube's: at once
+    steps_itself = spec.agent == "rg-agent" and spec.family != "gaia2"
+    before = steering.halt_now(steps_itself) or ("pause" if steering.control.paused is not None else None)
+    if before is not None:  # it was cancelled or paused before this start (or while its supervisor started it)
+        steering.halt = before
+        return _halted(run_dir, steering)
 
     async def guarded() -> RunResult:
         task = asyncio.current_task()
@@ -769,10 +820,12 @@ def _contained_main(run_dir: Path, resume: bool, finalize_reason: StopReason | N
         # The handler runs on the main thread as soon as the loop's wait is interrupted, and wakes the loop.
         signal.signal(signal.SIGTERM, cancel_the_run)
         watchdog = asyncio.create_task(stop_when_orphaned(task))
+        watcher = asyncio.create_task(steering.watch(task, steps_itself))
         try:
-            return await run_agent(run_dir, resume)
+            return await run_agent(run_dir, resume, steering)
         finally:
             watchdog.cancel()
+            watcher.cancel()
 
     try:
         # asyncio's loop, not uvloop (which the gateway sidecar runs on): uvloop's subprocesses inherit the loop's own
@@ -780,12 +833,27 @@ def _contained_main(run_dir: Path, resume: bool, finalize_reason: StopReason | N
         # the agent's sockets would be a run's code's to use.
         result = asyncio.run(guarded())
     except asyncio.CancelledError:
-        return 143
+        return _halted(run_dir, steering) if steering.halt is not None else 143
+    except RunPaused:
+        return PAUSED_EXIT
     except ProviderError as exc:
         raise AgentError(str(exc)) from None
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as the loop's close left it
     return 0 if result.status is RunPhase.finished else 1
+
+
+def _halted(run_dir: Path, steering: Steering) -> int:
+    """The run's agent was stopped by an intervention (`steering.halt`): a cancelled run is graded as it stands (or
+    not: --no-grade); a paused one keeps its last step's checkpoint and says it is paused."""
+    if steering.halt == "cancel":
+        result = finalize_stopped(run_dir, StopReason.cancelled)
+        return 0 if result.status is RunPhase.finished else 1
+    rd = RunDir(run_dir)
+    ckpt = read_model(rd.checkpoint_json, Checkpoint) or Checkpoint()
+    pause = steering.control.paused
+    write_status(rd, rd.spec(), ckpt, RunPhase.paused, pause_line(pause) if pause is not None else "paused")
+    return PAUSED_EXIT
 
 
 def setup_seconds(rd: RunDir) -> float | None:

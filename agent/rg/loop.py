@@ -58,6 +58,8 @@ class AgentRun:
     messages: list[Message] = field(default_factory=list)
     reminder_every_s: float = 1800.0
     on_step: Callable[[AgentRun], Awaitable[None]] | None = None  # grading, status, checkpoint
+    # live control (agent/harness/steering.py): budgets extended, the operator's messages, a pause at this boundary
+    before_step: Callable[[AgentRun], None] | None = None
     context_threshold: int = 0  # 0: never hand off
     base_messages: Callable[[list[str]], list[Message]] | None = None  # task + summaries + latest state
     context_estimate: int = 0
@@ -256,6 +258,8 @@ async def run_loop(run: AgentRun) -> StopReason:
     """Steps until the agent ends the task, a budget runs out, or the model API refuses."""
     run.tracker.start()
     while True:
+        if run.before_step is not None:
+            run.before_step(run)
         exceeded = run.tracker.exceeded()
         if exceeded is not None:
             run.transcript.append(
