@@ -172,8 +172,11 @@ def restore_messages(rd: RunDir, ckpt: Checkpoint) -> list[Message]:
 
 async def run_agent(run_dir: Path, resume: bool = False, steering: Steering | None = None) -> RunResult:
     rd = RunDir(run_dir)
-    steering = steering or Steering.of_run(rd.root, rd.spec().run_id)
     spec = rd.spec()
+    steering = steering or Steering.of_run(rd.root, spec.run_id)
+    # the budgets as extended so far (labkube runs extend): a vendor CLI's gateway holds them for its whole start, so
+    # for Claude Code and Codex an extend takes effect at their next start; rg-agent also takes later ones live
+    spec = spec.model_copy(update={"budgets": steering.refresh().budgets(spec.budgets)})
     card = card_for_run(spec.task, spec.task_path, spec.task_id, spec.family, spec.task_overlay)
     record_if_intact(card, spec.task_digest, rd.root)  # so that a change from here on is named
     use_task_environment(rd, card)
