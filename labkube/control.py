@@ -70,6 +70,8 @@ def control_lock(campaign_root: Path) -> Iterator[Path]:
     """The campaign's control folder, made only its owner's (0700), locked against every other writer of it."""
     folder = control_dir(campaign_root)
     folder.mkdir(mode=0o700, exist_ok=True)
+    if folder.stat().st_mode & 0o077:  # made by an older labkube or by hand: only the owner's from now on
+        folder.chmod(0o700)
     with open(folder / ".lock", "a+b") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         yield folder
