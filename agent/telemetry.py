@@ -11,6 +11,7 @@ from typing import Any
 from labkube.agent.budget import BudgetTracker
 from labkube.budgets import Budgets, Spend, Usage
 from labkube.integrity_report import ViolationType
+from labkube.interventions import InterventionKind
 from labkube.metrics import RUN_LABELS, RUN_METRICS, MetricSet, serve, use_multiprocess_dir
 from labkube.run_spec import RunSpec
 
@@ -64,6 +65,9 @@ class RunTelemetry:
         self._l("labkube_run_integrity_suspicious").set(0)
         for violation in ViolationType:
             self._l("labkube_run_integrity_violations", type=violation.value).set(0)
+        # At 0 from the start: the dashboards' annotations look for an increase, which a series born at 1 never shows.
+        for kind in InterventionKind:
+            self._l("labkube_run_interventions_total", kind=kind.value).inc(0)
         # Not graded yet: no subtask has a valid number, so completion is a true 0. The score is NaN,
         # not 0: a normalized score of 0 is a real grade (nothing of SOTA reached) and would drag the
         # seeds' mean down; NaN is "no number yet", which `max` skips, the mean rules drop
@@ -149,6 +153,10 @@ class RunTelemetry:
             self._l("labkube_run_gpu_utilization_ratio", gpu=r.device).set(r.utilization_gpu / 100)
             self._l("labkube_run_gpu_memory_used_bytes", gpu=r.device).set(r.memory_used)
             self._l("labkube_run_gpu_memory_total_bytes", gpu=r.device).set(r.memory_total)
+
+    def intervention(self, kind: str) -> None:
+        """The harness applied one of the run's interventions (`InterventionKind`'s values)."""
+        self._l("labkube_run_interventions_total", kind=kind).inc()
 
     def finished(self) -> None:
         self._l("labkube_run_finished").set(1)

@@ -74,6 +74,12 @@ RUN = 'campaign=~"$campaign", run_id="$run_id"'
 # (no honorLabels), `exported_pod` does; the queries take whichever is there and join on the run pod's `pod`.
 DCGM_SERIES = {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED"}
 
+# The interventions' annotations (issue #44): an event where a counter rose within the window. `increase`, not
+# `changes`: a run pod restarted after a pause starts its counters at 0 again, a fall `changes` would mark. The
+# step is half the window, so each rise is sampled at least once (and its samples merged into one event).
+INTERVENTION_WINDOW = "2m"
+ANNOTATION_STEP = "1m"
+
 
 def dcgm(series: str, selector: str, by: str) -> str:
     """A DCGM series for the runs `selector` picks: its workload pod joined to the run pods' own series."""
@@ -93,6 +99,7 @@ class Board:
             raise SystemExit(f"generating the dashboards needs {SDK_REQUIREMENT!r} ({SDK_IMPORT_ERROR})")
         self.ds = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
         self.next_id = 1
+        self.annotation_formats: dict[str, dict[str, object]] = {}
         self.builder = (
             dashboard.Dashboard(title)
             .uid(uid)
@@ -161,6 +168,20 @@ class Board:
                 .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
                 .sort(dm.VariableSort.ALPHABETICAL_ASC)
             )
+
+    def annotate(self, name: str, expr: str, color: str, *, title: str, text: str, tags: str) -> None:
+        """A Prometheus annotation: an event wherever `expr` has a value, titled `title` (`{{label}}` templates)."""
+        self.builder = self.builder.annotation(
+            dashboard.AnnotationQuery().name(name).datasource(self.ds).enable(True).icon_color(color).expr(expr)
+        )
+        # Fields of Grafana's Prometheus annotations the SDK's AnnotationQuery does not model: merged into the JSON.
+        self.annotation_formats[name] = {
+            "step": ANNOTATION_STEP,
+            "titleFormat": title,
+            "textFormat": text,
+            "tagKeys": tags,
+            "useValueForTime": False,
+        }
 
     def row(self, title: str) -> None:
         self.builder = self.builder.with_row(dashboard.Row(title).id(self._id()))
@@ -259,7 +280,10 @@ class Board:
         )
 
     def json(self) -> str:
-        return json.dumps(self.builder.build(), cls=JSONEncoder, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+        board = json.loads(json.dumps(self.builder.build(), cls=JSONEncoder))
+        for annotation in board.get("annotations", {}).get("list", []):
+            annotation.update(self.annotation_formats.get(annotation["name"], {}))
+        return json.dumps(board, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
 # -- the dashboards -------------------------------------------------------------------------------
@@ -272,6 +296,19 @@ def campaign_overview() -> Board:
         "Runs by phase, scores, cost burn, tokens and GPU-hours of labkube campaigns.",
     )
     b.variables("labkube_run_steps_total")
+    # Where the campaign counter is absent (an operator does not count a cluster's interventions yet), the runs' own
+    # counters of the interventions their harness applied.
+    made = f"increase(labkube_campaign_interventions_total{{{CAMPAIGN}}}[{INTERVENTION_WINDOW}])"
+    applied = f"increase(labkube_run_interventions_total{{{CAMPAIGN}}}[{INTERVENTION_WINDOW}])"
+    b.annotate(
+        "Interventions",
+        f"(sum by (campaign, kind) ({made}) > 0) or (sum by (campaign, kind) ({applied}) > 0 "
+        f"unless on (campaign) labkube_campaign_interventions_total{{{CAMPAIGN}}})",
+        "orange",
+        title="{{kind}}",
+        text="{{campaign}}: a {{kind}} on one of its runs",
+        tags="campaign,kind",
+    )
     q = b.query
 
     b.row("Progress")
@@ -598,6 +635,14 @@ def run_detail() -> Board:
         "One labkube run: score and tokens over time, tool mix, budgets, integrity.",
     )
     b.variables("labkube_run_steps_total", run=True)
+    b.annotate(
+        "Interventions",
+        f"sum by (run_id, kind) (increase(labkube_run_interventions_total{{{RUN}}}[{INTERVENTION_WINDOW}])) > 0",
+        "orange",
+        title="{{kind}}",
+        text="{{kind}} applied to {{run_id}}",
+        tags="kind",
+    )
     q = b.query
 
     b.row("Run")

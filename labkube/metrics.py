@@ -52,6 +52,12 @@ RUN_METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     ),
     "labkube_run_integrity_suspicious": ("gauge", "1 when the audit found the run SUSPICIOUS, else 0.", ()),
     "labkube_run_finished": ("gauge", "1 once the run reached a final state, else 0.", ()),
+    "labkube_run_interventions_total": (
+        "counter",
+        "Interventions (cancel, pause, resume, extend, message, usage_checkpoint) the run's harness applied, by kind; "
+        "the run detail's annotations mark each.",
+        ("kind",),
+    ),
     "labkube_run_gaia2_passed": (
         "gauge",
         "1 when ARE's judge passed the Gaia2 run, else 0, per capability.",
@@ -83,6 +89,12 @@ CAMPAIGN_METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "Run pods lost with their node (dead, NotReady or deleted) or stuck Terminating past their grace period, as "
         "the operator saw them (a cluster; `LabkubeRunPodLost`).",
         (),
+    ),
+    "labkube_campaign_interventions_total": (
+        "counter",
+        "Interventions made on the campaign's runs, by kind, as their control files hold them (a local campaign; "
+        "the operator does not count them yet: no series); the campaign overview's annotations mark each.",
+        ("kind",),
     ),
 }
 

@@ -14,7 +14,9 @@ from typing import get_args
 from pydantic import BaseModel, Field
 
 from labkube.budgets import Spend, total_cost
+from labkube.control import control_path, run_control
 from labkube.integrity_report import Verdict
+from labkube.interventions import Intervention
 from labkube.result import GPU_USE_FILE, GpuUse, Outcome, RunResult
 from labkube.run_spec import DEFAULT_AGENT, AgentName, RunPhase, RunSpec, scaffold_label
 from labkube.sandbox import SandboxMode
@@ -71,6 +73,11 @@ class ReportRow(BaseModel):
     )
     error: str | None = None
     message: str = Field(default="", description="What the run is waiting on, or why it failed.")
+    interventions: list[Intervention] = Field(
+        default_factory=list,
+        description="What people (or usage checkpoints) did to the run while it ran, oldest first: the result's once "
+        "it has one, the campaign's control file (`control/<run-id>.json`) while it runs.",
+    )
 
     @property
     def integrity_label(self) -> str:
@@ -90,9 +97,20 @@ class ReportRow(BaseModel):
         return self.outcome is not None and Outcome(self.outcome).is_error
 
     @property
+    def cancelled(self) -> bool:
+        """A person cancelled the run: not an error, but not a measurement either (counted apart)."""
+        return self.outcome == Outcome.cancelled.value
+
+    @property
+    def intervened(self) -> bool:
+        return bool(self.interventions)
+
+    @property
     def counted(self) -> bool:
-        """A final run whose numbers are a measurement: what means, bests and counts over seeds are taken over."""
-        return self.status in (RunPhase.finished.value, RunPhase.failed.value) and not self.is_error
+        """A final run whose numbers are a measurement: what means, bests and counts over seeds are taken over
+        (never an error outcome, never a cancelled run)."""
+        final = self.status in (RunPhase.finished.value, RunPhase.failed.value)
+        return final and not self.is_error and not self.cancelled
 
 
 class Aggregate(BaseModel):
@@ -104,6 +122,12 @@ class Aggregate(BaseModel):
     runs: int
     finished: int = Field(description="Final runs with a measurement (scored or no value): what the means are over.")
     errors: int = Field(default=0, description="Runs that ended in an error outcome, left out of every statistic.")
+    cancelled: int = Field(
+        default=0, description="Runs a person cancelled: not errors, but left out of every statistic too."
+    )
+    intervened: int = Field(
+        default=0, description="Runs a person (or a usage checkpoint) intervened in while they ran (counted in)."
+    )
     mean_score: float | None = Field(description="Mean over the finished runs that have a value.")
     best_score: float | None
     std_score: float | None
@@ -178,6 +202,7 @@ def run_row(cdir: CampaignDir, run_id: str, spec: RunSpec, result: RunResult | N
             unsandboxed=spec.sandbox is SandboxMode.none,
             error=result.error,
             message=result.error or result.message or "",
+            interventions=result.interventions,
         )
     status = cdir.status(run_id)
     if status is not None and (cdir.run_dir(run_id) / "result.json").exists():
@@ -204,6 +229,7 @@ def run_row(cdir: CampaignDir, run_id: str, spec: RunSpec, result: RunResult | N
         resumes=max(status.attempts - 1, 0) if status else 0,
         unsandboxed=spec.sandbox is SandboxMode.none,
         message=status.message if status else "",
+        interventions=run_control(cdir.root, run_id).interventions,
     )
 
 
@@ -236,7 +262,8 @@ class LiveRows:
 
     def _stamps(self, run_id: str) -> tuple[FileStamp, ...]:
         root = str(self.cdir.run_dir(run_id))
-        return tuple(_stamp(os.path.join(root, name)) for name in ("status.json", "result.json", GPU_USE_FILE))
+        files = [os.path.join(root, name) for name in ("status.json", "result.json", GPU_USE_FILE)]
+        return tuple(_stamp(path) for path in [*files, str(control_path(self.cdir.root, run_id))])
 
     def rows(self) -> list[ReportRow]:
         if self._run_ids is None:
@@ -303,6 +330,8 @@ def aggregate(rows: list[ReportRow]) -> list[Aggregate]:
                 runs=len(group),
                 finished=len(finished),
                 errors=sum(r.is_error for r in group),
+                cancelled=sum(r.cancelled for r in group),
+                intervened=sum(r.intervened for r in group),
                 mean_score=statistics.fmean(scores) if scores else None,
                 best_score=max(scores) if scores else None,
                 std_score=statistics.stdev(scores) if len(scores) > 1 else (0.0 if scores else None),

@@ -320,6 +320,8 @@ class CampaignMetrics:
         from prometheus_client import CollectorRegistry
         from prometheus_client.multiprocess import MultiProcessCollector
 
+        from labkube.operator.telemetry import ControlFileCounts
+
         self.rows = LiveRows(cdir)
         self.directory = cdir.root / "metrics"
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -328,8 +330,12 @@ class CampaignMetrics:
         MultiProcessCollector(self.registry, path=str(self.directory))
         self.telemetry = CampaignTelemetry(spec.name, spec.gpu_hours_cap, registry=self.registry)
         self.gpus = {r.run_id: r.gpus for r in runs}
-        self.server = serve(port, self.registry)
+        self.interventions = ControlFileCounts(cdir.root)
         self._updated_at, self._cost = -math.inf, 0.0
+        # Counted before the first scrape: a resumed campaign's earlier interventions would otherwise show as a rise
+        # from 0 (an annotation for each at the restart).
+        self.tick(force=True)
+        self.server = serve(port, self.registry)
 
     def tick(self, force: bool = False) -> None:
         """Update the campaign's series from every run's files; at most ~5% of the time (with hundreds of short runs
@@ -337,7 +343,7 @@ class CampaignMetrics:
         now = time.monotonic()
         if not force and now - self._updated_at < max(0.5, 20 * self._cost):
             return
-        self.telemetry.update(self.rows.rows(), self.gpus)
+        self.telemetry.update(self.rows.rows(), self.gpus, interventions=self.interventions.counts())
         self._updated_at, self._cost = now, time.monotonic() - now
 
     def close(self) -> None:

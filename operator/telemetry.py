@@ -3,14 +3,22 @@
 
 from __future__ import annotations
 
+import os
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
+from labkube.control import control_dir, read_control
+from labkube.interventions import InterventionKind
 from labkube.metrics import CAMPAIGN_LABELS, CAMPAIGN_METRICS, MetricSet
 from labkube.operator.replica import ReplicaState, leader_family
 from labkube.report import ReportRow
 from labkube.run_spec import RunPhase
 
-__all__ = ["CampaignTelemetry", "OperatorMetrics"]
+__all__ = ["CampaignTelemetry", "ControlFileCounts", "OperatorMetrics", "interventions_by_kind"]
+
+KINDS = frozenset(k.value for k in InterventionKind)
 
 
 class CampaignTelemetry:
@@ -29,16 +37,26 @@ class CampaignTelemetry:
         ):
             self._l(counter).inc(0)
         self._pods_lost = 0
+        self._interventions: dict[str, int] | None = None  # None: nothing counts them here (no series at all)
 
     def _l(self, name: str, **extra: str) -> Any:
         return self.m[name].labels(campaign=self.campaign, **extra)  # type: ignore[attr-defined]
 
     def update(
-        self, rows: list[ReportRow], gpus_by_run: dict[str, int], gpu_seconds: float | None = None, pods_lost: int = 0
+        self,
+        rows: list[ReportRow],
+        gpus_by_run: dict[str, int],
+        gpu_seconds: float | None = None,
+        pods_lost: int = 0,
+        interventions: Mapping[str, int] | None = None,
     ) -> None:
         """Refresh from the results store (called on every tick of the driver). `gpu_seconds`: the GPU time the
         operator's pod ledgers hold (a cluster), which counts instead of the runs' own wall time; `pods_lost`: the run
-        pods the ledgers mark lost."""
+        pods the ledgers mark lost; `interventions`: how many interventions of each kind the campaign's runs hold
+        (`ControlFileCounts`, `interventions_by_kind`), None where nothing counts them: then the series is absent,
+        and the campaign overview marks the runs' own counters instead."""
+        if interventions is not None:
+            self._count_interventions(interventions)
         if pods_lost > self._pods_lost:
             self._l("labkube_campaign_run_pods_lost_total").inc(pods_lost - self._pods_lost)
             self._pods_lost = pods_lost
@@ -58,8 +76,66 @@ class CampaignTelemetry:
             self._l("labkube_campaign_run_restarts_total").inc(resumes - self._resumes)
             self._resumes = resumes
 
+    def _count_interventions(self, interventions: Mapping[str, int]) -> None:
+        if self._interventions is None:
+            # Every kind from the first count: the campaign overview's annotations look for an increase, which a
+            # series born at 1 never shows.
+            self._interventions = {}
+            for kind in InterventionKind:
+                self._l("labkube_campaign_interventions_total", kind=kind.value).inc(0)
+        for kind, n in interventions.items():
+            counted = self._interventions.get(kind, 0)
+            if kind in KINDS and n > counted:
+                self._l("labkube_campaign_interventions_total", kind=kind).inc(n - counted)
+                self._interventions[kind] = n
+
     def waiting_for_gpus(self, n: int) -> None:
         self._l("labkube_campaign_runs_waiting_for_gpus").set(n)
+
+
+def interventions_by_kind(runs: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """The interventions of each kind that Run resources hold in `spec.interventions` (a cluster)."""
+    counts: Counter[str] = Counter()
+    for run in runs:
+        for intervention in (run.get("spec") or {}).get("interventions") or ():
+            kind = intervention.get("kind") if isinstance(intervention, Mapping) else None
+            if kind in KINDS:
+                counts[kind] += 1
+    return dict(counts)
+
+
+class ControlFileCounts:
+    """The interventions of each kind a local campaign's control files hold (`<campaign>/control/<run-id>.json`).
+    A file is parsed again only when it changed (its inode, size or mtime: `add_interventions` replaces it), so a
+    tick of a campaign nobody steers costs one listing of an empty or missing folder."""
+
+    def __init__(self, campaign_root: Path) -> None:
+        self.folder = control_dir(campaign_root)
+        self._files: dict[str, tuple[tuple[int, int, int], Counter[str]]] = {}
+
+    def counts(self) -> dict[str, int]:
+        try:
+            with os.scandir(self.folder) as listing:
+                entries = [e for e in listing if e.name.endswith(".json") and not e.name.startswith(".")]
+        except OSError:  # none yet (nobody intervened), or unreadable for now: the counter keeps what it counted
+            return {}
+        seen: dict[str, tuple[tuple[int, int, int], Counter[str]]] = {}
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            key = (st.st_ino, st.st_size, st.st_mtime_ns)
+            known = self._files.get(entry.name)
+            if known is None or known[0] != key:
+                control = read_control(Path(entry.path), entry.name.removesuffix(".json"))
+                known = (key, Counter(i.kind.value for i in control.interventions))
+            seen[entry.name] = known
+        self._files = seen
+        total: Counter[str] = Counter()
+        for _key, kinds in seen.values():
+            total.update(kinds)
+        return dict(total)
 
 
 class OperatorMetrics:

@@ -19,10 +19,12 @@ What it computes, from what the store keeps per run (run.json, result.json, tran
 
 Scores are fractions of SOTA (the result's headline number). Which runs count, as in `labkube report`: a run that
 ended in an error outcome (grader, judge, world, setup, model or harness error: its numbers measure a failure of
-labkube's side, not the agent) is left out of every analysis and listed with its outcome; each group and Gaia2
-capability says how many it left out. A run whose grading gave no value (`no_value`) is measured but has no score:
-best / mean / median / worst and their interval are over the runs with a value, it does not beat the baseline
-(pass@k), and only the column labelled "no value = 0" (ResearchGym's averaging) counts it as 0.
+labkube's side, not the agent) is left out of every analysis and listed with its outcome, and so is a run a person
+cancelled (not an error, but not a measurement either: counted apart); each group and Gaia2 capability says how many
+it left out. A run a person otherwise touched (paused, resumed, extended, sent a message) is analysed and listed in
+`intervened`; `exclude_intervened` leaves out every touched run. A run whose grading gave no value (`no_value`) is
+measured but has no score: best / mean / median / worst and their interval are over the runs with a value, it does
+not beat the baseline (pass@k), and only the column labelled "no value = 0" (ResearchGym's averaging) counts it as 0.
 """
 
 from __future__ import annotations
@@ -105,8 +107,8 @@ class RunData:
 
     @property
     def measured(self) -> bool:
-        """Counted in statistics, as `labkube report` counts it: not an error outcome."""
-        return not self.result.is_error
+        """Counted in statistics, as `labkube report` counts it: not an error outcome, not cancelled."""
+        return self.result.measured
 
     @property
     def is_gaia2(self) -> bool:
@@ -160,7 +162,8 @@ def _integrity_note(run_dir: Path) -> str | None:
 
 
 def group_stats(runs: list[RunData]) -> list[GroupStats]:
-    """Per task x model (scaffold), over the measured runs (`runs` may hold error outcomes: they are counted)."""
+    """Per task x model (scaffold), over the measured runs (`runs` may hold error outcomes and cancelled runs: they
+    are counted apart)."""
     groups: dict[tuple[str, str], list[RunData]] = {}
     for r in runs:
         groups.setdefault((r.spec.group or r.spec.task, r.label), []).append(r)
@@ -189,7 +192,8 @@ def group_stats(runs: list[RunData]) -> list[GroupStats]:
                 runs=len(rs),
                 scored=len(scores),
                 no_value=len(rs) - len(scores),
-                errors=len(group) - len(rs),
+                errors=sum(r.result.is_error for r in group),
+                cancelled=sum(r.result.outcome is Outcome.cancelled for r in group),
                 seeds=[r.result.seed for r in rs],
                 best=max(scores) if scores else None,
                 mean=statistics.fmean(scores) if scores else None,
@@ -380,7 +384,7 @@ def gaia2_row(run: RunData) -> Gaia2Row:
         seed=result.seed,
         capabilities=result.capabilities,
         outcome=result.outcome.value if result.outcome else None,
-        passed=None if result.is_error or result.score is None else result.score == 1.0,
+        passed=None if not result.measured or result.score is None else result.score == 1.0,
         cost_usd=run.result.spend.cost_usd,
         simulated_seconds=float(sim) if isinstance(sim, int | float) else None,
         wall_seconds=run.result.spend.wall_seconds,
@@ -408,11 +412,16 @@ def gaia2_capabilities(rows: list[Gaia2Row]) -> list[Gaia2Capability]:
 
 
 def analyze_campaigns(
-    paths: list[Path], progress: bool = False, exclude_suspicious: bool = False, exclude_unsandboxed: bool = False
+    paths: list[Path],
+    progress: bool = False,
+    exclude_suspicious: bool = False,
+    exclude_unsandboxed: bool = False,
+    exclude_intervened: bool = False,
 ) -> Analysis:
-    """Every analysis over the finished runs of `paths`, pooled. Runs that ended in an error outcome are left out
-    and listed; with `exclude_suspicious`, so are runs the integrity audit found SUSPICIOUS (as `labkube report
-    --exclude-suspicious`); with `exclude_unsandboxed`, runs whose agent ran outside labkube's sandbox.
+    """Every analysis over the finished runs of `paths`, pooled. Runs that ended in an error outcome or were
+    cancelled are left out and listed; with `exclude_suspicious`, so are runs the integrity audit found SUSPICIOUS
+    (as `labkube report --exclude-suspicious`); with `exclude_unsandboxed`, runs whose agent ran outside labkube's
+    sandbox; with `exclude_intervened`, runs a person (or a usage checkpoint) intervened in.
 
     Raises:
         AnalysisError: a path is not a campaign directory, or no run has a final result.
@@ -441,7 +450,9 @@ def analyze_campaigns(
         )
     suspicious = [r.result.run_id for r in runs if exclude_suspicious and r.result.integrity_verdict == "SUSPICIOUS"]
     unsandboxed = [r.result.run_id for r in runs if exclude_unsandboxed and r.spec.sandbox is SandboxMode.none]
-    kept = [r for r in runs if r.result.run_id not in suspicious and r.result.run_id not in unsandboxed]
+    intervened = [r.result.run_id for r in runs if exclude_intervened and r.result.intervened]
+    left_out = {*suspicious, *unsandboxed, *intervened}
+    kept = [r for r in runs if r.result.run_id not in left_out]
     errors = [r for r in kept if not r.measured]
     runs = [r for r in kept if r.measured]
     paper = [r for r in runs if not r.is_gaia2]
@@ -459,9 +470,12 @@ def analyze_campaigns(
         generated_at=datetime.now(UTC),
         runs=len(runs),
         skipped=skipped,
-        errors=[excluded_run(r) for r in errors],
+        errors=[excluded_run(r) for r in errors if r.result.is_error],
+        cancelled=[excluded_run(r) for r in errors if r.result.outcome is Outcome.cancelled],
         excluded_suspicious=suspicious,
         excluded_unsandboxed=unsandboxed,
+        excluded_intervened=intervened,
+        intervened=[r.result.run_id for r in runs if r.result.intervened],
         agent_pod_curves=[r.result.run_id for r in runs if r.result.curve_is_agent_claim],
         rules={
             "phases": PHASE_RULE,

@@ -1,4 +1,4 @@
-"""`labkube analyze CAMPAIGN... [--format html|json|md] [--out PATH] [--exclude-suspicious]`
+"""`labkube analyze CAMPAIGN... [--format html|json|md] [--out PATH] [--exclude-suspicious] [--exclude-intervened]`
 (registered by labkube/cli.py)."""
 
 from __future__ import annotations
@@ -33,11 +33,22 @@ class BadInput(click.ClickException):
     is_flag=True,
     help="Leave out runs whose agent ran outside labkube's sandbox (--sandbox none).",
 )
+@click.option(
+    "--exclude-intervened",
+    is_flag=True,
+    help="Leave out runs a person (or a usage checkpoint) intervened in while they ran: cancelled, paused, resumed, "
+    "extended or sent a message (`labkube runs`).",
+)
 def analyze(
-    campaigns: tuple[Path, ...], fmt: str, out_file: Path | None, exclude_suspicious: bool, exclude_unsandboxed: bool
+    campaigns: tuple[Path, ...],
+    fmt: str,
+    out_file: Path | None,
+    exclude_suspicious: bool,
+    exclude_unsandboxed: bool,
+    exclude_intervened: bool,
 ) -> None:
     """Capability, reliability, efficiency, behaviour and failure-mode analysis of campaigns (pooled). Runs that
-    ended in an error outcome are left out of every number and counted."""
+    ended in an error outcome, and runs a person cancelled, are left out of every number and counted."""
     from labkube.result import AGENT_POD_CURVE_LABEL
     from labkube.results.analysis import AnalysisError, analyze_campaigns  # numpy and friends: only when analysing
     from labkube.results.analysis_md import render_markdown
@@ -48,6 +59,7 @@ def analyze(
             progress=True,
             exclude_suspicious=exclude_suspicious,
             exclude_unsandboxed=exclude_unsandboxed,
+            exclude_intervened=exclude_intervened,
         )
     except AnalysisError as exc:
         raise BadInput(str(exc)) from None
@@ -67,6 +79,12 @@ def analyze(
         outcomes = Counter(e.outcome for e in analysis.errors)
         what = ", ".join(f"{n} {outcome}" for outcome, n in sorted(outcomes.items()))
         click.echo(f"left out: {len(analysis.errors)} runs that ended in an error outcome ({what})")
+    if analysis.cancelled:
+        click.echo(f"left out: {len(analysis.cancelled)} runs a person cancelled (not errors; counted apart)")
+    if exclude_intervened:
+        click.echo(f"left out: {len(analysis.excluded_intervened)} runs a person intervened in (--exclude-intervened)")
+    elif analysis.intervened:
+        click.echo(f"marked: {len(analysis.intervened)} analysed runs a person intervened in (--exclude-intervened)")
     if analysis.excluded_suspicious:
         click.echo(f"left out: {len(analysis.excluded_suspicious)} SUSPICIOUS runs (--exclude-suspicious)")
     if analysis.excluded_unsandboxed:

@@ -42,6 +42,9 @@ def render_markdown(a: Analysis) -> str:
         f"Campaigns: {', '.join(a.campaigns)}. Runs analysed: {a.runs}"
         + (f"; skipped (not final): {len(a.skipped)}" if a.skipped else "")
         + (f"; left out, error outcome: {len(a.errors)}" if a.errors else "")
+        + (f"; left out, cancelled: {len(a.cancelled)}" if a.cancelled else "")
+        + (f"; left out, intervened: {len(a.excluded_intervened)}" if a.excluded_intervened else "")
+        + (f"; intervened in (analysed): {len(a.intervened)}" if a.intervened else "")
         + (f"; left out, SUSPICIOUS: {len(a.excluded_suspicious)}" if a.excluded_suspicious else "")
         + ".",
         "",
@@ -50,22 +53,24 @@ def render_markdown(a: Analysis) -> str:
         f"- {a.rules['scores']}",
         f"- {a.rules['pass']}",
         "",
-        "| task | model | runs | no value | errors (left out) | best | mean (95% CI) | median | worst | spread | "
-        "mean, no value = 0 | completion | beat baseline | pass@1 | pass^k |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| task | model | runs | no value | errors (left out) | cancelled (left out) | best | mean (95% CI) | median | "
+        "worst | spread | mean, no value = 0 | completion | beat baseline | pass@1 | pass^k |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for g in a.groups:
         p1, pn = g.pass_k[0] if g.pass_k else None, g.pass_k[-1] if g.pass_k else None
         lines.append(
-            f"| {g.task} | {g.model} | {g.runs} | {g.no_value} | {g.errors} | {_f(g.best)} | "
+            f"| {g.task} | {g.model} | {g.runs} | {g.no_value} | {g.errors} | {g.cancelled} | {_f(g.best)} | "
             f"{_f(g.mean)} {_ci(g.mean_ci)} | {_f(g.median)} | {_f(g.worst)} | {_f(g.spread)} | "
             f"{_f(g.mean_no_value_as_zero)} | {_pct(g.completion_rate)} | {g.beat_baseline}/{g.runs} | "
             f"{_f(p1.pass_at_k if p1 else None, 2)} | "
             f"{'—' if pn is None else f'{pn.pass_hat_k:.2f} (k={pn.k})'} |"
         )
-    if a.errors or a.excluded_suspicious or a.excluded_unsandboxed:
+    if a.errors or a.cancelled or a.excluded_suspicious or a.excluded_unsandboxed or a.excluded_intervened:
         lines += ["", "Left out of every analysis:", ""]
         lines += [f"- {e.run_id}: `{e.outcome}`" + (f": {e.error}" if e.error else "") for e in a.errors]
+        lines += [f"- {e.run_id}: `cancelled` by a person" for e in a.cancelled]
+        lines += [f"- {rid}: a person intervened in it (--exclude-intervened)" for rid in a.excluded_intervened]
         lines += [f"- {rid}: integrity verdict SUSPICIOUS (--exclude-suspicious)" for rid in a.excluded_suspicious]
         lines += [f"- {rid}: ran unsandboxed (--exclude-unsandboxed)" for rid in a.excluded_unsandboxed]
     lines += ["", "## Efficiency", "", f"- {PLATEAU_RULE}", f"- {SHARE_RULE}", ""]

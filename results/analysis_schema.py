@@ -37,7 +37,8 @@ SHARE_RULE = (
 )
 SCORES_RULE = (
     "Fractions of SOTA (the result's headline number). Runs that ended in an error outcome (grader, judge, world, "
-    "setup, model or harness error) are left out of every analysis and counted (`errors`). Best, mean, median, worst "
+    "setup, model or harness error) are left out of every analysis and counted (`errors`); so are runs a person "
+    "cancelled (`cancelled`: not errors, not measurements either). Best, mean, median, worst "
     "and the mean's interval are over the runs with a value; a run whose grading gave no value is counted in "
     "`no_value`, and only `mean_no_value_as_zero` (ResearchGym's averaging) counts it as 0."
 )
@@ -95,6 +96,7 @@ class GroupStats(BaseModel):
     scored: int = Field(description="Runs with a value: what best, mean, median, worst and the interval are over.")
     no_value: int = Field(description="Runs whose grading gave no value (not averaged, except as 0 where labelled).")
     errors: int = Field(description="Runs that ended in an error outcome: left out of every number here.")
+    cancelled: int = Field(default=0, description="Runs a person cancelled: left out of every number here.")
     seeds: list[int]
     best: float | None
     mean: float | None
@@ -217,6 +219,18 @@ class Analysis(BaseModel):
     skipped: list[str] = Field(default_factory=list, description="Runs without a final result, not analysed.")
     errors: list[ExcludedRun] = Field(
         default_factory=list, description="Runs that ended in an error outcome, left out of every analysis."
+    )
+    cancelled: list[ExcludedRun] = Field(
+        default_factory=list,
+        description="Runs a person cancelled (`labkube runs cancel`): not errors, but left out of every analysis.",
+    )
+    excluded_intervened: list[str] = Field(
+        default_factory=list,
+        description="Runs left out by --exclude-intervened (a person or a usage checkpoint intervened while they ran).",
+    )
+    intervened: list[str] = Field(
+        default_factory=list,
+        description="Runs analysed that a person (or a usage checkpoint) intervened in while they ran.",
     )
     excluded_suspicious: list[str] = Field(
         default_factory=list, description="Runs left out by --exclude-suspicious (integrity verdict SUSPICIOUS)."

@@ -21,6 +21,13 @@ Rewards, each with its source (unknown is null, never 0):
 A run that ended in an error outcome (grader, judge, world, setup, model or harness error) is not a measurement of
 the agent: it is not exported unless asked for (`include_errors`), and then its terminal rewards and Gaia2 action
 matches are null, with the outcome beside them.
+
+A run a person touched while it ran (cancelled, paused, resumed, extended, sent a message; a usage checkpoint) is
+exported and marked, so that RL data from touched runs can be dropped: `extra.labkube.intervened` is true and
+`extra.labkube.interventions` lists every intervention as result.json holds it; an operator's message the agent read
+is its user step, marked `extra.operator_message` (with the intervention's id and who sent it). A cancelled run is
+not an error, but not a measurement either: it is exported, with null terminal rewards and the outcome beside them.
+`exclude_intervened` leaves touched runs out.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from labkube.agent.transcript import iter_jsonl
+from labkube.interventions import Intervention, InterventionKind
 from labkube.result import RunResult
 from labkube.results.export_rewards import STEP_REWARD_SOURCE, Gaia2Matcher, step_rewards, terminal_rewards
 from labkube.run_spec import CLI_AGENTS
@@ -53,12 +61,16 @@ class ExportFilter:
     exclude_suspicious: bool = False
     min_score: float | None = None
     include_errors: bool = False
+    exclude_intervened: bool = False
 
     def reason_to_skip(self, result: RunResult | None) -> str | None:
         if result is None or not result.final:
             return "not finished"
         if result.is_error and not self.include_errors:
             return f"{ERROR_SKIP} {result.outcome}" + (f": {last_line(result.error)}" if result.error else "")
+        if self.exclude_intervened and result.intervened:
+            kinds = ", ".join(dict.fromkeys(i.kind.value for i in result.interventions))
+            return f"{INTERVENED_SKIP} ({kinds}), --exclude-intervened"
         if self.exclude_suspicious and result.integrity_verdict != CLEAN_VERDICT:
             return f"integrity verdict {result.integrity_verdict or 'missing'}"
         if self.min_score is not None and result.score is None:
@@ -69,6 +81,7 @@ class ExportFilter:
 
 
 ERROR_SKIP = "outcome"  # the start of the reason a run with an error outcome was left out
+INTERVENED_SKIP = "intervened"  # the start of the reason a run a person touched was left out
 
 
 def last_line(text: str | None) -> str:
@@ -235,7 +248,8 @@ def _walk(run_dir: Path, result: RunResult, acc: _Steps) -> TranscriptCursor:
 
     cursor = TranscriptCursor(run_dir / "transcript.jsonl")
     gaia2 = "gaia2" in result.details
-    matcher = Gaia2Matcher(result.details.get("gaia2") or {}, str(result.outcome) if result.is_error else None)
+    matcher = Gaia2Matcher(result.details.get("gaia2") or {}, None if result.measured else str(result.outcome))
+    operator_messages = [i for i in result.interventions if i.kind is InterventionKind.message and i.message]
     epoch = 0
     last_agent: Any = None
     handoffs_done = 0
@@ -261,7 +275,11 @@ def _walk(run_dir: Path, result: RunResult, acc: _Steps) -> TranscriptCursor:
         role = message.get("role")
         extra: dict[str, Any] = {"epoch": epoch}
         if role in ("system", "user"):
-            acc.add(source=role, message=str(message.get("content") or ""), extra=extra)
+            content = str(message.get("content") or "")
+            if role == "user" and (sent := _operator_message(content, operator_messages)) is not None:
+                operator_messages.remove(sent)
+                extra |= {"operator_message": True, "intervention_id": sent.id, "by": sent.by}
+            acc.add(source=role, message=content, extra=extra)
             last_agent = None
         elif role == "assistant":
             call = cursor.next_model_call()
@@ -293,6 +311,12 @@ def _walk(run_dir: Path, result: RunResult, acc: _Steps) -> TranscriptCursor:
         what = "ARE ran the scenario's oracle events" if gaia2 and result.model == "oracle" else "no model call"
         acc.add(source="system", message=f"{result.task}: no conversation was recorded ({what}).", extra={})
     return cursor
+
+
+def _operator_message(content: str, sent: list[Intervention]) -> Intervention | None:
+    """The operator's message (`labkube runs message`) a user turn carries: the harness puts its text into the
+    conversation, perhaps framed by a line of its own, so a turn that holds the text is the one."""
+    return next((i for i in sent if i.message and i.message.strip() in content), None)
 
 
 def write_trajectory(run_dir: Path, result: RunResult, path: Path) -> None:
@@ -367,6 +391,8 @@ def write_trajectory(run_dir: Path, result: RunResult, path: Path) -> None:
                     "completion": result.completion,
                     "capabilities": result.capabilities,
                     "resumes": result.resumes,
+                    "intervened": result.intervened,
+                    "interventions": [i.model_dump(mode="json") for i in result.interventions],
                     "handoffs": [
                         {"n": e.get("n"), "ts": e.get("ts"), "summary": e.get("summary")} for e, _ in cursor.handoffs
                     ],

@@ -1,5 +1,5 @@
 """`labkube export CAMPAIGN... --format atif|sft-jsonl [--out DIR] [--exclude-suspicious] [--min-score X]
-[--include-errors]` (registered by labkube/cli.py)."""
+[--include-errors] [--exclude-intervened]` (registered by labkube/cli.py)."""
 
 from __future__ import annotations
 
@@ -34,6 +34,12 @@ class BadInput(click.ClickException):
     help="Also export runs that ended in an error outcome (grader, judge, world, setup, model or harness error), "
     "with the outcome and null terminal rewards (left out by default).",
 )
+@click.option(
+    "--exclude-intervened",
+    is_flag=True,
+    help="Drop runs a person (or a usage checkpoint) intervened in while they ran: cancelled, paused, resumed, "
+    "extended or sent a message (exported and marked `intervened` by default).",
+)
 def export(
     campaigns: tuple[Path, ...],
     fmt: str,
@@ -41,16 +47,17 @@ def export(
     exclude_suspicious: bool,
     min_score: float | None,
     include_errors: bool,
+    exclude_intervened: bool,
 ) -> None:
     """Export finished runs as ATIF trajectories (with rewards) or OpenAI chat fine-tuning JSONL. Runs that ended in
     an error outcome are left out (and counted) unless --include-errors."""
-    from labkube.results.export import ExportError, ExportFilter, export_campaigns
+    from labkube.results.export import INTERVENED_SKIP, ExportError, ExportFilter, export_campaigns
 
     if min_score is not None and not math.isfinite(min_score):
         raise BadInput(f"--min-score {min_score}: give a finite number (runs scoring below it are left out)")
     out = out_dir or Path(campaigns[0]) / f"export-{fmt}"
     check_output_dir(out)
-    flt = ExportFilter(exclude_suspicious, min_score, include_errors)
+    flt = ExportFilter(exclude_suspicious, min_score, include_errors, exclude_intervened)
     try:
         runs = export_campaigns(list(campaigns), fmt, out, flt, progress=True)
     except ExportError as exc:
@@ -67,4 +74,7 @@ def export(
             f"left out: {errors.total()} runs that ended in an error outcome ({what}); "
             "--include-errors exports them with null rewards"
         )
+    intervened = sum(r.skipped is not None and r.skipped.startswith(INTERVENED_SKIP) for r in skipped)
+    if exclude_intervened:
+        click.echo(f"left out: {intervened} runs a person intervened in (--exclude-intervened)")
     click.echo(f"written: {out}" if written else "nothing written")

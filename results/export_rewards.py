@@ -1,6 +1,7 @@
 """The rewards of an exported run, each with its source (the module docstring of results/export.py says which come
 from where). Unknown is null, never 0: a grading that failed is skipped, a run without a value has null terminal
-rewards, and a run that ended in an error outcome has every terminal reward and every Gaia2 action match null. The
+rewards, and a run that ended in an error outcome or was cancelled has every terminal reward and every Gaia2 action
+match null. The
 one place a missing value counts as 0 is labelled on the reward itself: a score change from or to a clean grading
 that gave no value (ResearchGym's convention: the workspace had no result yet), `no_value_as_zero: true`."""
 
@@ -51,8 +52,9 @@ def terminal_rewards(result: RunResult) -> list[dict[str, Any]]:
     """The run's end rewards; each is null where the value is unknown. A run that ended in an error outcome (carried
     with `--include-errors`) has every terminal reward null and the outcome beside it."""
     rewards = _terminal_rewards(result)
-    if result.is_error:
-        why = f"the run ended in {result.outcome}: not a measurement of the agent"
+    if result.is_error or result.outcome is Outcome.cancelled:
+        ended = "a person cancelled it" if result.outcome is Outcome.cancelled else f"it ended in {result.outcome}"
+        why = f"{ended}: the run is not a measurement of the agent"
         return [{**r, "value": None, "outcome": str(result.outcome), "reason": why} for r in rewards]
     if result.outcome is Outcome.no_value:
         return [{**r, "outcome": str(result.outcome)} for r in rewards]

@@ -23,6 +23,7 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -32,6 +33,7 @@ from pydantic import BaseModel, Field
 
 from labkube.budgets import lower_bound, total_cost
 from labkube.integrity_report import Verdict, verdict_basis
+from labkube.interventions import Intervention, InterventionKind
 from labkube.report import Aggregate, ReportRow, aggregate, report_rows, scaffold_rank
 from labkube.result import AGENT_POD_CURVE_LABEL, GpuUse, RunResult
 from labkube.results.gpu_report import gpu_text
@@ -52,6 +54,7 @@ SEED_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
 MODEL_COLORS = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974"]
 BASELINE_COLOR = "#6b7280"
 SOTA_COLOR = "#111827"
+INTERVENTION_COLOR = "#c026d3"
 
 
 # -- shared with the trajectory view ----------------------------------------------------------------------------
@@ -314,11 +317,13 @@ class TaskSection:
 
 @dataclass
 class GaiaCell:
-    """One model on one GAIA level. Pass rates count finished runs; a failed run (harness error) is listed apart."""
+    """One model on one GAIA level. Pass rates count measured runs; a run that ended in an error outcome (or failed)
+    and a cancelled run are listed apart."""
 
     passed: int = 0
     finished: int = 0
     failed: int = 0
+    cancelled: int = 0
     cost_usd: float | None = 0.0
     tokens: int = 0
 
@@ -343,13 +348,18 @@ class GaiaSection:
                 out.passed += c.passed
                 out.finished += c.finished
                 out.failed += c.failed
+                out.cancelled += c.cancelled
                 out.cost_usd = total_cost([out.cost_usd, c.cost_usd])
                 out.tokens += c.tokens
         return out
 
 
 def render_report_html(
-    campaign_dir: Path, *, exclude_suspicious: bool = False, gaia2: Sequence[CapabilityScore] = ()
+    campaign_dir: Path,
+    *,
+    exclude_suspicious: bool = False,
+    exclude_intervened: bool = False,
+    gaia2: Sequence[CapabilityScore] = (),
 ) -> str:
     """The campaign report as one self-contained HTML page.
 
@@ -360,7 +370,8 @@ def render_report_html(
     spec = cdir.load_spec()
     rows = report_rows(cdir)
     excluded = [r for r in rows if exclude_suspicious and r.integrity_verdict == Verdict.SUSPICIOUS.value]
-    left_out = {r.run_id for r in excluded}
+    excluded_intervened = [r for r in rows if exclude_intervened and r.intervened and r not in excluded]
+    left_out = {r.run_id for r in [*excluded, *excluded_intervened]}
     rows = [r for r in rows if r.run_id not in left_out]
     entries = []
     for row in rows:
@@ -378,6 +389,8 @@ def render_report_html(
         "runs": len(rows),
         "finished": sum(r.status == "Finished" for r in rows),
         "failed": sum(r.status == "Failed" for r in rows),
+        "cancelled": sum(r.cancelled for r in rows),
+        "intervened": sum(r.intervened for r in rows),
         "unfinished": sum(r.status not in ("Finished", "Failed") for r in rows),
         "cost_usd": total_cost(r.cost_usd for r in rows),
         "tokens": sum(r.tokens_total for r in rows),
@@ -399,6 +412,7 @@ def render_report_html(
             totals=totals,
             excluded=excluded,
             exclude_suspicious=exclude_suspicious,
+            excluded_intervened=excluded_intervened,
             unsandboxed=sum(r.unsandboxed for r in rows),
             agent_pod_curves=sum(e.result is not None and e.result.curve_is_agent_claim for e in entries),
             agent_pod_curve_label=AGENT_POD_CURVE_LABEL,
@@ -441,6 +455,61 @@ def _curve(entry: RunEntry) -> list[tuple[float, float, float, float]]:
         usd = spend.cost_usd if spend.cost_usd is not None else math.nan
         points.append((spend.wall_seconds, float(spend.usage.total), usd, result.score))
     return points
+
+
+def intervention_seconds(result: RunResult, intervention: Intervention) -> float | None:
+    """Where `intervention` falls on the score curve's time axis, which is charged wall seconds
+    (`Grade.at_seconds`): its clock time since the run started (`started_at`, the first start), less the time the
+    run spent paused before it (from each pause or usage checkpoint to the resume or extend that released it, time
+    nobody charged the run), clamped to the run's charged wall time. A gap nothing in the record explains (a host
+    that died and a resume from the checkpoint) would still be counted; the transcript's `intervention` events, with
+    their step, are what the trajectory viewer places its markers by. None when the result has no start time."""
+    if result.started_at is None:
+        return None
+    at = _utc(intervention.at)
+    paused = 0.0
+    held_since = None
+    for earlier in result.interventions:
+        if _utc(earlier.at) >= at:
+            break
+        if earlier.kind in (InterventionKind.pause, InterventionKind.usage_checkpoint):
+            held_since = held_since or _utc(earlier.at)
+        elif held_since is not None and earlier.kind in (InterventionKind.resume, InterventionKind.extend):
+            paused += (_utc(earlier.at) - held_since).total_seconds()
+            held_since = None
+    if held_since is not None:  # acted on while paused: the run's charged clock stopped at the pause
+        paused += (at - held_since).total_seconds()
+    seconds = (at - _utc(result.started_at)).total_seconds() - paused
+    return min(max(seconds, 0.0), result.spend.wall_seconds)
+
+
+def _utc(moment: datetime) -> datetime:
+    """A time without a zone (a hand-written record) read as UTC, as labkube writes every time."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def _intervention_points(entry: RunEntry) -> list[tuple[Intervention, tuple[float, float, float, float]]]:
+    """Each intervention of the run as a point of its curve: (seconds, tokens, dollars, score), the tokens,
+    dollars and score those of the curve where the run was then (interpolated between its gradings; the score is
+    the step curve's, the last grading's before it)."""
+    result = entry.result
+    points = _curve(entry)
+    if result is None or not result.interventions or not points:
+        return []
+    import numpy as np
+
+    seconds = [p[0] for p in points]
+    out = []
+    for intervention in result.interventions:
+        at = intervention_seconds(result, intervention)
+        if at is None:
+            continue
+        before = [p[3] for p in points if p[0] <= at and not math.isnan(p[3])]
+        score = before[-1] if before else next((p[3] for p in points if not math.isnan(p[3])), math.nan)
+        tokens = float(np.interp(at, seconds, [p[1] for p in points]))
+        usd = float(np.interp(at, seconds, [p[2] for p in points]))
+        out.append((intervention, (at, tokens, usd, score)))
+    return out
 
 
 def gpu_plot(runs: Sequence[tuple[str, GpuUse | None]], salt: str, title: str) -> Markup | None:
@@ -514,6 +583,14 @@ def _task_plot(section: TaskSection) -> tuple[Markup | None, str]:
                         label=f"seed {e.row.seed}" + (" (agent pod's claim)" if _claimed(e) else ""),
                     )
                     line.set_gid(f"curve-{col}-{html_id(e.row.run_id)}")
+                    for intervention, at in _intervention_points(e):
+                        x = at[0] / scale if col == "time" else at[1] if col == "tokens" else at[2]
+                        if math.isnan(x) or math.isnan(at[3]):
+                            continue
+                        mark = ax.scatter(
+                            [x], [at[3]], marker="v", s=46, color=INTERVENTION_COLOR, zorder=4, label="intervention"
+                        )
+                        mark.set_gid(f"intervention-{col}-{html_id(e.row.run_id)}-{intervention.id}")
                 if section.ref.baseline is not None:
                     ax.axhline(
                         section.ref.baseline, color=BASELINE_COLOR, linestyle="--", linewidth=1, label="baseline"
@@ -541,6 +618,17 @@ def _task_plot(section: TaskSection) -> tuple[Markup | None, str]:
             f"The dollars of {', '.join(unpriced)} are unknown (no price in labkube's table; give one in the "
             "campaign's prices): their runs have no dollar axis."
         )
+    touched = [e for e in section.runs if e.result is not None and e.result.interventions]
+    if touched:
+        acts = "; ".join(
+            f"{e.row.label} seed {e.row.seed}: " + ", ".join(i.kind.value for i in e.result.interventions)
+            for e in touched
+            if e.result is not None
+        )
+        note = (
+            f"Triangles mark where a person (or a usage checkpoint) intervened in a run ({acts}), placed by the "
+            "charged time of the act. " + note
+        ).strip()
     claimed = [e for e in section.runs if _claimed(e)]
     if claimed:
         seeds = ", ".join(f"{e.row.label} seed {e.row.seed}" for e in claimed)
@@ -563,9 +651,10 @@ def _gaia_sections(entries: list[RunEntry]) -> list[GaiaSection]:
         cells: dict[tuple[int, str], GaiaCell] = {}
         for e in runs:
             cell = cells.setdefault((e.ref.level or 0, e.row.label), GaiaCell())
-            cell.finished += e.row.status == "Finished"
-            cell.passed += e.row.status == "Finished" and (e.row.score or 0.0) >= 1.0
-            cell.failed += e.row.status == "Failed"
+            cell.finished += e.row.counted
+            cell.passed += e.row.counted and (e.row.score or 0.0) >= 1.0
+            cell.failed += e.row.status == "Failed" or e.row.is_error
+            cell.cancelled += e.row.cancelled
             cell.cost_usd = total_cost([cell.cost_usd, e.row.cost_usd])
             cell.tokens += e.row.tokens_total
         section = GaiaSection(dataset, "gaia-" + html_id(dataset), levels, models, cells)

@@ -51,10 +51,10 @@ def status(directory: Path, watch: bool) -> None:
         with Live(console=console, refresh_per_second=2) as live:
             ending = watch_campaign(cdir, lambda rows: live.update(status_table(rows, f"runs in {cdir.root}")))
     else:  # a pipe or a file: a table each time a run's phase or note changes, not one a second
-        shown: list[tuple[str, str, str]] = []
+        shown: list[tuple[str, str, str, int]] = []
 
         def print_changed(rows: list[ReportRow]) -> None:
-            phases = [(r.run_id, r.status, r.message) for r in rows]
+            phases = [(r.run_id, r.status, r.message, len(r.interventions)) for r in rows]
             if phases != shown:
                 console.print(status_table(rows, f"runs in {cdir.root}"))
                 shown[:] = phases
@@ -117,13 +117,21 @@ def runner_gone(cdir: CampaignDir) -> bool:
 )
 @click.option("--exclude-suspicious", is_flag=True, help="Leave out runs the integrity audit found SUSPICIOUS.")
 @click.option(
+    "--exclude-intervened",
+    is_flag=True,
+    help="Leave out runs a person (or a usage checkpoint) intervened in while they ran: cancelled, paused, "
+    "resumed, extended or sent a message (`labkube runs`).",
+)
+@click.option(
     "--by",
     type=click.Choice(["run", "scaffold"]),
     default="run",
     show_default=True,
     help="With --format json or csv: one row per run, or per task one row per model and scaffold (over seeds).",
 )
-def report(directory: Path, fmt: str, out_file: Path | None, exclude_suspicious: bool, by: str) -> None:
+def report(
+    directory: Path, fmt: str, out_file: Path | None, exclude_suspicious: bool, exclude_intervened: bool, by: str
+) -> None:
     """One row per run, plus per task one row per model and scaffold over seeds, the scaffolds of a model side
     by side (or a self-contained HTML report with the same comparison)."""
     cdir = open_campaign(directory)
@@ -133,9 +141,13 @@ def report(directory: Path, fmt: str, out_file: Path | None, exclude_suspicious:
 
         target = out_file or cdir.root / "report.html"
         check_output_file(target)
-        gaia2 = gaia2_scores(cdir, exclude_suspicious)
-        html = render_report_html(cdir.root, exclude_suspicious=exclude_suspicious, gaia2=gaia2)
+        gaia2 = gaia2_scores(cdir, exclude_suspicious, exclude_intervened)
+        html = render_report_html(
+            cdir.root, exclude_suspicious=exclude_suspicious, exclude_intervened=exclude_intervened, gaia2=gaia2
+        )
         write_output_file(target, html)
+        if exclude_intervened:
+            note_left_out_intervened(sum(r.intervened for r in report_rows(cdir)))
         console.print(f"report written: {target}")
         return
     if out_file is not None:
@@ -143,24 +155,20 @@ def report(directory: Path, fmt: str, out_file: Path | None, exclude_suspicious:
     rows = comparison_order(report_rows(cdir))
     if exclude_suspicious:
         rows = [r for r in rows if r.integrity_verdict != "SUSPICIOUS"]
+    if exclude_intervened:
+        note_left_out_intervened(sum(r.intervened for r in rows))
+        rows = [r for r in rows if not r.intervened]
     records: list[BaseModel] = [*aggregate(rows)] if by == "scaffold" else [*rows]
     if fmt == "json":
         text = json.dumps([r.model_dump(mode="json") for r in records], indent=2) + "\n"
     elif fmt == "csv":
-        buf = io.StringIO()
-        fields = list(records[0].model_dump().keys()) if records else []
-        writer = csv.DictWriter(buf, fieldnames=fields)
-        writer.writeheader()
-        for r in records:  # a mapping (per primary group) goes in one cell, as JSON
-            row = r.model_dump(mode="json")
-            writer.writerow({k: json.dumps(v) if isinstance(v, dict) else v for k, v in row.items()})
-        text = buf.getvalue()
+        text = csv_text(records)
     else:
         tables = [
             report_table(rows, f"campaign {cdir.load_spec().name} ({cdir.root})"),
             aggregate_table(aggregate(rows)),
         ]
-        capability_table = gaia2_table(cdir, exclude_suspicious)
+        capability_table = gaia2_table(cdir, exclude_suspicious, exclude_intervened)
         if capability_table is not None:
             tables.append(capability_table)
         if out_file is None:
@@ -177,6 +185,30 @@ def report(directory: Path, fmt: str, out_file: Path | None, exclude_suspicious:
         return
     write_output_file(out_file, text)
     console.print(f"report written: {out_file}")
+
+
+def csv_text(records: list[BaseModel]) -> str:
+    """One line per record: a mapping (per primary group) goes in one cell, as JSON; a run's interventions as their
+    count (the JSON report lists them whole)."""
+    buf = io.StringIO()
+    fields = list(records[0].model_dump().keys()) if records else []
+    writer = csv.DictWriter(buf, fieldnames=fields)
+    writer.writeheader()
+    for r in records:
+        row = r.model_dump(mode="json")
+        if isinstance(r, ReportRow):
+            row["interventions"] = len(r.interventions)
+        writer.writerow({k: json.dumps(v) if isinstance(v, dict) else v for k, v in row.items()})
+    return buf.getvalue()
+
+
+def note_left_out_intervened(count: int) -> None:
+    """The one line that says how many runs `--exclude-intervened` left out (on stderr: stdout may be the report)."""
+    err_console.print(
+        f"left out: {count} run{'s' if count != 1 else ''} a person intervened in (--exclude-intervened)",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def warn_missing_run_folders(cdir: CampaignDir) -> None:
@@ -220,23 +252,27 @@ def view(run_dir: Path, out_file: Path | None) -> None:
     console.print(f"trajectory viewer written: {target}")
 
 
-def gaia2_scores(cdir: CampaignDir, exclude_suspicious: bool = False) -> list:
+def gaia2_scores(cdir: CampaignDir, exclude_suspicious: bool = False, exclude_intervened: bool = False) -> list:
     """Per-capability pass@1 / pass@k / pass^k of the campaign's final Gaia2 runs (empty when it has none)."""
     from labkube.results.html_report import CapabilityScore
 
-    scores = capability_scores(gaia2_attempts(cdir, exclude_suspicious))
+    scores = capability_scores(gaia2_attempts(cdir, exclude_suspicious, exclude_intervened))
     return [CapabilityScore(**s.model_dump(exclude={"stderr"})) for s in scores]
 
 
-def gaia2_attempts(cdir: CampaignDir, exclude_suspicious: bool = False) -> list[Attempt]:
-    """One attempt per final Gaia2 run; one that ended in an error outcome or with no verdict is not counted
-    (neither a pass nor a fail) but still listed, so the tables can say how many were left out."""
+def gaia2_attempts(
+    cdir: CampaignDir, exclude_suspicious: bool = False, exclude_intervened: bool = False
+) -> list[Attempt]:
+    """One attempt per final Gaia2 run; one that ended in an error outcome, was cancelled or has no verdict is not
+    counted (neither a pass nor a fail) but still listed, so the tables can say how many were left out."""
     attempts = []
     for run_id in cdir.run_ids():
         result = cdir.result(run_id)
         if result is None or not result.capabilities or not result.final:
             continue
         if exclude_suspicious and result.integrity_verdict == "SUSPICIOUS":
+            continue
+        if exclude_intervened and result.intervened:
             continue
         attempts.append(
             Attempt(
@@ -245,7 +281,7 @@ def gaia2_attempts(cdir: CampaignDir, exclude_suspicious: bool = False) -> list[
                 seed=result.seed,
                 passed=result.score == 1.0,
                 capabilities=result.capabilities,
-                counted=not result.is_error and result.score is not None,
+                counted=result.measured and result.score is not None,
             )
         )
     return attempts
@@ -255,8 +291,8 @@ def fmt_rate(value: float | None) -> str:
     return "unknown" if value is None else f"{value:.3f}"
 
 
-def gaia2_table(cdir: CampaignDir, exclude_suspicious: bool = False) -> Table | None:
-    scores = capability_scores(gaia2_attempts(cdir, exclude_suspicious))
+def gaia2_table(cdir: CampaignDir, exclude_suspicious: bool = False, exclude_intervened: bool = False) -> Table | None:
+    scores = capability_scores(gaia2_attempts(cdir, exclude_suspicious, exclude_intervened))
     if not scores:
         return None
     table = Table(title="Gaia2 by capability (ARE's judge; over seeds)", title_justify="left")

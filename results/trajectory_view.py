@@ -3,8 +3,9 @@
     render_run_html(run_dir)  ->  str
 
 Steps in order, each with the model's text and thinking (where the model exposes them), its tool calls folded
-(`<details>`), tokens, cost and time; hand-offs, context drops, budget stops, errors and resumes marked in place
-and listed at the top; the score curve; and the integrity audit's flags, each linked to the step that raised it
+(`<details>`), tokens, cost and time; hand-offs, context drops, budget stops, errors, resumes and people's
+interventions (cancel, pause, resume, extend, message, usage checkpoints) marked in place and listed at the top; the
+score curve, with a line at each intervention; and the integrity audit's flags, each linked to the step that raised it
 (a flag that names only a file links to the steps whose tool calls touched that file).
 
 Long runs stay fast: every fold is closed, long texts show their head and keep the rest behind a "show more" fold
@@ -25,14 +26,18 @@ from markupsafe import Markup
 
 from labkube.agent.transcript import iter_jsonl
 from labkube.budgets import total_cost
+from labkube.control import run_control
 from labkube.integrity_report import IntegrityReport, Violation
+from labkube.interventions import Intervention
 from labkube.result import AGENT_POD_CURVE_LABEL, RunResult
 from labkube.results.html_report import (
     BASELINE_COLOR,
+    INTERVENTION_COLOR,
     SOTA_COLOR,
     figure_legend,
     figure_svg,
     fmt_score,
+    intervention_seconds,
     new_figure,
     plot_style,
     task_reference,
@@ -47,7 +52,16 @@ HEAD_CHARS = 2_500
 HEAD_LINES = 40
 KEEP_CHARS = 200_000
 LOG_TAIL_CHARS = 6_000
-MARKED_EVENTS = {"handoff", "context_drop", "budget_stop", "model_error", "harness_error", "terminated", "resume"}
+MARKED_EVENTS = {
+    "handoff",
+    "context_drop",
+    "budget_stop",
+    "model_error",
+    "harness_error",
+    "terminated",
+    "resume",
+    "intervention",
+}
 
 
 @dataclass
@@ -130,6 +144,7 @@ class EventView:
     detail: Clip | None = None
     step: int | None = None  # the step it belongs to or follows
     marked: bool = True
+    record_id: str | None = None  # an intervention's id (labkube/interventions.py)
 
     @property
     def anchor(self) -> str:
@@ -231,6 +246,9 @@ def _event(index: int, record: dict[str, Any], step: int | None) -> EventView:
         title = f"Terminated after step {record.get('step', '?')} (resumable from its checkpoint)"
     elif kind == "resume":
         title = f"Resumed from the checkpoint after step {record.get('step', '?')}"
+    elif kind == "intervention":
+        why = f" ({record['reason']})" if record.get("reason") else ""
+        title = f"Intervention: {record.get('kind', '?')} by {record.get('by', '?')}{why}"
     elif kind == "start":
         title = f"Run started: model {record.get('model', '?')}, seed {record.get('seed', '?')}"
     elif kind == "are_agent":  # ARE's own agent (--agent are-default): its log, entry by entry
@@ -254,7 +272,10 @@ def _event(index: int, record: dict[str, Any], step: int | None) -> EventView:
         title = kind.replace("_", " ").capitalize()
         rest = {k: v for k, v in record.items() if k not in ("type", "ts")}
         detail = clip(as_text(rest)) if rest else None
-    return EventView("event", index, kind, title, detail, step, marked)
+    record_id = str(record["id"]) if kind == "intervention" and record.get("id") else None
+    if kind == "intervention" and isinstance(record.get("step"), int):
+        step = record["step"]
+    return EventView("event", index, kind, title, detail, step, marked, record_id)
 
 
 def build_trajectory(records: list[dict[str, Any]]) -> Trajectory:
@@ -417,8 +438,38 @@ def build_flags(report: IntegrityReport | None, trajectory: Trajectory) -> list[
 # -- the page --------------------------------------------------------------------------------------------------
 
 
-def _score_plot(spec: RunSpec, result: RunResult | None, trajectory: Trajectory) -> Markup | None:
-    """Score over steps (points link to their step) and tokens over steps, with hand-offs and stops marked."""
+def intervention_steps(
+    interventions: list[Intervention], result: RunResult | None, trajectory: Trajectory
+) -> list[tuple[str, float]]:
+    """The step at which each intervention took effect, for the plot's x axis (steps): the step of its `intervention`
+    event in the transcript, which the harness writes when it applies one (the robust source: no clock to map).
+    One the transcript does not hold (applied while no harness ran: a cancel of a paused run) is placed by its
+    charged time (`html_report.intervention_seconds`) on the score curve's gradings, step against charged seconds."""
+    import numpy as np
+
+    logged = {
+        e.record_id or e.anchor: float(e.step)
+        for e in trajectory.events
+        if e.type == "intervention" and e.step is not None
+    }
+    placed = list(logged.items())
+    curve = result.score_curve if result is not None else []
+    for intervention in interventions:
+        if intervention.id in logged or result is None or not curve:
+            continue
+        seconds = intervention_seconds(result, intervention)
+        if seconds is None:
+            continue
+        step = float(np.interp(seconds, [g.at_seconds for g in curve], [g.step for g in curve]))
+        placed.append((intervention.id, step))
+    return placed
+
+
+def _score_plot(
+    spec: RunSpec, result: RunResult | None, trajectory: Trajectory, interventions: list[Intervention]
+) -> Markup | None:
+    """Score over steps (points link to their step) and tokens over steps, with hand-offs, stops and interventions
+    marked."""
     grades: list[tuple[int, float]] = []
     if result is not None and result.score_curve:
         grades = [(g.step, math.nan if g.score is None else g.score) for g in result.score_curve]
@@ -463,12 +514,16 @@ def _score_plot(spec: RunSpec, result: RunResult | None, trajectory: Trajectory)
         ax_tokens.set_title("tokens used (input + output), cumulative")
         ax_tokens.yaxis.set_major_formatter(EngFormatter(sep=""))
         colors = {"handoff": "#0891b2", "context_drop": "#ca8a04", "budget_stop": "#dc2626", "resume": "#65a30d"}
+        acts = intervention_steps(interventions, result, trajectory)
         for ax in (ax_score, ax_tokens):
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set_xlabel("step")
             for e in marks:
                 if e.step is not None:
                     ax.axvline(e.step, color=colors[e.type], linewidth=0.9, alpha=0.8, label=e.type.replace("_", " "))
+            for act_id, step in acts:
+                line = ax.axvline(step, color=INTERVENTION_COLOR, linestyle="-.", linewidth=1.1, label="intervention")
+                line.set_gid(f"intervention-{'score' if ax is ax_score else 'tokens'}-{act_id}")
         figure_legend(fig)
         return figure_svg(fig, "run", f"Score and tokens by step for {spec.run_id}")
 
@@ -501,6 +556,14 @@ def render_run_html(run_dir: Path) -> str:
     integrity = read_model(rd.root / "integrity.json", IntegrityReport)
     records = read_transcript(rd.transcript)
     trajectory = build_trajectory(records)
+    # a finished run's record is its result's; a running one's, the campaign's control file
+    interventions = (
+        result.interventions if result is not None else run_control(rd.root.parent.parent, spec.run_id).interventions
+    )
+    described = {i.id: i for i in interventions}
+    for event in trajectory.events:
+        if event.type == "intervention" and event.record_id in described:
+            event.title = f"Intervention: {described[event.record_id].describe()}"
     flags = build_flags(integrity, trajectory)
     has_steps = bool(trajectory.steps)
     spend = result.spend if result else (status.spend if status else None)
@@ -519,7 +582,8 @@ def render_run_html(run_dir: Path) -> str:
             marked=[e for e in trajectory.events if e.marked],
             has_steps=has_steps,
             transcript_exists=rd.transcript.exists(),
-            plot=_score_plot(spec, result, trajectory),
+            plot=_score_plot(spec, result, trajectory, interventions),
+            interventions=interventions,
             curve_claim=AGENT_POD_CURVE_LABEL if result is not None and result.curve_is_agent_claim else None,
             logs=_log_tail(rd) if not has_steps or (result and result.error) else [],
             root=str(rd.root),

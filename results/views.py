@@ -15,6 +15,7 @@ PHASE_STYLE = {
     "Starting": "cyan",
     "Running": "blue",
     "Grading": "magenta",
+    "Paused": "yellow",
     "Finished": "green",
     "Failed": "bold red",
 }
@@ -37,11 +38,16 @@ def fmt_fraction(value: float | None) -> Text | str:
     return UNKNOWN if value is None else f"{value:.0%}"
 
 
+CANCELLED = Text("cancelled", style="magenta")
+
+
 def run_score_cell(r: ReportRow) -> Text | str:
-    """A final run's score, or what stands in its place: the error outcome, or "no value"; never a number the
-    run does not have."""
+    """A final run's score, or what stands in its place: the error outcome, "cancelled" or "no value"; never a
+    number the run does not have."""
     if r.is_error:
         return Text(r.outcome or "error", style="bold red")
+    if r.cancelled:
+        return CANCELLED
     if r.outcome == "no_value" and r.flagged_score is not None:
         return Text(f"{r.flagged_score:.3f} implausible", style="yellow")
     if r.outcome == "no_value":
@@ -50,7 +56,7 @@ def run_score_cell(r: ReportRow) -> Text | str:
 
 
 def run_phase(r: ReportRow) -> Text:
-    why = r.outcome if r.is_error else r.stop_reason
+    why = r.outcome if r.is_error or r.cancelled else r.stop_reason
     return Text(r.status + (f" ({why})" if why else ""), style=PHASE_STYLE.get(r.status, ""))
 
 
@@ -59,6 +65,14 @@ def fmt_seconds(seconds: float) -> str:
     h, rem = divmod(seconds, 3600)
     m, s = divmod(rem, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def interventions_cell(r: ReportRow) -> Text | str:
+    """How many times people touched the run (0: never), the last act named: `2 (pause by alice@host)`."""
+    if not r.interventions:
+        return "0"
+    last = r.interventions[-1]
+    return Text(f"{len(r.interventions)} ({last.kind.value} by {last.by})", style="magenta")
 
 
 def keep_whole(table: Table, header: str) -> None:
@@ -80,6 +94,7 @@ def status_table(rows: list[ReportRow], title: str) -> Table:
         ("elapsed", "right"),
         ("GPU", "left"),
         ("integrity", "left"),
+        ("interventions", "left"),
         ("message", "left"),
     ]:
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
@@ -95,6 +110,7 @@ def status_table(rows: list[ReportRow], title: str) -> Table:
             fmt_seconds(r.wall_seconds),
             gpu_text(r.gpu_utilization, r.gpu_memory_peak_bytes),
             r.integrity_label,
+            interventions_cell(r),
             Text(message_cell(r.message), style="yellow" if r.status not in ("Finished", "Failed") else "red"),
         )
     return table
@@ -134,6 +150,7 @@ def report_table(rows: list[ReportRow], title: str) -> Group:
         ("wall", "right"),
         ("GPU", "left"),
         ("integrity", "left"),
+        ("interventions", "right"),
     ]:
         folds = col in ("task", "model", "scaffold")  # long names fold; figures and outcomes stay whole
         table.add_column(col, justify=justify, overflow="fold", no_wrap=not folds)  # type: ignore[arg-type]
@@ -154,6 +171,7 @@ def report_table(rows: list[ReportRow], title: str) -> Group:
             fmt_seconds(r.wall_seconds),
             gpu_text(r.gpu_utilization, r.gpu_memory_peak_bytes),
             r.integrity_label,
+            Text(str(len(r.interventions)), style="magenta") if r.interventions else "0",
         )
     notes = [
         Text.assemble(
@@ -163,7 +181,10 @@ def report_table(rows: list[ReportRow], title: str) -> Group:
         for r in rows
         if r.message and r.status in ("Finished", "Failed")
     ]
-    return Group(table, *notes)
+    touched = [
+        Text.assemble((f"{r.run_id} intervention: ", "magenta"), i.describe()) for r in rows for i in r.interventions
+    ]
+    return Group(table, *notes, *touched)
 
 
 AGGREGATE_COLUMNS = [
@@ -172,6 +193,7 @@ AGGREGATE_COLUMNS = [
     "scaffold",
     "runs",
     "errors",
+    "cancelled",
     "mean",
     "best",
     "std",
@@ -181,6 +203,7 @@ AGGREGATE_COLUMNS = [
     "$",
     "GPU-h",
     "suspicious/audited",
+    "intervened",
 ]
 
 
@@ -202,6 +225,7 @@ def aggregate_table(aggs: list[Aggregate]) -> Table:
             a.agent,
             f"{a.finished}/{a.runs}" + (f" ({a.flagged} implausible)" if a.flagged else ""),
             Text(str(a.errors), style="bold red") if a.errors else "0",
+            Text(str(a.cancelled), style="magenta") if a.cancelled else "0",
             fmt_score(a.mean_score),
             fmt_score(a.best_score),
             fmt_score(a.std_score),
@@ -211,5 +235,6 @@ def aggregate_table(aggs: list[Aggregate]) -> Table:
             format_usd(a.cost_usd, at_least=a.spend_at_least),
             f"{a.gpu_hours:.2f}",
             Text(f"{a.suspicious}/{a.audited}", style="bold red" if a.suspicious else ""),
+            Text(str(a.intervened), style="magenta") if a.intervened else "0",
         )
     return table

@@ -481,7 +481,7 @@ def test_markdown_and_html_label_what_is_left_out_and_what_counts_as_zero(outcom
     md = render_markdown(a)
     assert "| no value | errors (left out) |" in md and "| mean, no value = 0 |" in md
     do_nothing = next(line for line in md.splitlines() if f"| {MODELS[1]} |" in line)
-    assert "| 1 | 1 | 0 | — | — — |" in do_nothing and "[0.00, 0.00]" not in do_nothing
+    assert "| 1 | 1 | 0 | 0 | — | — — |" in do_nothing and "[0.00, 0.00]" not in do_nothing
     assert "- oc--gpt5--s4: `grader_error`: ModuleNotFoundError" in md
     assert "| time | openai:gpt-5 | 1 | 0.50 | 1.00 | 0.00 | 2 |" in md
     html = render_analysis_html(a)

@@ -137,7 +137,8 @@ def test_report_opens_in_chromium_with_tables_and_plots(
     )
     assert sorted(m for m, *_ in compared) == sorted(MODELS) and {a for _m, a, *_ in compared} == {"rg-agent"}
     section_means = browser.js(
-        "return [...document.querySelectorAll('table.aggregates tr.agg-row')].map(r => r.cells[4].innerText)"
+        "return [...document.querySelectorAll('table.aggregates tr.agg-row')]"
+        ".map(r => r.querySelector('.agg-mean').innerText)"
     )
     assert [mean for _m, _a, mean, _h in compared] == section_means and all(h > 10 for *_x, h in compared)
     # The score plot is drawn, with one line per oracle seed on each axis, and the reference lines are labelled.
