@@ -682,7 +682,8 @@ async def wait_while_paused(campaign_root: Path, run: RunSpec) -> None:
     checkpoint, or cancelled: its agent then grades it as it stands); its status says it is paused meanwhile."""
     said = False
     while True:
-        control = await asyncio.to_thread(run_control, campaign_root, run.run_id)
+        # read here, not in a thread: a run that is not paused must reach its slot in the order the runs were given
+        control = run_control(campaign_root, run.run_id)
         pause = control.paused
         if pause is None or control.cancelled is not None:
             return

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,9 +40,24 @@ def run_id(seed: int) -> str:
     return make_run_id("tiny-task", "oracle", seed)
 
 
+STARTED: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(autouse=True)
+def end_what_was_started() -> Iterator[None]:
+    """Whatever a test started ends with it, passed or failed."""
+    yield
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+
+
 def start(task: Path, out: Path, *flags: str) -> subprocess.Popen[str]:
     """`labkube run` in a session of its own, as from a terminal."""
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [sys.executable, "-P", "-m", "labkube", "run", str(task), "--out", str(out), *flags],
         start_new_session=True,
         cwd=out.parent,
@@ -50,6 +66,8 @@ def start(task: Path, out: Path, *flags: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
+    STARTED.append(proc)
+    return proc
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 120) -> tuple[int, str]:
