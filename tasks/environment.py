@@ -216,6 +216,20 @@ def _tail(log: Path) -> str:
     return "\n".join(lines[-TAIL_LINES:])
 
 
+def last_statement(tail: str) -> str:
+    """The installer's last statement in `tail`, whole: uv (and miette's other users) wrap an error to the terminal's
+    width as indented lines under its `╰─▶`, so the last line alone may be a few words of it."""
+    lines = [line for line in tail.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    first = len(lines) - 1
+    while first > 0 and lines[first][:1].isspace() and lines[first - 1][:1].isspace():
+        if lines[first].lstrip().startswith(("╰", "×", "│", "├")):
+            break
+        first -= 1
+    return " ".join(line.strip() for line in lines[first:]).removeprefix("╰─▶").strip()
+
+
 def _run_step(name: str, argv: list[str], cwd: Path, env: dict[str, str], log: Path, timeout_s: float) -> float:
     started = time.monotonic()
     with log.open("ab") as out:
@@ -231,7 +245,7 @@ def _run_step(name: str, argv: list[str], cwd: Path, env: dict[str, str], log: P
             raise SetupError(f"setup step {name} could not start: {exc.strerror or exc}", _tail(log)) from None
     if proc.returncode != 0:
         tail = _tail(log)
-        last = next((line.strip() for line in reversed(tail.splitlines()) if line.strip()), "")
+        last = last_statement(tail)
         if NETWORK_SIGNS.search(tail):
             raise SetupError(
                 f"setup step {name} needed the network and could not reach it ({last[:200]}); pre-populate the "

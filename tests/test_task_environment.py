@@ -196,3 +196,22 @@ def test_in_a_pod_the_init_containers_build_time_is_the_results_setup_seconds(tm
     assert result.setup_seconds == pytest.approx(record.seconds, abs=1e-3)
     assert (rd / "workspace" / "six.txt").read_text() == "1.17.0"  # the agent's python was the environment's
     assert TaskEnv.model_validate_json((rd / "setup.json").read_text()) == record  # the agent kept the record
+
+
+def test_the_installers_last_statement_is_whole_however_narrow_its_terminal_was() -> None:
+    from labkube.tasks.environment import last_statement
+
+    wrapped = (
+        "  × No solution found when resolving dependencies:\n"
+        "  ╰─▶ Because no-such-package-labkube-xyz was not found in the package registry and you require\n"
+        "      no-such-package-labkube-xyz==1.0, we can conclude that your requirements are\n"
+        "      unsatisfiable.\n"
+    )
+    assert last_statement(wrapped) == (
+        "Because no-such-package-labkube-xyz was not found in the package registry and you require "
+        "no-such-package-labkube-xyz==1.0, we can conclude that your requirements are unsatisfiable."
+    )
+    assert last_statement("Collecting x\nERROR: No matching distribution found for x\n") == (
+        "ERROR: No matching distribution found for x"
+    )
+    assert last_statement("") == ""
