@@ -224,7 +224,7 @@ def last_statement(tail: str) -> str:
         return ""
     first = len(lines) - 1
     while first > 0 and lines[first][:1].isspace() and lines[first - 1][:1].isspace():
-        if lines[first].lstrip().startswith(("╰", "×", "│", "├")):
+        if lines[first].lstrip().startswith(("╰", "\u00d7", "│", "├")):
             break
         first -= 1
     return " ".join(line.strip() for line in lines[first:]).removeprefix("╰─▶").strip()

@@ -202,7 +202,7 @@ def test_the_installers_last_statement_is_whole_however_narrow_its_terminal_was(
     from labkube.tasks.environment import last_statement
 
     wrapped = (
-        "  × No solution found when resolving dependencies:\n"
+        "  \u00d7 No solution found when resolving dependencies:\n"
         "  ╰─▶ Because no-such-package-labkube-xyz was not found in the package registry and you require\n"
         "      no-such-package-labkube-xyz==1.0, we can conclude that your requirements are\n"
         "      unsatisfiable.\n"
