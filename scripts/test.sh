@@ -49,5 +49,8 @@ VENV=${LABKUBE_TEST_VENV:-.venv-test}
 
 export RAY_AUTH_MODE=disabled
 # `pytest` (not `python -m pytest`): the checkout's operator/ folder must not shadow the stdlib module.
-# the 20 slowest tests are printed at the end of every run: where the time goes
-exec "$VENV/bin/pytest" -q --durations=20 "$@"
+# the 20 slowest tests are printed at the end of every run: where the time goes.
+# Three test processes (pytest-xdist), a test file to each at a time: most of the suite waits (on Ray, operators,
+# worlds, CLIs and the processes they start), so three share 2 cores well; a file's module fixtures stay in one
+# process. `-n 0` after this command's name runs it in one process.
+exec "$VENV/bin/pytest" -q --durations=20 -n 3 --dist loadfile "$@"

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 from browser import Browser, find_chromium
+from proc_owner import mark_this_process
 
 pytest_plugins = ["fault_record"]  # the `fault` fixture and docs/reliability.md, for every directory
+mark_this_process()  # what this test process starts is told from what the suite's other processes start
 
 # The fake API servers' access log is a line per request (the lease alone is two a second); a failing test's
 # captured output would be nothing else, and CI shows only its tail, so the traceback would be lost.

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from proc_owner import ours
 from tinytask import make_tiny_task
 
 from labkube.campaign import CampaignSpec
@@ -22,8 +23,9 @@ SLOW = [{"tool": "bash", "args": {"command": f"sleep 0.3; echo {i} > result.txt"
 
 
 def supervisor_pids() -> list[int]:
+    """This test process's supervisor actors (tests/proc_owner.py): never another test process's."""
     out = subprocess.run(["pgrep", "-f", "ray::SupervisorActor"], capture_output=True, text=True, check=False)
-    return [int(x) for x in out.stdout.split()]
+    return [pid for pid in map(int, out.stdout.split()) if ours(pid)]
 
 
 def test_ray_worker_death_resumes_runs_on_a_new_worker(ray_local, tmp_path: Path, fault) -> None:

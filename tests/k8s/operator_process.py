@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from proc_owner import ours
 
 CONTEXT = "fake"
 
@@ -167,12 +168,14 @@ def described(pids: list[int]) -> list[str]:
 
 
 def supervisor_actor_pids() -> list[int]:
-    """Every `ray::SupervisorActor` process on this machine, whoever started it."""
+    """Every `ray::SupervisorActor` process this test process started, however far down (tests/proc_owner.py: the
+    suite's other processes run campaigns of their own meanwhile)."""
     out = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             with contextlib.suppress(OSError):
                 cmdline = (entry / "cmdline").read_bytes()
-                if b"ray::SupervisorActor" in cmdline and not _zombie(int(entry.name)):
-                    out.append(int(entry.name))
+                pid = int(entry.name)
+                if b"ray::SupervisorActor" in cmdline and not _zombie(pid) and ours(pid):
+                    out.append(pid)
     return out
