@@ -82,6 +82,15 @@ def keep_whole(table: Table, header: str) -> None:
             column.no_wrap = True
 
 
+def whole_run_ids(table: Table, rows: list[ReportRow]) -> None:
+    """The run column as wide as its longest id: the id is what a reader copies into `labkube runs`, `view` and
+    `audit`, so the other columns fold first."""
+    for column in table.columns:
+        if column.header == "run":
+            column.no_wrap = True
+            column.min_width = max((len(r.run_id) for r in rows), default=3)
+
+
 def status_table(rows: list[ReportRow], title: str) -> Table:
     table = Table(title=title, title_justify="left", expand=False)
     for col, justify in [
@@ -99,6 +108,7 @@ def status_table(rows: list[ReportRow], title: str) -> Table:
     ]:
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     keep_whole(table, "GPU")
+    whole_run_ids(table, rows)
     for r in rows:
         table.add_row(
             r.run_id,

@@ -215,6 +215,8 @@ def test_a_usage_checkpoint_pauses_a_run_until_a_person_resumes_it(task: Path, t
     wait_until("the run paused at its usage checkpoint", lambda: in_phase(out, 0, RunPhase.paused), proc)
     paused = status(out, 0)
     assert paused is not None and "usage checkpoint" in paused.message
+    # the run's supervisor records the checkpoint once the run's agent has exited (the agent never writes its control)
+    wait_until("the checkpoint was recorded", lambda: run_control(out, run_id(0)).paused is not None, proc, 10)
     control = run_control(out, run_id(0))
     assert control.paused is not None and control.paused.kind is InterventionKind.usage_checkpoint
     assert control.paused.by == "labkube" and control.paused.crossed["hours"] == pytest.approx(1.5 / 3600)
