@@ -10,6 +10,11 @@ whose supervisors create and follow each run's pod (`k8s_backend`). Ray bounds c
 campaign's GPU-hour cap holds back runs that would start past it (their Runs get a `Started=False` condition). The
 daemon keeps `Campaign.status` (phase, runs by phase, progress, GPU-hours; `campaign_status`) and the campaign's
 metrics current, and ends when every run is final (or held by the cap), or at once when the replica is fenced.
+
+Live control (`k8s_control`): a run its supervisor returned paused has given back its slot and GPUs; the campaign
+goes on while any run is paused, and a run whose Run is resumed (or cancelled) since is driven again, in a drive of
+its own, once the campaign's concurrency leaves room. `spec.suspend` pauses every unfinished run by appending to its
+Run (`follow_suspend`), and unsuspending resumes those.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from labkube.operator.admission import admission_violations, read_admitted, writ
 from labkube.operator.cluster_api import ClusterApi
 from labkube.operator.crds import SchemaError, build_run_resource, campaign_resource_spec, run_name, run_resource_spec
 from labkube.operator.driver import HELD, DriverError, RayContext, drive
+from labkube.operator.k8s_control import PAUSED, control_of
 from labkube.operator.k8s_grading import report_of
 from labkube.operator.k8s_ledger import PodLedger, ledger_path
 from labkube.operator.k8s_models import (
@@ -170,10 +176,11 @@ async def run_campaign(
     metrics: OperatorMetrics | None = None,
     fenced: threading.Event | None = None,
     runs_index: Mapping[tuple[str, str], Any] | None = None,
+    live: Mapping[str, Any] | None = None,
 ) -> None:
     """Drive one Campaign resource to the end (the daemon's body; see the module docstring). When `fenced` is set
     (this replica lost the leader lease), stop driving at once, as when the operator stops: pods keep running for
-    the new leader to adopt."""
+    the new leader to adopt. `live`: the Campaign as kopf keeps it current (its `spec.suspend` is followed)."""
     import kopf
 
     meta = body.get("metadata") or {}
@@ -233,11 +240,19 @@ async def run_campaign(
         logger.info(f"campaign {name}: created {created} Run(s); results go to {cdir.root}")
     todo = [r for r in runs if r.run_id not in finished]
     held: dict[str, str] = {}
+    paused: dict[str, RunSpec] = {}  # runs whose supervisor returned them paused, until a resume or a cancel
     marks: list[asyncio.Task[None]] = []
     telemetry = metrics.telemetry(namespace, name, spec.gpu_hours_cap) if metrics is not None else None
     gpus = {r.run_id: r.gpus for r in runs}
+    by_id = {r.run_id: r for r in runs}
+    seen: list[Mapping[str, Any]] = []  # the Runs as the last refresh read them
+    appended: dict[str, int] = {}  # Run -> its interventions' count when a suspend or an unsuspend was appended
+    starting: set[str] = set()  # runs driven again, whose Runs may not show it yet
 
     def on_result(result: RunResult) -> None:
+        if not result.final and (result.error or "").startswith(PAUSED):
+            paused[result.run_id] = by_id[result.run_id]
+            return
         if not result.final and (result.error or "").startswith(HELD):
             held[result.run_id] = result.error or ""
             marks.append(asyncio.create_task(_mark_held(api, namespace, spec.name, result, generation)))
@@ -248,6 +263,7 @@ async def run_campaign(
         objs = list(runs_index.get((namespace, name), [])) if runs_index is not None and not done else None
         if objs is None:
             objs = await api.runs_of(namespace, name)
+        seen[:] = objs
         new = campaign_status(
             objs, previous=status, generation=generation, held=len(held), cap=spec.gpu_hours_cap, done=done
         )
@@ -257,37 +273,61 @@ async def run_campaign(
 
             rows = await asyncio.to_thread(report_rows, cdir)
             gpu_seconds, lost = await asyncio.to_thread(campaign_ledger_totals, cdir.root, list(gpus))
-            telemetry.update(rows, gpus, gpu_seconds, pods_lost=lost)
+            from labkube.operator.telemetry import interventions_by_kind
+
+            telemetry.update(rows, gpus, gpu_seconds, pods_lost=lost, interventions=interventions_by_kind(objs))
         if _strip_times(new.to_status()) != _strip_times(status.to_status()):
             await api.patch_status("campaigns", namespace, name, status_patch(status.to_status(), new.to_status()))
         status = new
         return new
 
     backend = runtime.backend(namespace).model_dump(mode="json")
-    driving = asyncio.create_task(
-        drive(
-            todo,
-            cdir.root,
-            ray_ctx,
-            spec.concurrency,
-            on_result,
-            on_waiting=telemetry.waiting_for_gpus if telemetry is not None else None,
-            backend=backend,
-            gpu_hours_cap=spec.gpu_hours_cap,
+
+    def start(runs_now: list[RunSpec]) -> asyncio.Task[list[RunResult]]:
+        return asyncio.create_task(
+            drive(
+                runs_now,
+                cdir.root,
+                ray_ctx,
+                spec.concurrency,
+                on_result,
+                on_waiting=telemetry.waiting_for_gpus if telemetry is not None else None,
+                backend=backend,
+                gpu_hours_cap=spec.gpu_hours_cap,
+            )
         )
-    )
+
+    # A paused run's supervisor has returned (its slot and GPUs freed): the campaign goes on while any run is paused,
+    # and a run resumed (or cancelled) is driven again, in a drive of its own.
+    drives = [start(todo)]
     stopping = asyncio.ensure_future(_either(stopped, fenced))
     try:
-        while not driving.done() and not stopping.done():
+        while (paused or not all(d.done() for d in drives)) and not stopping.done():
             try:
                 await refresh()
             except Exception as exc:  # the API unreachable, a conflict: retried on the next tick, and said
                 why = short_error(exc)
                 log.warning("campaign %s/%s: refreshing its status: %s", namespace, name, why)
-            await asyncio.wait([driving, stopping], timeout=runtime.status_interval_s)
+            if live is not None:
+                try:
+                    await follow_suspend(api, live, seen, appended)
+                except Exception as exc:  # said, and tried again on the next tick
+                    log.warning("campaign %s/%s: following spec.suspend: %s", namespace, name, short_error(exc))
+            # at most as many as the campaign's concurrency leaves room for (the others on a later tick)
+            room = spec.concurrency - _busy(seen, starting)
+            if released := _released(seen, paused)[: max(0, room)]:
+                logger.info(f"campaign {name}: run(s) {', '.join(released)} resumed or cancelled; driving them again")
+                starting.update(released)
+                drives.append(start([paused.pop(i) for i in released]))
+            if any(d.done() and d.exception() is not None for d in drives if not d.cancelled()):
+                break
+            going = [d for d in drives if not d.done()]
+            await asyncio.wait([*going, stopping], timeout=runtime.status_interval_s)
     finally:
         stopping.cancel()
-        if not driving.done():
+        for driving in drives:
+            if driving.done():
+                continue
             driving.cancel()
             try:
                 await driving
@@ -298,7 +338,9 @@ async def run_campaign(
     if stopped.is_set() or (fenced is not None and fenced.is_set()):
         return
     try:
-        driving.result()
+        for driving in drives:
+            if not driving.cancelled():
+                driving.result()
     except DriverError as exc:  # e.g. Ray workers dying: not the spec's fault; try again (pods are adopted)
         conditions = set_condition(
             status.conditions, "Ready", False, "DriverError", str(exc), observed_generation=generation
@@ -312,6 +354,72 @@ async def run_campaign(
         await _publish_final_results(api, namespace, name, runs, cdir)
     final = await refresh(done=True)
     logger.info(f"campaign {name}: finished ({final.progress} runs final); results in {cdir.root}")
+
+
+SUSPEND_BY = "Campaign spec.suspend"
+
+
+async def follow_suspend(
+    api: ClusterApi, campaign: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], appended: dict[str, int]
+) -> None:
+    """`spec.suspend` as a Job has it: while true, every unfinished Run not paused or cancelled gets a pause by
+    `SUSPEND_BY`; once false, every Run whose pause in force is that one gets a resume. Stateless (read from the
+    Runs), so a new leader carries it on. `appended`: Runs appended to whose new entry the Runs as read
+    (`runs`, kopf's index) may not show yet, by their count of interventions then."""
+    from labkube.interventions import Intervention, InterventionKind
+
+    meta = campaign.get("metadata") or {}
+    suspend = bool((campaign.get("spec") or {}).get("suspend"))
+    for obj in runs:
+        name = str((obj.get("metadata") or {}).get("name"))
+        spec = obj.get("spec") or {}
+        count = len(spec.get("interventions") or [])
+        if appended.get(name, -1) >= count or RunStatus.model_validate(obj.get("status") or {}).phase.final:
+            continue
+        control = control_of(obj)
+        paused = control.paused
+        if control.cancelled is not None:
+            continue
+        if suspend and paused is None:
+            kind, why = InterventionKind.pause, f"Campaign {meta.get('name')} suspended"
+        elif not suspend and paused is not None and paused.by == SUSPEND_BY:
+            kind, why = InterventionKind.resume, f"Campaign {meta.get('name')} no longer suspended"
+        else:
+            continue
+        made = Intervention(kind=kind, by=SUSPEND_BY, reason=why)
+        await api.append_intervention(str(meta.get("namespace") or "default"), name, made.model_dump(mode="json"))
+        appended[name] = count
+
+
+BUSY = frozenset({RunPhase.starting, RunPhase.running, RunPhase.grading})
+
+
+def _busy(runs: Sequence[Mapping[str, Any]], starting: set[str]) -> int:
+    """Runs that hold a slot of the campaign's concurrency: with a pod, or driven again and not yet showing it (no
+    longer `Paused`: then they count by their phase). `starting` is pruned of those."""
+    busy = 0
+    for obj in runs:
+        run_id = str((obj.get("spec") or {}).get("run_id") or "")
+        phase = RunStatus.model_validate(obj.get("status") or {}).phase
+        if run_id in starting and phase is not RunPhase.paused:
+            starting.discard(run_id)
+        busy += phase in BUSY or run_id in starting
+    return busy
+
+
+def _released(runs: Sequence[Mapping[str, Any]], paused: Mapping[str, RunSpec]) -> list[str]:
+    """The paused runs whose Run is paused no more (a resume, or a cancel, was appended since): to drive again."""
+    if not paused:
+        return []
+    found = []
+    for obj in runs:
+        run_id = str((obj.get("spec") or {}).get("run_id") or "")
+        if run_id not in paused:
+            continue
+        control = control_of(obj, run_id)
+        if control.paused is None or control.cancelled is not None:
+            found.append(run_id)
+    return sorted(found)
 
 
 def _admitted_digest(campaign_root: Path, run_id: str) -> str | None:

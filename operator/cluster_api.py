@@ -95,6 +95,24 @@ class ClusterApi:
             if status_of(exc) != 404:
                 raise
 
+    async def append_intervention(self, namespace: str, name: str, intervention: dict[str, Any]) -> None:
+        """`add /spec/interventions/-` on a Run (a JSON patch, as `labkube runs` and `kubectl patch` append)."""
+        patch = [{"op": "add", "path": "/spec/interventions/-", "value": intervention}]
+        try:
+            await self.call(
+                self.custom.patch_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                "runs",
+                name,
+                patch,
+                _content_type="application/json-patch+json",
+            )
+        except Exception as exc:
+            if status_of(exc) != 404:
+                raise
+
     async def delete_run(self, namespace: str, name: str) -> None:
         try:
             await self.call(self.custom.delete_namespaced_custom_object, GROUP, VERSION, namespace, "runs", name)

@@ -18,6 +18,13 @@ The Ray campaign driver (`driver.drive`) hands every supervisor the run director
 5. the result goes into the Run's status first, and only then are the run's ended pods deleted (and, with
    `runs.workspace.keepFinished: false`, the claim the operator made for the run).
 
+Live control (`k8s_control`, docs/live-control.md): the Run's `spec.interventions`, read from one Run watch per
+campaign (`kube_session.RunWatcher`), are copied into the run's ConfigMap, which the agent container mounts. A pause
+ends the agent's pod (the agent exits by itself at its next step, or the pod is deleted after
+`runs.pauseGraceSeconds`, or at once with `now`), and the run returns `Paused` and not final, its pod time closed;
+a cancel deletes the pod and grades the run as it stands (`cancelled`); an extend past what the running pod can hold
+(its deadline, its gateway's limits) moves the run to a new pod. None of these counts as a crash or a disruption.
+
 Problems that keep a pod from starting become conditions with the kubelet's or scheduler's reason:
 `Scheduled=False` (`Unschedulable`, `SchedulingGated` for Kueue), `ImagePulled=False`
 (`ErrImagePull`, `ImagePullBackOff`, ...), `PodReady=False` (e.g. `CreateContainerConfigError`).
@@ -52,8 +59,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from labkube.agent.gateway.ledger import GatewayReport
 from labkube.agent.harness.entrypoint import DISK_FULL_EXIT
-from labkube.budgets import StopReason, spend_floor
+from labkube.budgets import Budgets, Spend, StopReason, spend_floor
+from labkube.control import PAUSED_EXIT
+from labkube.interventions import Intervention, RunControl
 from labkube.operator.crds import API_VERSION
+from labkube.operator.k8s_control import PAUSED, config_map_name, control_config_map, control_of, paused_condition
 from labkube.operator.k8s_grading import (
     LABEL_FINALIZE,
     agent_ended_reason,
@@ -75,7 +85,12 @@ from labkube.operator.kube import (
     status_of,
 )
 from labkube.operator.kube_session import session_for
-from labkube.operator.pod_manifest import build_pod_manifest, build_pvc_manifest, build_records_pvc_manifest
+from labkube.operator.pod_manifest import (
+    build_pod_manifest,
+    build_pvc_manifest,
+    build_records_pvc_manifest,
+    has_gateway,
+)
 from labkube.operator.pod_run_record import NotAdmitted, PodRunRecord, RunGone
 from labkube.operator.pod_status import (
     TERMINAL,
@@ -94,7 +109,7 @@ from labkube.operator.pod_status import (
 from labkube.operator.run_failure import harness_failure, last_error_line
 from labkube.result import RunResult
 from labkube.run_spec import ClusterAccount, RunPhase
-from labkube.store import RunDir
+from labkube.store import RunDir, utcnow, write_model
 
 __all__ = ["K8sBackend", "Outcome", "PodRun", "supervise_pod"]
 
@@ -164,6 +179,116 @@ class PodRun(PodRunRecord):
     gpu_shortfall: str | None = None
     _nodes_checked: str | None = None  # the pod whose Unschedulable state the node list was read for
     _announced: set[tuple[str, str]] | None = None  # (pod, reason) of the Warning events sent
+    _control: RunControl | None = None  # the Run's interventions as last folded
+    _control_rv: str | None = None  # the resourceVersion of the Run they were folded from
+    _control_written: str | None = None  # the control JSON the run's ConfigMap holds
+    _stopping: str | None = None  # the agent pod deleted for a pause, a cancel or an extend
+    _refreshing: str | None = None  # the agent pod deleted to start again with extended budgets
+    _pod_budgets: Budgets | None = None  # the budgets the current agent pod was built with (None: adopted)
+
+    # -- live control (k8s_control) ----------------------------------------------------------------
+
+    def live_control(self) -> RunControl:
+        """The Run's interventions as the shared Run watch has them (as the Run was last read until it has it)."""
+        cached = self.run_watch.get(self.name)
+        source = cached if cached is not None else self.owner
+        rv = (source.get("metadata") or {}).get("resourceVersion")
+        if self._control is None or rv is None or rv != self._control_rv:
+            self._control = control_of(source, self.spec.run_id)
+            self._control_rv = rv
+        return self._control
+
+    async def sync_control(self) -> None:
+        """Keep the run's ConfigMap (what its agent container reads: extends, messages, a pause to take at the next
+        step) equal to the Run's interventions. A ConfigMap that cannot be written is logged: the pod's deletion
+        still pauses or cancels the run, and the harness saves its last step on SIGTERM."""
+        control = self.live_control()
+        body = control.model_dump_json()
+        if body == self._control_written:
+            return
+        cm = control_config_map(control, self.name, self.namespace, self.owner)
+        core = self.session.core
+        try:
+            try:
+                await self.api(core.patch_namespaced_config_map, cm["metadata"]["name"], self.namespace,
+                               {"data": cm["data"]}, _preload_content=False)  # fmt: skip
+            except Exception as exc:
+                if status_of(exc) != 404:
+                    raise
+                await self.api(core.create_namespaced_config_map, self.namespace, cm, _preload_content=False)
+        except Exception as exc:
+            log.warning("run %s: ConfigMap %s not written: %s", self.name, config_map_name(self.name), str(exc)[:200])
+            return
+        self._control_written = body
+
+    async def steer_pod(self, name: str) -> None:
+        """Act on agent pod `name` for the Run's interventions: a cancel, or a pause with `now`, deletes it at once
+        (SIGTERM: the agent keeps its last step's checkpoint); any other pause gives the agent
+        `runs.pauseGraceSeconds` from the pause's time to reach its next step, save and exit (76) by itself, then
+        deletes it. A pause that outlives the operator is measured from its own time, not the new leader's start."""
+        await self.sync_control()
+        control = self.live_control()
+        paused = control.paused
+        if control.cancelled is None and paused is None:
+            if self.outgrown(control) and self._stopping != name:
+                self._stopping = self._refreshing = name
+                log.info("run %s: budgets extended past what pod %s can hold: resuming in a new pod", self.name, name)
+                await self.delete_pod(name)
+            return
+        if paused is not None and control.cancelled is None and not paused.now:
+            at = paused.at if paused.at.tzinfo is not None else paused.at.replace(tzinfo=UTC)
+            waited = (datetime.now(UTC) - at).total_seconds()
+            if waited < self.backend.runs.pause_grace_seconds:
+                return
+        if self._stopping != name:
+            self._stopping = name
+            await self.delete_pod(name)
+
+    def outgrown(self, control: RunControl) -> bool:
+        """Whether an extend raised a budget the running agent pod cannot take: its time (a pod's
+        activeDeadlineSeconds cannot be raised), or the dollars or tokens its gateway sidecar enforces from the spec
+        it started with. The harness takes the others (steps, anything lowered) at its next step."""
+        old = self._pod_budgets
+        if old is None:
+            return False
+        new = control.budgets(self.resource.budgets)
+        fields = ["wall_hours", *(["usd", "tokens"] if has_gateway(self.resource) else [])]
+        for field in fields:
+            was, now = getattr(old, field), getattr(new, field)
+            if was is not None and now is not None and now > was:
+                return True
+        return False
+
+    async def pause(self, paused: Intervention) -> RunResult:
+        """The Run shows `Paused` (condition `Paused`: who and why), no pod of it is left (an agent pod that saved and
+        exited is deleted too), its GPU time is closed in the ledger, and the result is not final (`PAUSED`): the
+        driver frees its slot and GPUs, and the campaign daemon hands it back once resumed."""
+        await self.delete_pods()
+        reason, message = paused_condition(paused)
+        self.status.phase = RunPhase.paused
+        self.condition("Paused", True, reason, message)
+        self.track(None)
+        self.note(message)
+        await self.publish()
+        log.info("run %s: %s", self.name, message)
+        return RunResult.of_run(self.spec, status=RunPhase.paused, error=PAUSED + message)
+
+    def cancelled_result(self, control: RunControl) -> RunResult:
+        """A run cancelled without grading (`grade: false`): final, outcome `cancelled`, charged with what the operator
+        saw (the gateways' spend, the pods' time), nothing graded."""
+        cancel = control.cancelled
+        spend = (self.status.cluster_spend or Spend()).model_copy(update={"wall_seconds": self.ledger.seconds()})
+        result = RunResult.of_run(
+            self.spec,
+            status=RunPhase.finished,
+            stop_reason=StopReason.cancelled,
+            spend=spend,
+            finished_at=utcnow(),
+            interventions=control.interventions,
+            message=cancel.describe() if cancel is not None else None,
+        )
+        write_model(self.rd.result_json, result)
+        return result
 
     # -- pods -----------------------------------------------------------------------------------
 
@@ -322,8 +447,13 @@ class PodRun(PodRunRecord):
         return ws.mode == "pvc" and attempt > 0  # a claim per run keeps the checkpoint; emptyDir does not
 
     def manifest(self, attempt: int, finalize: StopReason | None) -> dict[str, Any]:
+        # the budgets as extended so far: the pod's deadline, its gateway's limits and the harness's run.json
+        budgets = self.live_control().budgets(self.resource.budgets)
+        resource = self.resource.model_copy(update={"budgets": budgets})
+        if finalize is None:
+            self._pod_budgets = budgets
         pod = build_pod_manifest(
-            self.resource,
+            resource,
             self.backend.runs,
             owner=self.owner,
             attempt=attempt,
@@ -337,6 +467,7 @@ class PodRun(PodRunRecord):
                 wall_seconds=self.ledger.seconds(),
                 attempts=self.status.attempts,
                 budget_stop=self.status.budget_stop,
+                interventions=self.live_control().interventions,
             )
             pod = grading_manifest(
                 pod,
@@ -353,6 +484,8 @@ class PodRun(PodRunRecord):
             if run is None or (run.get("metadata") or {}).get("deletionTimestamp"):
                 raise RunGone(self.name)
         await self.ensure_claim()
+        if finalize is None:
+            await self.sync_control()  # the pod starts with the interventions made so far
         name = await self.create_pod(self.manifest(attempt, finalize))
         if finalize is None:  # a grading pod is no attempt of the agent's
             self.status.attempts = attempt + 1
@@ -361,10 +494,13 @@ class PodRun(PodRunRecord):
         await self.publish(name)
         return name
 
-    async def follow(self, name: str) -> PodEnd:
-        """Until pod `name` ends; status is published on every change and every `poll_seconds`."""
+    async def follow(self, name: str, agent: bool = True) -> PodEnd:
+        """Until pod `name` ends; status is published on every change and every `poll_seconds`; an `agent` pod is
+        ended for a pause or a cancel (`steer_pod`)."""
         stuck_since: float | None = None
         while True:
+            if agent:
+                await self.steer_pod(name)
             seen = self.watcher.version(name)
             pod = self.watcher.get(name)
             if pod is None:
@@ -502,6 +638,12 @@ class PodRun(PodRunRecord):
             return await self.finish(done)
 
         await self.watcher.synced.wait()
+        await self.run_watch.synced.wait()
+        control = self.live_control()
+        held = next((c for c in self.status.conditions if c.type == "Paused" and c.status == "True"), None)
+        if held is not None and control.paused is None:
+            last = next((i for i in reversed(control.interventions) if i.kind in ("resume", "extend", "cancel")), None)
+            self.condition("Paused", False, "Resumed", f"resumed: {last.describe()}" if last else "resumed")
         pods = sorted(self.watcher.of_run(self.name), key=pod_attempt)
         current = pods[-1]["metadata"]["name"] if pods else None
         grading: StopReason | None = None  # set: the current (or next) pod grades the stopped run
@@ -515,11 +657,20 @@ class PodRun(PodRunRecord):
         limit, disruptions = self.backend.max_attempts, self.backend.max_disruptions
         while True:
             if current is None:
+                if grading is None:
+                    control = self.live_control()
+                    if control.cancelled is not None:
+                        if not control.cancelled.grade or self.status.attempts == 0:  # nothing ran: none to grade
+                            return await self.finish(self.cancelled_result(control))
+                        grading = StopReason.cancelled
+                        self.condition("Cancelled", True, "Cancelled", control.cancelled.describe())
+                    elif control.paused is not None:
+                        return await self.pause(control.paused)
                 if grading is None and (self.status.crashes >= limit or self.status.disruptions > disruptions):
                     grading = StopReason.killed
                 current = await self.start_pod(next_attempt, grading)
                 next_attempt += 1
-            end = await self.follow(current)
+            end = await self.follow(current, agent=grading is None)
             if end.pod is None and end.lost is None and end.last is not None:
                 # gone while it ran: with its node (PodGC removes a deleted node's pods), or deleted
                 lost = await self.pod_loss(end.last, gone=True)
@@ -534,6 +685,9 @@ class PodRun(PodRunRecord):
                 await self.publish()  # recorded before the next pod, or the grading pod, is given it
             if end.gave_up is not None:
                 return await self.fail(end.gave_up)
+            if grading is None and self.steered_end(end):
+                current = None  # the run is paused or cancelled: the top of the loop says which
+                continue
             kind, why = self.outcome(end)
             if grading is not None:  # the pod that ended graded the run: its report is the result
                 done = self.graded(end)
@@ -588,6 +742,26 @@ class PodRun(PodRunRecord):
                         "Resumed", True, reason_of(end), f"{why}; {how} (attempt {self.status.crashes + 1} of {limit})"
                     )
             current = None
+
+    def steered_end(self, end: PodEnd) -> bool:
+        """Whether the agent pod that ended was ended for the Run's interventions (or saved and exited for a pause
+        resumed since): then it is neither a crash nor a disruption. An agent that ended its loop by itself (exit 0
+        or 1) before a pause reached it is graded as usual."""
+        code = pod_exit_code(end.pod) if end.pod is not None else None
+        control = self.live_control()
+        if control.cancelled is not None:
+            return True
+        name = ((end.pod or end.last or {}).get("metadata") or {}).get("name")
+        if control.paused is None and name is not None and name == self._refreshing:
+            self._refreshing = None
+            self.condition("Resumed", True, "BudgetsExtended", f"pod {name} ended for extended budgets; resuming")
+            return True
+        if control.paused is not None:
+            return agent_ended_reason(code) is None or bool((end.pod or {}).get("status", {}).get("reason"))
+        if code == PAUSED_EXIT:
+            self.condition("Resumed", True, "Resumed", "the agent saved and exited for a pause that was resumed since")
+            return True
+        return False
 
     def detached(self, why: str) -> RunResult:
         """A run this supervisor cannot drive (its Run is gone): not final, so nothing is recorded."""

@@ -38,14 +38,14 @@ from labkube.agent.gateway.ledger import CLUSTER_SPEND_VARIABLE, GatewayReport, 
 from labkube.agent.gateway.record import RECORDS_VARIABLE
 from labkube.agent.harness.entrypoint import GRADED_BY_OPERATOR_VARIABLE
 from labkube.budgets import StopReason, spend_floor
+from labkube.control import CONTROL_FILE_VARIABLE as RUN_CONTROL_VARIABLE
 from labkube.operator.crds import dns_label
 from labkube.operator.k8s_models import RunStatus
 from labkube.operator.pod_manifest import (
-    GATEWAY_MOUNT,
     GATEWAY_RECORDS_MOUNT,
     GATEWAY_TMP,
+    RUN_CONTROL,
     WORLD_CONTROL,
-    WORLD_CONTROL_MOUNT,
 )
 from labkube.result import RunResult, result_from_report, termination_report
 from labkube.run_spec import CLUSTER_ACCOUNT_VARIABLE, ClusterAccount
@@ -83,6 +83,7 @@ _AGENT_ONLY_ENV = frozenset(
         CONTROL_FILE_VARIABLE,
         GRADED_BY_OPERATOR_VARIABLE,
         CLUSTER_SPEND_VARIABLE,  # the account (`CLUSTER_ACCOUNT_VARIABLE`) holds the spend as of the grading
+        RUN_CONTROL_VARIABLE,  # the account holds the interventions as of the grading
     }
 )
 # Sidecars the agent talked to: a grading pod has neither (no key, no world; Gaia2's verdict comes from the operator,
@@ -125,7 +126,7 @@ def grading_manifest(
         env.append({"name": WORLD_VERDICT_SOURCE, "value": "operator"})
         if world_verdict:
             env.append({"name": WORLD_VERDICT_VARIABLE, "value": world_verdict})
-    mounts = [m for m in agent.get("volumeMounts", []) if m["mountPath"] not in (GATEWAY_MOUNT, WORLD_CONTROL_MOUNT)]
+    mounts = [m for m in agent.get("volumeMounts", []) if m["name"] not in ("gateway", WORLD_CONTROL, RUN_CONTROL)]
     # The gateway's record of the model's tool calls (`agent/gateway/record.py`), read-only, for the audit to hold the
     # transcript against: the gateway sidecar's mount, which the agent's container never had.
     gateway = next((c for c in spec.get("initContainers", []) if c["name"] == GATEWAY_CONTAINER), None)
@@ -139,7 +140,9 @@ def grading_manifest(
     grade.pop("ports", None)
     spec["containers"] = [grade]
     spec["initContainers"] = [c for c in spec.get("initContainers", []) if c["name"] not in _AGENT_SIDECARS]
-    spec["volumes"] = [v for v in spec.get("volumes", []) if v["name"] not in ("gateway", GATEWAY_TMP, WORLD_CONTROL)]
+    spec["volumes"] = [
+        v for v in spec.get("volumes", []) if v["name"] not in ("gateway", GATEWAY_TMP, WORLD_CONTROL, RUN_CONTROL)
+    ]
     spec["activeDeadlineSeconds"] = max(60, deadline_s)
     meta = pod["metadata"]
     attempt = int(meta["labels"].get("labkube.dev/attempt", 0))

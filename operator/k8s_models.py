@@ -28,6 +28,7 @@ from pydantic.alias_generators import to_camel
 
 from labkube.budgets import Spend, StopReason, rounded_usd
 from labkube.campaign import CampaignSpec
+from labkube.interventions import Intervention
 from labkube.operator.leader import LeaderElection
 from labkube.result import Outcome
 from labkube.run_spec import RunPhase, RunSpec
@@ -166,6 +167,12 @@ class CampaignResourceSpec(CampaignSpec):
     """
 
     pod: PodSettings = Field(default_factory=PodSettings, description="Scheduling of the run pods.")
+    suspend: bool = Field(
+        default=False,
+        description="As a Job's: true pauses every unfinished run of the campaign (the operator appends a pause by "
+        "`Campaign spec.suspend` to each Run's interventions: its pod ends, no new one starts); false again resumes "
+        "the runs it paused so, not those a person paused (docs/live-control.md).",
+    )
 
     def to_campaign_spec(self) -> CampaignSpec:
         return CampaignSpec.model_validate(self.model_dump(include=set(CampaignSpec.model_fields)))
@@ -178,6 +185,13 @@ class RunResourceSpec(RunSpec):
     family: TaskFamily = Field(default=TaskFamily.researchgym, description="Task family; gaia2 runs get a world.")
     resources: Resources = Field(default_factory=Resources, description="The task's resources (labkube.yaml).")
     pod: PodSettings = Field(default_factory=PodSettings, description="The campaign's scheduling settings.")
+    interventions: list[Intervention] = Field(
+        default_factory=list,
+        description="What people did to the run while it ran (`labkube runs`, `kubectl patch --type=json` with `add "
+        "/spec/interventions/-`), oldest first, appended and never edited: the run's pause, resume, cancel, extend "
+        "and message record, which the operator follows (docs/live-control.md). The only field of a Run's spec the "
+        "operator reads after the Run is made.",
+    )
 
     @model_validator(mode="after")
     def _one_gpu_count(self) -> RunResourceSpec:
@@ -366,6 +380,7 @@ class RunCounts(BaseModel):
     starting: int = Field(default=0, ge=0)
     running: int = Field(default=0, ge=0)
     grading: int = Field(default=0, ge=0)
+    paused: int = Field(default=0, ge=0)
     finished: int = Field(default=0, ge=0)
     failed: int = Field(default=0, ge=0)
 
@@ -464,6 +479,7 @@ RESERVED_ENV = frozenset(
         "LABKUBE_STDIN_VARS",
         "LABKUBE_WORLD_CONTROL",
         "LABKUBE_WORLD_CONTROL_FILE",
+        "LABKUBE_CONTROL_FILE",
     }
 )
 _SECRET_LOOKING = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
@@ -511,6 +527,13 @@ class PodOptions(PodSettings):
         "init container) and the grader.",
     )
     termination_grace_period_seconds: int = Field(default=60, ge=0, description="Time to checkpoint on SIGTERM.")
+    pause_grace_seconds: int = Field(
+        default=300,
+        ge=0,
+        description="How long a paused run's agent pod may take to reach its next step boundary, save and exit "
+        "before the operator deletes it (SIGTERM: the agent keeps its last step's checkpoint); a pause with `now` "
+        "deletes it at once.",
+    )
     metrics_port: int = Field(default=9400, ge=1, le=65535, description="The agent's Prometheus port.")
     run_as_user: int = Field(default=1000, ge=1)
     run_as_group: int = Field(default=1000, ge=1)

@@ -191,13 +191,14 @@ def build_registry(
 
     @kopf.index(GROUP, VERSION, "runs", registry=registry, id="runs_by_campaign")
     def runs_by_campaign(
-        namespace: str | None, labels: kopf.Labels, name: str, status: kopf.Status, **_: Any
+        namespace: str | None, labels: kopf.Labels, name: str, spec: kopf.Spec, status: kopf.Status, **_: Any
     ) -> dict[tuple[str, str], dict[str, Any]] | None:
-        """Every Run's status by (namespace, campaign), kept current by kopf's one watch of Runs."""
+        """Every Run's status and interventions by (namespace, campaign), kept current by kopf's one watch of Runs."""
         campaign = labels.get(LABEL_CAMPAIGN)
         if not campaign:
             return None
-        return {(namespace or "default", campaign): {"metadata": {"name": name}, "status": dict(status)}}
+        mine = {"run_id": spec.get("run_id"), "interventions": list(spec.get("interventions") or [])}
+        return {(namespace or "default", campaign): {"metadata": {"name": name}, "spec": mine, "status": dict(status)}}
 
     @kopf.daemon(
         GROUP, VERSION, "campaigns", registry=registry, backoff=5, cancellation_backoff=10, cancellation_timeout=20
@@ -216,7 +217,9 @@ def build_registry(
         try:
             if fenced is not None and fenced.is_set():
                 return  # not the leader any more: the new one drives this campaign
-            await run_campaign(dict(body), runtime, api, ray_ctx, stopped, logger, metrics, fenced, runs_by_campaign)
+            await run_campaign(
+                dict(body), runtime, api, ray_ctx, stopped, logger, metrics, fenced, runs_by_campaign, live=body
+            )
         finally:
             driving.discard(key)
 

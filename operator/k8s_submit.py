@@ -20,6 +20,7 @@ from labkube.operator.crds import (
 )
 from labkube.operator.k8s_models import ConditionStatus, RunStatus
 from labkube.operator.kube import KubeError, list_pages
+from labkube.run_spec import RunPhase
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -106,6 +107,8 @@ def run_rows(runs: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for run in runs:
         status = RunStatus.model_validate(run.get("status") or {})
         problem = next((c for c in status.conditions if c.status == ConditionStatus.false), None)
+        if status.phase is RunPhase.paused:  # who paused it and why (`k8s_control.paused_condition`)
+            problem = next((c for c in status.conditions if c.type == "Paused"), problem)
         rows.append(
             {
                 "run_id": (run.get("spec") or {}).get("run_id", run["metadata"]["name"]),

@@ -26,7 +26,7 @@ from datetime import datetime
 from functools import partial
 from typing import Any, TypeVar
 
-from labkube.operator.crds import LABEL_CAMPAIGN
+from labkube.operator.crds import GROUP, LABEL_CAMPAIGN, VERSION
 from labkube.operator.kube import (
     KubeTarget,
     answered,
@@ -47,6 +47,7 @@ __all__ = [
     "DeletedPod",
     "KubeSession",
     "PodWatcher",
+    "RunWatcher",
     "Turns",
     "session_for",
     "slim_pod",
@@ -96,7 +97,7 @@ class PodWatcher:
         self, session: KubeSession, namespace: str, loop: asyncio.AbstractEventLoop, campaign: str | None = None
     ) -> None:
         self.session = session
-        self.selector = RUN_SELECTOR + (f",{LABEL_CAMPAIGN}={campaign}" if campaign else "")
+        self.selector = self.selector_for(campaign)
         self.namespace = namespace
         self.loop = loop
         self.pods: dict[str, dict[str, Any]] = {}
@@ -106,8 +107,21 @@ class PodWatcher:
         self._bells: dict[str, asyncio.Event] = {}
         self._versions: dict[str, int] = {}
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"labkube-pods-{namespace}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"labkube-{self.plural}-{namespace}", daemon=True)
         self._thread.start()
+
+    plural = "pods"
+
+    @staticmethod
+    def selector_for(campaign: str | None) -> str:
+        return RUN_SELECTOR + (f",{LABEL_CAMPAIGN}={campaign}" if campaign else "")
+
+    @staticmethod
+    def slim(obj: dict[str, Any]) -> dict[str, Any]:
+        return slim_pod(obj)
+
+    def list_call(self, **kwargs: Any) -> Any:
+        return self.session.core.list_namespaced_pod(self.namespace, **kwargs)
 
     def get(self, name: str) -> dict[str, Any] | None:
         return self.pods.get(name)
@@ -119,7 +133,7 @@ class PodWatcher:
         """Record a pod the API just returned (it reaches the watch soon; do not wait for it)."""
         name = pod["metadata"]["name"]
         if name not in self.pods:
-            self.pods[name] = slim_pod(pod)
+            self.pods[name] = self.slim(pod)
             self._seen_at[name] = time.monotonic()
             self._ring(name)
 
@@ -149,7 +163,7 @@ class PodWatcher:
         if kind == "reset":
             items, listed_at = payload
             old = self.pods
-            self.pods = {p["metadata"]["name"]: slim_pod(p) for p in items}
+            self.pods = {p["metadata"]["name"]: self.slim(p) for p in items}
             for name in self.pods:
                 self._seen_at.pop(name, None)
             for name, last in old.items():
@@ -165,7 +179,7 @@ class PodWatcher:
                 self._ring(name)
             self.synced.set()
             return
-        obj = slim_pod(payload)
+        obj = self.slim(payload)
         name = obj["metadata"]["name"]
         if kind == "DELETED":
             self.pods.pop(name, None)
@@ -189,19 +203,15 @@ class PodWatcher:
         from kubernetes.client import ApiException
         from kubernetes.watch.watch import iter_resp_lines
 
-        core = self.session.core
         rv: str | None = None
         while not self._stop.is_set():
             try:
                 if rv is None:
                     listed_at = time.monotonic()
-                    listing = list_pages(
-                        core.list_namespaced_pod, self.namespace, label_selector=self.selector, _request_timeout=30
-                    )
+                    listing = list_pages(self.list_call, label_selector=self.selector, _request_timeout=30)
                     rv = str(listing["metadata"]["resourceVersion"])
                     self._post("reset", (listing.get("items") or [], listed_at))
-                resp: Any = core.list_namespaced_pod(
-                    self.namespace,
+                resp: Any = self.list_call(
                     label_selector=self.selector,
                     watch=True,
                     resource_version=rv,
@@ -233,13 +243,37 @@ class PodWatcher:
                 if exc.status == 410:
                     rv = None
                     continue
-                log.warning("pod watch in %s: %s %s; retrying", self.namespace, exc.status, exc.reason)
+                log.warning("%s watch in %s: %s %s; retrying", self.plural, self.namespace, exc.status, exc.reason)
                 self._stop.wait(1.0)
             except Exception as exc:  # connection errors: the API server restarts, the network blips
                 if self._stop.is_set():
                     return
-                log.warning("pod watch in %s: %s; retrying", self.namespace, short_error(exc))
+                log.warning("%s watch in %s: %s; retrying", self.plural, self.namespace, short_error(exc))
                 self._stop.wait(1.0)
+
+
+class RunWatcher(PodWatcher):
+    """One list+watch of the Runs of one campaign, shared by its supervisors in this process as `PodWatcher` is: what
+    a supervisor reads of its Run while the run goes on (`spec.interventions`: a pause, a cancel, an extend), without
+    a GET per run and poll. The cache keeps each Run's metadata, interventions and phase, nothing else."""
+
+    plural = "runs"
+
+    @staticmethod
+    def selector_for(campaign: str | None) -> str:
+        return f"{LABEL_CAMPAIGN}={campaign}" if campaign else LABEL_CAMPAIGN
+
+    @staticmethod
+    def slim(obj: dict[str, Any]) -> dict[str, Any]:
+        meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
+        return {
+            "metadata": meta,
+            "spec": {"interventions": (obj.get("spec") or {}).get("interventions") or []},
+            "status": {"phase": (obj.get("status") or {}).get("phase")},
+        }
+
+    def list_call(self, **kwargs: Any) -> Any:
+        return self.session.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, "runs", **kwargs)
 
 
 API_CALLS = 20  # concurrent API calls of one process's session (threads of its pool)
@@ -357,6 +391,12 @@ class KubeSession:
         if key not in self.watchers:
             self.watchers[key] = PodWatcher(self, namespace, self.loop, campaign)
         return self.watchers[key]
+
+    def runs(self, namespace: str, campaign: str) -> RunWatcher:
+        key = f"runs:{namespace}/{campaign}"
+        if key not in self.watchers:
+            self.watchers[key] = RunWatcher(self, namespace, self.loop, campaign)
+        return self.watchers[key]  # type: ignore[return-value]
 
 
 _SESSIONS: dict[tuple[str, int], KubeSession] = {}

@@ -37,8 +37,10 @@ from labkube.agent.gateway.ledger import CLUSTER_SPEND_VARIABLE, PRIVATE_STATE_V
 from labkube.agent.gateway.record import RECORD_POD_VARIABLE, RECORDS_VARIABLE
 from labkube.agent.harness.entrypoint import GRADED_BY_OPERATOR_VARIABLE
 from labkube.budgets import Spend
+from labkube.control import CONTROL_FILE_VARIABLE as RUN_CONTROL_VARIABLE
 from labkube.model_ref import API_PROVIDERS, parse_model
 from labkube.operator.crds import LABEL_CAMPAIGN, LABEL_RUN, SchemaError, dns_label, owner_reference
+from labkube.operator.k8s_control import CONTROL_FILE, CONTROL_MOUNT, config_map_name
 from labkube.operator.k8s_models import PodOptions, RunResourceSpec, Toleration
 from labkube.run_spec import CLI_AGENTS, RUN_SPEC_VARIABLE
 from labkube.task_card import TaskFamily
@@ -207,6 +209,8 @@ def build_pod_manifest(
         {"name": "LABKUBE_TERMINATION_LOG", "value": TERMINATION_LOG},
         {"name": GRADED_BY_OPERATOR_VARIABLE, "value": "1"},  # the grading pod grades (k8s_grading.py)
         {"name": "PYTHONUNBUFFERED", "value": "1"},
+        # the Run's interventions, which the operator keeps in a ConfigMap (k8s_control): pause, extend, message
+        {"name": RUN_CONTROL_VARIABLE, "value": CONTROL_FILE},
     ]
     init_containers = [_prepare_container(run, image, options, run_dir, namespace)]
     task_env = _task_env_container(run, image, options, run_dir, namespace)
@@ -293,6 +297,7 @@ def build_pod_manifest(
             _runs_mount(run, options, namespace),
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": RUN_CONTROL, "mountPath": CONTROL_MOUNT, "readOnly": True},
             *([{"name": "task-envs", "mountPath": TASK_ENVS_MOUNT, "readOnly": True}] if task_env else []),
             *([{"name": "gateway", "mountPath": GATEWAY_MOUNT, "readOnly": True}] if gateway else []),
             *(
@@ -323,6 +328,9 @@ def build_pod_manifest(
             # Docker's 64 MiB /dev/shm breaks PyTorch data loaders and NCCL; memory-backed, so it counts
             # against the memory limit: half of it unless the task says otherwise.
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": _memory(_shm_gb(run))}},
+            # a whole-directory mount (no subPath), so the kubelet brings the ConfigMap's updates into the pod;
+            # optional: the pod starts, and the run goes on, if it could not be written
+            {"name": RUN_CONTROL, "configMap": {"name": config_map_name(name), "optional": True}},
             *([{"name": "task-envs", "emptyDir": {}}] if task_env else []),
             *([{"name": "gateway", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}] if gateway else []),
             *([{"name": GATEWAY_TMP, "emptyDir": {"sizeLimit": "1Gi"}}] if gateway else []),
@@ -648,6 +656,7 @@ WORLD_TMP = "world-tmp"  # the world's own /tmp and HOME: nothing the agent writ
 # gateway sidecar and then by the agent's harness, and removed by the world at the first request that carries it (the
 # harness's loading of the scenario, before the agent's commands run). Only the world writes this volume.
 WORLD_CONTROL = "world-control"
+RUN_CONTROL = "run-control"  # the volume of the Run's interventions (a ConfigMap)
 WORLD_CONTROL_MOUNT = "/world-control"
 WORLD_CONTROL_FILE = f"{WORLD_CONTROL_MOUNT}/token"
 WORLD_TERMINATION_LOG = "/dev/termination-log"

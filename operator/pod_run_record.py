@@ -86,6 +86,7 @@ class PodRunRecord:
         self.name = run_name(self.spec.campaign, self.spec.run_id)
         self.namespace = backend.namespace
         self.watcher = session.pods(self.namespace, self.spec.campaign)
+        self.run_watch = session.runs(self.namespace, self.spec.campaign)  # the Run's interventions as they come
         self.status = RunStatus()
         # What this supervisor last wrote (or read, `adopt`): the base its status patches are the difference from,
         # so a patch carries only what it changed. `stored`: the status as the API server last answered it.

@@ -91,11 +91,13 @@ def watched_roles(docs: list[dict[str, Any]], kind: str = "Role") -> list[dict[s
 
 
 def operator_role(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The operator's own ClusterRole (the aggregated tenant roles are ClusterRoles too)."""
+    """The operator's own ClusterRole (the aggregated tenant roles and the run steerers' are ClusterRoles too)."""
     (role,) = [
         d
         for d in by_kind(docs, "ClusterRole")
-        if "aggregate-to-view" not in str(d["metadata"]) and "aggregate-to-edit" not in str(d["metadata"])
+        if "aggregate-to-view" not in str(d["metadata"])
+        and "aggregate-to-edit" not in str(d["metadata"])
+        and not d["metadata"]["name"].endswith("-run-steerer")
     ]
     return role
 
@@ -188,6 +190,7 @@ def test_default_values_render_valid_objects(chart: helm_python.Chart) -> None:
         "ClusterRole",  # the operator's
         "ClusterRole",  # aggregated into view/edit/admin: reading Campaigns and Runs
         "ClusterRole",  # aggregated into edit/admin: writing Campaigns
+        "ClusterRole",  # steering runs (pause, resume, cancel, extend, message), bound by an admin
         "ClusterRoleBinding",
         "ConfigMap",
         "Deployment",
@@ -484,6 +487,8 @@ def test_cluster_wide_rbac_is_least_privilege(chart: helm_python.Chart) -> None:
         assert rules[("labkube.dev", sub)] == {"update"}
     assert rules[("", "pods")] == {"create", "delete", "get", "list", "watch", "patch"}
     assert rules[("", "events")] == {"create"}
+    # each run's ConfigMap of interventions, which its agent container mounts (k8s_control)
+    assert rules[("", "configmaps")] == {"create", "get", "patch"}
     # the run pods' policies, put into each namespace with runs before the first pod
     assert rules[("networking.k8s.io", "networkpolicies")] == {"create", "get", "patch"}
     assert ("cilium.io", "ciliumnetworkpolicies") not in rules
@@ -546,6 +551,28 @@ def test_tenants_get_campaign_rights_through_the_default_roles(chart: helm_pytho
         d["metadata"]["name"]
         for d in by_kind(render(chart, {"rbac": {"aggregateToDefaultRoles": False}}), "ClusterRole")
     }
+
+
+def test_the_run_steerer_role_grants_exactly_steering(chart: helm_python.Chart) -> None:
+    """Steering is appending to a Run's `spec.interventions`: read Campaigns and Runs, patch Runs; no create or
+    delete, no status, no pods, no secrets, and no aggregation into the default roles (an admin binds it)."""
+    docs = render(chart)
+    (steerer,) = [d for d in by_kind(docs, "ClusterRole") if d["metadata"]["name"] == "labkube-run-steerer"]
+    assert rules_of(steerer) == {
+        ("labkube.dev", "campaigns"): {"get", "list", "watch"},
+        ("labkube.dev", "runs"): {"get", "list", "watch", "patch"},
+    }
+    assert not any(k.startswith("rbac.authorization.k8s.io/aggregate") for k in steerer["metadata"]["labels"])
+    for version in ("1.29", "1.37"):
+        kubernetes_validate.validate(steerer, version, strict=True)
+    named = render(chart, {"fullnameOverride": "x" * 63})
+    assert any(d["metadata"]["name"] == "x" * 50 + "-run-steerer" for d in by_kind(named, "ClusterRole"))
+    assert "labkube-run-steerer" not in {d["metadata"]["name"] for d in render(chart, {"rbac": {"create": False}})}
+
+
+def test_pause_grace_reaches_the_operator(chart: helm_python.Chart) -> None:
+    assert operator_config(render(chart)).runs.pause_grace_seconds == 300
+    assert operator_config(render(chart, {"runs": {"pauseGraceSeconds": 30}})).runs.pause_grace_seconds == 30
 
 
 def test_rbac_and_service_account_can_be_left_out(chart: helm_python.Chart) -> None:

@@ -921,3 +921,29 @@ def test_ares_own_agent_has_no_gateway_and_its_harness_gets_the_keys() -> None:
     pod = build_pod_manifest(run, make_options(), owner=OWNER)
     assert "gateway" not in containers(pod)
     assert env_of(containers(pod)["agent"])["LABKUBE_STDIN_VARS"]["value"] == "ANTHROPIC_API_KEY,OPENAI_API_KEY"
+
+
+def test_the_agent_reads_its_runs_interventions_from_a_configmap_the_grading_pod_lacks() -> None:
+    """Live control (docs/live-control.md): the Run's interventions reach the agent container as a read-only,
+    whole-directory ConfigMap mount (a `subPath` mount would never see an update), optional so that a ConfigMap the
+    operator could not write keeps no pod from starting; the grading pod gets them in its account instead."""
+    from labkube.budgets import StopReason
+    from labkube.control import CONTROL_FILE_VARIABLE
+    from labkube.operator.k8s_control import CONTROL_FILE, CONTROL_MOUNT, config_map_name
+    from labkube.operator.k8s_grading import grading_manifest
+
+    pod = build_pod_manifest(make_run(), make_options(), owner=OWNER)
+    agent = containers(pod)["agent"]
+    assert env_of(agent)[CONTROL_FILE_VARIABLE]["value"] == CONTROL_FILE
+    (mount,) = [m for m in agent["volumeMounts"] if m["mountPath"] == CONTROL_MOUNT]
+    assert mount["readOnly"] is True and "subPath" not in mount
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == mount["name"]]
+    assert volume["configMap"] == {"name": config_map_name(RUN_NAME), "optional": True}
+    for name, container in containers(pod).items():
+        if name != "agent":  # the sidecars and init containers have no word in it
+            assert all(m["mountPath"] != CONTROL_MOUNT for m in container.get("volumeMounts", [])), name
+    graded = grading_manifest(pod, StopReason.cancelled, 600)
+    grade = containers(graded)["grade"]
+    assert CONTROL_FILE_VARIABLE not in env_of(grade)
+    assert all(m["mountPath"] != CONTROL_MOUNT for m in grade["volumeMounts"])
+    assert all(v["name"] != mount["name"] for v in graded["spec"]["volumes"])

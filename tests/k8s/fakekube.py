@@ -107,6 +107,7 @@ BUILTIN: dict[ResKey, Kind] = {
     ("", "v1", "namespaces"): Kind("Namespace", False, frozenset({"status"})),
     ("", "v1", "nodes"): Kind("Node", False, frozenset({"status"}), frozenset({"no"})),
     ("", "v1", "secrets"): Kind("Secret", True, frozenset()),
+    ("", "v1", "configmaps"): Kind("ConfigMap", True, frozenset(), frozenset({"cm"})),
     ("networking.k8s.io", "v1", "networkpolicies"): Kind("NetworkPolicy", True, frozenset()),
     ("coordination.k8s.io", "v1", "leases"): Kind("Lease", True, frozenset()),
     ("events.k8s.io", "v1", "events"): Kind("Event", True, frozenset()),

@@ -11,6 +11,8 @@
   pod's volumes become local directories: a `persistentVolumeClaim` is `claims[claimName]` (the
   "shared volume"), an `emptyDir` a fresh directory; each mount's `subPath` is honoured, and paths
   under a mount point in the command, environment and working directory are rewritten.
+  A `configMap` volume holds the ConfigMap's keys as files, and a change to the ConfigMap reaches the running pods'
+  volumes at once (the real kubelet's sync takes up to a minute); a missing one fails the pod unless `optional`.
   `labkube ...` runs as `python -P -m labkube ...` of this interpreter; `python ...` (a command's or
   an exec probe's first word) is the ARE environment's python (`labkube.tasks.gaia2.world_python()`),
   the world image's. Secrets come from the API. A container's processes (its process group) are
@@ -110,6 +112,7 @@ from container import ContainerError, ContainerProcess, start_container
 from fakekube import FakeKube, ResKey, now_rfc3339
 
 PODS: ResKey = ("", "v1", "pods")
+CONFIG_MAPS: ResKey = ("", "v1", "configmaps")
 NODES: ResKey = ("", "v1", "nodes")
 NODE_NAME = "fake-node"
 Simulate = Callable[[dict[str, Any], Path | None, Path], Awaitable[int]]  # (pod, run dir, termination file)
@@ -123,6 +126,15 @@ Proc = asyncio.subprocess.Process | ContainerProcess  # a container's main proce
 
 class StartError(Exception):
     """A container that cannot be started (no command, no such interpreter)."""
+
+
+def _write_config_map(folder: Path, cm: dict[str, Any] | None) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for key, value in ((cm or {}).get("data") or {}).items():
+        temp = folder / f".{key}.new"
+        temp.write_text(value, encoding="utf-8")
+        temp.chmod(0o644)
+        os.replace(temp, folder / key)
 
 
 @dataclass
@@ -287,6 +299,8 @@ class FakeKubelet:
         shutil.rmtree(self.work, ignore_errors=True)
 
     def _hear(self, type_: str, res: ResKey, obj: dict[str, Any]) -> None:
+        if res == CONFIG_MAPS and type_ in ("ADDED", "MODIFIED"):
+            self._project_config_map(obj)
         if res == PODS and type_ in ("ADDED", "DELETED"):
             self._events.put_nowait((type_, obj))
         elif res == PODS and type_ == "MODIFIED":  # a scheduling gate removed (Kueue admitting the pod)
@@ -621,7 +635,24 @@ class FakeKubelet:
                 assert state.root is not None
                 paths[volume["name"]] = state.root / "volumes" / volume["name"]
             paths[volume["name"]].mkdir(parents=True, exist_ok=True)
+            if "configMap" in volume:
+                source = volume["configMap"]
+                found = self.api.read_object(CONFIG_MAPS, state.namespace, source["name"])
+                if found is None and not source.get("optional"):
+                    raise StartError(f'configmap "{source["name"]}" not found')
+                _write_config_map(paths[volume["name"]], found)
         return paths
+
+    def _project_config_map(self, cm: dict[str, Any]) -> None:
+        """A ConfigMap written after its pods started reaches their volumes, as the kubelet's sync brings it (there
+        after up to a minute; here at once), each key's file replaced whole. A `subPath` mount would never see it."""
+        meta = cm["metadata"]
+        for state in self.pods.values():
+            if state.namespace != meta.get("namespace") or state.root is None:
+                continue
+            for volume in state.pod["spec"].get("volumes", []):
+                if (volume.get("configMap") or {}).get("name") == meta["name"]:
+                    _write_config_map(state.root / "volumes" / volume["name"], cm)
 
     def _claim(self, namespace: str, name: str) -> Path:
         """The directory of a claim: one the test gave (`claims`), else one the API holds (a claim per run the

@@ -135,6 +135,13 @@ class Session:
         return {"items": self.nodes} if args and args[0] == self.list_node else None
 
 
+class NoRunWatch:
+    """A `RunWatcher` stand-in that has seen no Run: the run's interventions are its owner's (none)."""
+
+    def get(self, _name: str) -> None:
+        return None
+
+
 def pod_run(options: PodOptions, gpus: int = 0, session: Session | None = None, root: Path | None = None) -> PodRun:
     """A `PodRun` with what `manifest`, `condition`, `check_gpu_fit` and `announce` read; no cluster."""
     resource = RunResourceSpec(
@@ -147,6 +154,7 @@ def pod_run(options: PodOptions, gpus: int = 0, session: Session | None = None, 
     run.ledger = PodLedger(run_id="r", gpus=gpus)
     run.name, run.namespace = "c-r", "ns"
     run.session = session  # type: ignore[assignment]
+    run.run_watch = NoRunWatch()  # type: ignore[assignment]
     run.rd = RunDir(root or Path("/nonexistent"))
     run.store, run.last_message = None, ""
     return run

@@ -311,6 +311,14 @@ this block, so they cannot drift apart.
   - events
   verbs:
   - create
+- apiGroups:
+  - ""
+  resources:
+  - configmaps
+  verbs:
+  - create
+  - get
+  - patch
 {{- if .Values.networkPolicy.enabled }}
 - apiGroups:
   - networking.k8s.io
