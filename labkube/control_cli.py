@@ -88,10 +88,11 @@ def steer(verb: ControlVerb, kind: InterventionKind, params: dict[str, Any], **f
         raise UsageFailure(option_error_line(exc, ctx.command, ctx.params)) from None
     if backend == "k8s":
         from labkube.operator.k8s_control import steer as steer_on_cluster
+        from labkube.operator.kube import KubeError
 
         try:
             picked = steer_on_cluster(request, params["kube_context"], params["namespace"])
-        except ControlError as exc:
+        except (ControlError, KubeError) as exc:
             raise UsageFailure(f"campaign {campaign}: {exc}") from None
         held = True
     else:

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from conftest import NAMESPACE, Cluster, eventually, tiny_task
+from test_cli_k8s import kubeconfig, labkube_async
 
 from labkube.control import PAUSED_EXIT
 from labkube.interventions import ControlError, ControlVerb, Intervention, InterventionKind, SteerRequest
@@ -259,9 +260,17 @@ async def test_drain_pauses_the_runs_not_started_and_resume_all_runs_them(cluste
         await asyncio.sleep(2)
         assert len(cluster.agent_pods_created("dr")) == 1  # a drained run never started
         assert campaign_phase(cluster, "dr") == "Running"
-        with pytest.raises(ControlError, match="has finished"):
-            await steer_on(cluster, request(ControlVerb.resume, "dr", first))
-        assert sorted(await steer_on(cluster, request(ControlVerb.resume, "dr", all_runs=True))) == drained
+        # through the CLI, as a person steers: the refusal is one line and patches nothing; then resume --all
+        where = ("--backend", "k8s", "--kube-context", "fake", "--namespace", NAMESPACE)
+        env = {"KUBECONFIG": str(kubeconfig(cluster.root / "kubeconfig", cluster.url))}
+        patches = len(spec_patches(cluster))
+        code, out, err = await labkube_async("runs", "resume", "dr", first, *where, env=env, cwd=cluster.root)
+        assert code == 2 and err.strip().splitlines() == [f"error: campaign dr: run {first}: it has finished; nothing "
+                                                          "is left to steer"], err  # fmt: skip
+        assert len(spec_patches(cluster)) == patches
+        code, out, err = await labkube_async("runs", "resume", "dr", "--all", *where, env=env, cwd=cluster.root)
+        assert code == 0, err
+        assert sorted(line.split()[1] for line in out.splitlines() if line.startswith("resumed:")) == drained
         await eventually(lambda: campaign_phase(cluster, "dr") == "Finished", 120, what="the campaign to finish")
     for run_id in ids:
         status = run_of(cluster, "dr", run_id)["status"]
