@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from fakellm import FakeLLM, Reply
+from fakellm import FakeLLM, Reply, Usage
 from tinytask import make_run_dir, make_tiny_task
 
 from labkube.agent.harness.entrypoint import run_agent
@@ -170,6 +170,24 @@ async def test_a_usage_checkpoint_pauses_the_run_when_its_time_crosses_the_next_
     assert "usage checkpoint (0.000277778 h spent)" in paused.value.why
     status = read_model(run_dir / "status.json", RunStatus)
     assert status is not None and status.phase is RunPhase.paused and status.spend.wall_seconds >= 1.0
+
+
+async def test_a_usage_checkpoint_pauses_the_run_when_its_dollars_cross_the_next_multiple(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with FakeLLM() as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url + "/v1")
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+        costly = Usage(input=100_000, output=0)  # $0.125 a call at gpt-5's price
+        server.script(*[Reply.tool_call("bash", {"command": f"echo {i}"}, usage=costly) for i in range(6)])
+        run_dir = make_run_dir(tmp_path, make_tiny_task(tmp_path, []), model="openai-chat:gpt-5", pause_every_usd=0.3)
+        with pytest.raises(RunPaused) as paused:
+            await run_agent(run_dir)
+        calls = len(server.requests)
+    assert calls == 3  # $0.375 after the third: past $0.30, and it stopped before a fourth call
+    assert "usage checkpoint ($0.3 spent)" in paused.value.why
+    status = read_model(run_dir / "status.json", RunStatus)
+    assert status is not None and status.phase is RunPhase.paused and status.spend.usd == pytest.approx(0.375)
 
 
 def test_a_controls_state_is_folded_from_its_interventions() -> None:
