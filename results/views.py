@@ -107,7 +107,8 @@ def status_table(rows: list[ReportRow], title: str) -> Table:
         ("message", "left"),
     ]:
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
-    keep_whole(table, "GPU")
+    for short in ("GPU", "$", "tokens", "score", "elapsed"):
+        keep_whole(table, short)
     whole_run_ids(table, rows)
     for r in rows:
         table.add_row(
