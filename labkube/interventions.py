@@ -148,6 +148,13 @@ class RunControl(BaseModel):
         return due
 
 
+def usage_checkpoint(due: dict[str, float], every_usd: float | None, every_hours: float | None) -> Intervention:
+    """The usage checkpoint a run's spend crossed (`RunControl.due_checkpoint`), as its supervisor records it."""
+    every = {"usd": f"${every_usd:g}" if every_usd else "", "hours": f"{every_hours:g} h" if every_hours else ""}
+    why = "; ".join(f"pause every {every[key]}" for key in due)
+    return Intervention(kind=InterventionKind.usage_checkpoint, by="labkube", reason=why, crossed=due)
+
+
 def pause_line(pause: Intervention) -> str:
     """What a paused run's status says."""
     if pause.kind is InterventionKind.usage_checkpoint:

@@ -62,8 +62,16 @@ from labkube.agent.harness.entrypoint import DISK_FULL_EXIT
 from labkube.budgets import Budgets, Spend, StopReason, spend_floor
 from labkube.control import PAUSED_EXIT
 from labkube.interventions import Intervention, RunControl
-from labkube.operator.crds import API_VERSION
-from labkube.operator.k8s_control import PAUSED, config_map_name, control_config_map, control_of, paused_condition
+from labkube.operator.crds import API_VERSION, GROUP, VERSION
+from labkube.operator.k8s_control import (
+    PAUSED,
+    appended,
+    checkpoint_due,
+    config_map_name,
+    control_config_map,
+    control_of,
+    paused_condition,
+)
 from labkube.operator.k8s_grading import (
     LABEL_FINALIZE,
     agent_ended_reason,
@@ -685,6 +693,9 @@ class PodRun(PodRunRecord):
                 await self.publish()  # recorded before the next pod, or the grading pod, is given it
             if end.gave_up is not None:
                 return await self.fail(end.gave_up)
+            if grading is None and await self.at_usage_checkpoint(end):
+                current = None  # paused until a person resumes or extends it: the top of the loop pauses it
+                continue
             if grading is None and self.steered_end(end):
                 current = None  # the run is paused or cancelled: the top of the loop says which
                 continue
@@ -742,6 +753,22 @@ class PodRun(PodRunRecord):
                         "Resumed", True, reason_of(end), f"{why}; {how} (attempt {self.status.crashes + 1} of {limit})"
                     )
             current = None
+
+    async def at_usage_checkpoint(self, end: PodEnd) -> bool:
+        """An agent that exited for a pause no one made stopped at a usage checkpoint (`k8s_control.checkpoint_due`):
+        recorded on the Run, which pauses it until a person resumes or extends it."""
+        control = self.live_control()
+        seen = (self.status.cluster_spend or Spend()).model_copy(update={"wall_seconds": self.ledger.seconds()})
+        made = checkpoint_due(control, pod_exit_code(end.pod) if end.pod is not None else None, seen, self.spec)
+        if made is None:
+            return False
+        await self.api(
+            self.session.custom.patch_namespaced_custom_object, GROUP, VERSION, self.namespace, "runs", self.name,
+            appended(made), _content_type="application/json-patch+json",
+        )  # fmt: skip
+        # the Run watch brings the patched Run shortly; until then this supervisor knows what it appended
+        self._control = RunControl(run_id=self.spec.run_id, interventions=[*control.interventions, made])
+        return True
 
     def steered_end(self, end: PodEnd) -> bool:
         """Whether the agent pod that ended was ended for the Run's interventions (or saved and exited for a pause

@@ -19,6 +19,8 @@ from typing import Any, cast
 
 from pydantic import ValidationError
 
+from labkube.budgets import Spend
+from labkube.control import PAUSED_EXIT
 from labkube.interventions import (
     ControlError,
     ControlVerb,
@@ -28,10 +30,12 @@ from labkube.interventions import (
     RunState,
     SteerRequest,
     check_request,
+    usage_checkpoint,
 )
 from labkube.operator.crds import GROUP, LABEL_CAMPAIGN, VERSION, dns_label
 from labkube.operator.k8s_models import RunStatus
 from labkube.operator.kube import KubeError, KubeTarget, list_pages, short_error, status_of
+from labkube.run_spec import RunSpec
 
 __all__ = [
     "CONTROL_FILE",
@@ -206,3 +210,19 @@ def _append(custom: Any, namespace: str, run: Mapping[str, Any], intervention: I
         code = status_of(exc)
         why = f"{code} {getattr(exc, 'reason', '')}".strip() if code else short_error(exc)
         raise KubeError(f"patching Run {name} in {namespace}: {why}") from None
+
+
+def appended(intervention: Intervention) -> list[dict[str, Any]]:
+    """The JSON patch that appends `intervention` to a Run's record, as `labkube runs` and `kubectl patch` do."""
+    return [{"op": "add", "path": "/spec/interventions/-", "value": intervention.model_dump(mode="json")}]
+
+
+def checkpoint_due(control: RunControl, exit_code: int | None, seen: Spend, spec: RunSpec) -> Intervention | None:
+    """The usage checkpoint (`pause_every_usd`, `pause_every_hours`) an agent pod that saved and exited for a pause no
+    one made (PAUSED_EXIT) stopped at: the multiple the run's spend crossed as the operator saw it (`seen`: the
+    gateways' dollars, the pods' time), never as the pod says. None for any other end, or when nothing was crossed
+    (then the pod's word is not taken: the run goes on)."""
+    if exit_code != PAUSED_EXIT or control.paused is not None or control.cancelled is not None:
+        return None
+    due = control.due_checkpoint(seen, spec.pause_every_usd, spec.pause_every_hours)
+    return usage_checkpoint(due, spec.pause_every_usd, spec.pause_every_hours) if due else None

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from labkube.budgets import StopReason
 from labkube.control import PAUSED_EXIT, add_interventions, run_control
-from labkube.interventions import Intervention, InterventionKind
+from labkube.interventions import usage_checkpoint
 from labkube.operator.agent_zygote import AgentZygote
 from labkube.operator.local_sandbox import SandboxExit, run_local
 from labkube.operator.run_failure import harness_failure, last_error_line
@@ -153,11 +153,7 @@ def paused(rd: RunDir, spec: RunSpec) -> RunResult:
     if control.paused is None and control.cancelled is None:
         due = control.due_checkpoint(status.spend, spec.pause_every_usd, spec.pause_every_hours)
         if due:
-            why = "; ".join(
-                f"pause every ${spec.pause_every_usd:g}" if k == "usd" else f"pause every {spec.pause_every_hours:g} h"
-                for k in due  # only the limits set are ever due
-            )
-            checkpoint = Intervention(kind=InterventionKind.usage_checkpoint, by="labkube", reason=why, crossed=due)
+            checkpoint = usage_checkpoint(due, spec.pause_every_usd, spec.pause_every_hours)
             add_interventions(campaign_root, {spec.run_id: checkpoint})
     return RunResult.of_run(spec, status=RunPhase.paused, message=status.message or None)
 

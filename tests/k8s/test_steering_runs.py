@@ -15,6 +15,7 @@ kubelet projecting a `configMap` volume and its updates into the pod).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 from datetime import datetime
@@ -353,3 +354,37 @@ async def test_a_suspended_campaign_pauses_its_runs_and_resumes_them_unsuspended
     for run_id in ids:
         status = run_of(cluster, "sus", run_id)["status"]
         assert status["phase"] == "Finished" and status["score"] == pytest.approx(0.6), status
+
+
+async def test_a_usage_checkpoint_pauses_a_run_on_the_clusters_count_until_it_is_resumed(cluster: Cluster) -> None:
+    """The agent pod saves and exits at its usage checkpoint; the operator records the checkpoint on the Run at the
+    multiple of the pods' time it saw (never the pod's word), so the run stays paused, with no pod, until resumed."""
+    every_h = 2.0 / 3600
+    task = tiny_task(cluster.root, "metered", [WRITE, sleep(1), sleep(1), sleep(1), sleep(1), READ])
+    cluster.campaign("meter", tasks=[str(task)], models=["oracle"], seeds=1, pause_every_hours=every_h)
+    async with cluster.operator(config=config(cluster, pause_grace_s=600)):
+        await eventually(lambda: cluster.runs("meter"), 60, what="the Run")
+        (run_id,) = [r["spec"]["run_id"] for r in cluster.runs("meter")]
+
+        def paused() -> dict[str, Any] | None:
+            run = run_of(cluster, "meter", run_id)
+            return run if run["status"].get("phase") == "Paused" and not cluster.pods("meter") else None
+
+        run = await eventually(paused, 90, what="the run paused at its usage checkpoint")
+        (checkpoint,) = run["spec"]["interventions"]
+        assert checkpoint["kind"] == "usage_checkpoint" and checkpoint["by"] == "labkube", checkpoint
+        multiple = checkpoint["crossed"]["hours"] / every_h
+    assert multiple >= 1 and abs(multiple - round(multiple)) < 1e-6, checkpoint  # a whole multiple
+        pods = len(cluster.agent_pods_created("meter"))
+        await asyncio.sleep(3)
+        assert len(cluster.agent_pods_created("meter")) == pods  # it waits for a person: no pod restarts meanwhile
+        for _ in range(10):  # each crossing pauses it again until its plan ends
+            if run_of(cluster, "meter", run_id)["status"].get("phase") == "Finished":
+                break
+            if paused() is not None:
+                with contextlib.suppress(ControlError):  # resumed already
+                    await steer_on(cluster, request(ControlVerb.resume, "meter", run_id))
+            await asyncio.sleep(1)
+        await eventually(lambda: campaign_phase(cluster, "meter") == "Finished", 120, what="the campaign to finish")
+    status = run_of(cluster, "meter", run_id)["status"]
+    assert status["phase"] == "Finished" and status["score"] == pytest.approx(0.6), status
