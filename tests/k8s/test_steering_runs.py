@@ -374,7 +374,7 @@ async def test_a_usage_checkpoint_pauses_a_run_on_the_clusters_count_until_it_is
         (checkpoint,) = run["spec"]["interventions"]
         assert checkpoint["kind"] == "usage_checkpoint" and checkpoint["by"] == "labkube", checkpoint
         multiple = checkpoint["crossed"]["hours"] / every_h
-    assert multiple >= 1 and abs(multiple - round(multiple)) < 1e-6, checkpoint  # a whole multiple
+        assert multiple >= 1 and abs(multiple - round(multiple)) < 1e-6, checkpoint  # a whole multiple
         pods = len(cluster.agent_pods_created("meter"))
         await asyncio.sleep(3)
         assert len(cluster.agent_pods_created("meter")) == pods  # it waits for a person: no pod restarts meanwhile
