@@ -29,6 +29,7 @@ from pydantic.alias_generators import to_camel
 from labkube.budgets import Spend, StopReason, rounded_usd
 from labkube.campaign import CampaignSpec
 from labkube.interventions import Intervention
+from labkube.operator.kube import KubeTarget
 from labkube.operator.leader import LeaderElection
 from labkube.result import Outcome
 from labkube.run_spec import RunPhase, RunSpec
@@ -681,3 +682,49 @@ class OperatorConfig(BaseModel):
                 "an emptyDir ends with that pod; set runs.workspace.mode to pvc (a claim per run, or existingClaim)"
             )
         return self
+
+
+class K8sBackend(BaseModel):
+    """What every run supervisor of one campaign needs to run pods (JSON: crosses into Ray actors)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kube: KubeTarget
+    namespace: str
+    operator_namespace: str | None = Field(
+        default=None, description="Where the operator runs: its runs root holds that namespace's shared claim."
+    )
+    runs: PodOptions
+    max_attempts: int = Field(
+        default=3, ge=1, description="Pods per run that may fail (crash, error) before it is finalized as killed."
+    )
+    max_disruptions: int = Field(
+        default=20,
+        ge=0,
+        description="Pods per run the cluster may take away (evictions, preemptions, reclaimed nodes) on top: "
+        "they resume from the checkpoint and use up no crash attempt.",
+    )
+    poll_seconds: float = Field(default=2.0, gt=0, description="How often status.json is read while a pod runs.")
+    delete_finished_pods: bool = Field(
+        default=True, description="Delete a run's ended pods once its result is recorded (their logs go with them)."
+    )
+    image_pull_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="A run whose image cannot be pulled for this long fails; None: the chart's "
+        "runs.imagePullTimeoutSeconds (`runs.image_pull_timeout_seconds`).",
+    )
+
+    @property
+    def pull_give_up_s(self) -> float:
+        """How long a pod may be stuck (`stuck_condition`) before the run fails."""
+        if self.image_pull_timeout_s is not None:
+            return self.image_pull_timeout_s
+        return float(self.runs.image_pull_timeout_seconds)
+
+    @property
+    def shared(self) -> bool:
+        """Whether the operator sees the run directories the pods write: the shared claim of its own namespace,
+        which it mounts (a claim is namespaced: another namespace's claim of that name is another volume)."""
+        ws = self.runs.workspace
+        return ws.mode == "pvc" and ws.existing_claim is not None and self.namespace == self.operator_namespace

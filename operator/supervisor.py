@@ -164,7 +164,7 @@ def stop_on_a_full_disk(rd: RunDir, spec: RunSpec, exit_: SandboxExit) -> None:
     the agent's one line (`StorageFull`)."""
     # Here only (an agent that left no result): the agent's modules are 150 ms of imports the supervisor's first run
     # would otherwise wait for.
-    from labkube.agent.harness.entrypoint import DISK_FULL_EXIT
+    from labkube.agent.harness.agent_main import DISK_FULL_EXIT
 
     if exit_.returncode == DISK_FULL_EXIT:
         why = last_error_line(rd) or line_for(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(rd.root)))

@@ -9,25 +9,18 @@ result, so the run can resume; `--finalize` grades a stopped run as it is.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import errno
-import fcntl
 import logging
 import os
-import shutil
-import signal
-import stat
-import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 from labkube.agent.budget import BudgetTracker
 from labkube.agent.checkpoint import Checkpoint
-from labkube.agent.containment import adopt_run_processes, end_run_processes, end_the_rest_of_the_container
+from labkube.agent.containment import end_the_rest_of_the_container
 from labkube.agent.harness.gpu import gpu_minor_numbers, read_gpu_use, start_gpu_meter
-from labkube.agent.harness.steering import RunPaused, Steering, make_before_step, pause_line, record_interventions
+from labkube.agent.harness.steering import RunPaused, Steering, make_before_step, record_interventions
 from labkube.agent.jobs import JobManager
 from labkube.agent.messages import Message
 from labkube.agent.prompts import initial_messages
@@ -44,13 +37,13 @@ from labkube.agent.scaffolds.are_default import run_are_default
 from labkube.agent.telemetry import RunTelemetry, start_telemetry
 from labkube.agent.transcript import JsonlLog, now_iso, read_jsonl
 from labkube.budgets import Budgets, StopReason, spend_floor
-from labkube.control import PAUSED_EXIT, read_control, run_control_path
+from labkube.control import read_control, run_control_path
 from labkube.interventions import Intervention, RunControl
 from labkube.model_ref import parse_model
 from labkube.result import Grade, Outcome, RunResult, completion_of, outcome_for
 from labkube.run_spec import CLI_AGENTS, CLUSTER_ACCOUNT_VARIABLE, ClusterAccount, RunPhase, RunSpec, RunStatus
 from labkube.sandbox import SandboxMode
-from labkube.storage_full import line_for, storage_error
+from labkube.storage_full import storage_error
 from labkube.store import RunDir, read_model, set_aside_planted, utcnow, write_model
 from labkube.task_card import NetworkAccess, TaskCard
 from labkube.tasks import (
@@ -711,152 +704,9 @@ def time_is_up(tracker: BudgetTracker) -> bool:
     return limit is not None and tracker.spend.wall_seconds >= limit
 
 
-async def stop_when_orphaned(task: asyncio.Task, every_s: float = 1.0) -> None:
-    """A supervisor that dies leaves no agent behind: behave as on SIGTERM (checkpoint, exit)."""
-    parent = os.getppid()
-    while True:
-        await asyncio.sleep(every_s)
-        if os.getppid() != parent:
-            task.cancel()
-            return
-
-
-DISK_FULL_EXIT = 75  # EX_TEMPFAIL: the run can resume once there is space again
-
-
 def is_disk_full(exc: BaseException) -> bool:
     """A full, over-quota or read-only filesystem (labkube/storage_full.py), however it surfaced."""
     return storage_error(exc) is not None
-
-
-class DiskFull(AgentError):
-    pass
-
-
-def main(run_dir: Path, resume: bool, finalize_reason: StopReason | None = None) -> int:
-    """Exit codes: 0 finished, 1 run failed, 75 disk full (resumable), 143 terminated (resumable)."""
-    try:
-        return _main(run_dir, resume, finalize_reason)
-    except OSError as exc:
-        found = storage_error(exc, run_dir)
-        if found is None:
-            raise
-        raise DiskFull(f"{line_for(found)} (everything written before this step is intact)") from None
-
-
-def _main(run_dir: Path, resume: bool, finalize_reason: StopReason | None) -> int:
-    with run_lock(run_dir):
-        return _locked_main(run_dir, resume, finalize_reason)
-
-
-@contextlib.contextmanager
-def run_lock(run_dir: Path, wait_s: float = 30.0) -> Iterator[None]:
-    """One agent per run directory. A new supervisor may start while the previous agent, orphaned by
-    a dead supervisor, is still writing its checkpoint: wait for it rather than run twice."""
-    fh = open_lock_file(run_dir / ".agent.lock")
-    deadline = time.monotonic() + wait_s
-    try:
-        while True:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise AgentError(f"{run_dir} is being run by another agent process; wait for it to end") from None
-                time.sleep(0.2)
-        yield
-    finally:
-        fh.close()
-
-
-def open_lock_file(path: Path) -> IO[bytes]:
-    """The run's lock file, opened without following a link or waiting on a FIFO; anything but a regular file there
-    (an agent's, in a grading pod) is removed and the file made again."""
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
-    for _ in range(3):
-        try:
-            fd = os.open(path, flags, 0o644)
-        except OSError as exc:
-            if exc.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
-                raise
-            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-            continue
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            return os.fdopen(fd, "rb+")
-        os.close(fd)
-        path.unlink()
-    raise AgentError(f"{path}: could not make the run's lock file (something keeps replacing it)")
-
-
-def _locked_main(run_dir: Path, resume: bool, finalize_reason: StopReason | None) -> int:
-    adopt_run_processes(run_dir)
-    try:
-        return _contained_main(run_dir, resume, finalize_reason)
-    finally:
-        end_run_processes()  # whatever the run started dies with it, however it ended
-
-
-def _contained_main(run_dir: Path, resume: bool, finalize_reason: StopReason | None) -> int:
-    if finalize_reason is not None:
-        result = finalize_stopped(run_dir, finalize_reason)
-        return 0 if result.status is RunPhase.finished else 1
-    spec = RunDir(run_dir).spec()
-    steering = Steering.of_run(RunDir(run_dir).root, spec.run_id)
-    # rg-agent pauses at its next step boundary; a vendor CLI or ARE's agent has none of labkube's: at once
-    steps_itself = spec.agent == "rg-agent" and spec.family != "gaia2"
-    before = steering.halt_now(steps_itself) or ("pause" if steering.control.paused is not None else None)
-    if before is not None:  # it was cancelled or paused before this start (or while its supervisor started it)
-        steering.halt = before
-        return _halted(run_dir, steering)
-
-    async def guarded() -> RunResult:
-        task = asyncio.current_task()
-        loop = asyncio.get_running_loop()
-        assert task is not None
-
-        def cancel_the_run(*_: object) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop has closed: the run is over
-                loop.call_soon_threadsafe(task.cancel)
-
-        # A Python handler, not `loop.add_signal_handler`: asyncio checks the signal against every valid one (63
-        # enum conversions) when it adds the handler and again when the loop closes, 0.2 ms of a short run's CPU.
-        # The handler runs on the main thread as soon as the loop's wait is interrupted, and wakes the loop.
-        signal.signal(signal.SIGTERM, cancel_the_run)
-        watchdog = asyncio.create_task(stop_when_orphaned(task))
-        watcher = asyncio.create_task(steering.watch(task, steps_itself))
-        try:
-            return await run_agent(run_dir, resume, steering)
-        finally:
-            watchdog.cancel()
-            watcher.cancel()
-
-    try:
-        # asyncio's loop, not uvloop (which the gateway sidecar runs on): uvloop's subprocesses inherit the loop's own
-        # descriptors, so a command's background process kept its output pipe open (the command never returned) and
-        # the agent's sockets would be a run's code's to use.
-        result = asyncio.run(guarded())
-    except asyncio.CancelledError:
-        return _halted(run_dir, steering) if steering.halt is not None else 143
-    except RunPaused:
-        return PAUSED_EXIT
-    except ProviderError as exc:
-        raise AgentError(str(exc)) from None
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as the loop's close left it
-    return 0 if result.status is RunPhase.finished else 1
-
-
-def _halted(run_dir: Path, steering: Steering) -> int:
-    """The run's agent was stopped by an intervention (`steering.halt`): a cancelled run is graded as it stands (or
-    not: --no-grade); a paused one keeps its last step's checkpoint and says it is paused."""
-    if steering.halt == "cancel":
-        result = finalize_stopped(run_dir, StopReason.cancelled)
-        return 0 if result.status is RunPhase.finished else 1
-    rd = RunDir(run_dir)
-    ckpt = read_model(rd.checkpoint_json, Checkpoint) or Checkpoint()
-    pause = steering.control.paused
-    write_status(rd, rd.spec(), ckpt, RunPhase.paused, pause_line(pause) if pause is not None else "paused")
-    return PAUSED_EXIT
 
 
 def setup_seconds(rd: RunDir) -> float | None:

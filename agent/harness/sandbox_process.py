@@ -2,7 +2,7 @@
 command line (labkube/agents_cli.py) parses its options into it, and the agent zygote's forked children
 (operator/agent_zygote.py) call it directly, so both are the same process to the supervisor that reads them.
 
-Around the run itself (`entrypoint.main`) it takes the API keys off the environment (onto stdin, re-executing the
+Around the run itself (`agent_main.main`) it takes the API keys off the environment (onto stdin, re-executing the
 command in a pod), reads `--finalize`'s reason, leaves the result in a pod's termination message, and turns what a
 run directory or a user can get wrong into one `error: ...` line on stderr and an exit code, the last line of
 `logs/agent.stderr` that the supervisor reports (operator/run_failure.py `last_error_line`).
@@ -16,8 +16,9 @@ import os
 import sys
 from pathlib import Path
 
-from labkube.agent.harness.entrypoint import DISK_FULL_EXIT, AgentError, DiskFull
-from labkube.agent.harness.entrypoint import main as run_agent
+from labkube.agent.harness.agent_main import DISK_FULL_EXIT, DiskFull
+from labkube.agent.harness.agent_main import main as run_agent
+from labkube.agent.harness.entrypoint import AgentError
 from labkube.budgets import StopReason
 from labkube.hardening import not_dumpable
 from labkube.result import RunResult, termination_report
@@ -31,7 +32,7 @@ BAD_INPUT_EXIT = 2  # as every labkube command's one-line refusal (labkube/cli_c
 
 def agent_process(run_dir: Path, resume: bool = False, finalize_reason: str | None = None) -> int:
     """Run `run_dir`'s agent in this process (or only grade its stopped run, with `finalize_reason`) and return the
-    exit code: the run's (`entrypoint.main`: 0 finished, 1 failed, 143 terminated), DISK_FULL_EXIT (resumable) or
+    exit code: the run's (`agent_main.main`: 0 finished, 1 failed, 143 terminated), DISK_FULL_EXIT (resumable) or
     BAD_INPUT_EXIT, each of the last two after one `error: ...` line on stderr. Any other exception is a labkube
     bug and is left to the caller (the command line shows its traceback and asks for a report)."""
     not_dumpable()  # the keys arrive next: closed to the agent's commands (labkube/hardening.py)
