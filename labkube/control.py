@@ -14,6 +14,7 @@ import getpass
 import os
 import socket
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from labkube.interventions import ControlVerb, Intervention, RunControl, RunState, SteerRequest, check_request
@@ -63,6 +64,33 @@ def read_control(path: Path, run_id: str) -> RunControl:
 
 def run_control(campaign_root: Path, run_id: str) -> RunControl:
     return read_control(control_path(campaign_root, run_id), run_id)
+
+
+@dataclass
+class ControlFile:
+    """A run's control as its file says now, for whoever asks often (the run's harness each second, the driver
+    while the run is paused): the file is read again only when its size or mtime changed, a stat otherwise."""
+
+    path: Path | None  # None: nothing to read (a pod without the operator's copy)
+    run_id: str
+    control: RunControl = field(init=False)
+    _stamp: tuple[int, int] | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.control = RunControl(run_id=self.run_id)
+
+    def read(self) -> RunControl:
+        if self.path is None:
+            return self.control
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return self.control
+        stamp = (st.st_mtime_ns, st.st_size)
+        if stamp != self._stamp:
+            self._stamp = stamp
+            self.control = read_control(self.path, self.run_id)
+        return self.control
 
 
 @contextlib.contextmanager

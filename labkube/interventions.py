@@ -112,15 +112,11 @@ class RunControl(BaseModel):
         for i in self.interventions:
             if i.kind in (InterventionKind.pause, InterventionKind.usage_checkpoint):
                 held = i
-            elif i.kind is InterventionKind.resume or (
-                i.kind is InterventionKind.extend and held is not None and held.kind == "usage_checkpoint"
-            ):
+            elif i.kind is InterventionKind.resume:
                 held = None
+            elif i.kind is InterventionKind.extend and held is not None:
+                held = None if held.kind is InterventionKind.usage_checkpoint else held
         return held
-
-    @property
-    def messages(self) -> list[Intervention]:
-        return [i for i in self.interventions if i.kind is InterventionKind.message]
 
     def budgets(self, base: Budgets) -> Budgets:
         """`base` with every extend applied in turn."""
@@ -264,4 +260,6 @@ class SteerRequest(BaseModel):
     intervention: Intervention
 
     def for_run(self) -> Intervention:
-        return self.intervention.model_copy(update={"id": uuid.uuid4().hex[:12]})
+        """A run's copy of the intervention, with an id of its own; a drain is a pause of each run it acts on."""
+        kind = InterventionKind.pause if self.verb is ControlVerb.drain else self.intervention.kind
+        return self.intervention.model_copy(update={"id": uuid.uuid4().hex[:12], "kind": kind})

@@ -153,12 +153,8 @@ def steer(
         states = [run_state(r) for r in chosen]
         all_runs = request.all_runs or (request.verb is ControlVerb.drain and not request.run_ids)
         picked = check_request(request.verb, states, all_runs, request.intervention.budgets)
-        made = request.intervention
-        if request.verb is ControlVerb.drain:
-            made = made.model_copy(update={"kind": InterventionKind.pause})
         for run_id in picked:
-            one = made.model_copy(update={"id": request.for_run().id})
-            _append(custom, ns, by_id[run_id], one)
+            _append(custom, ns, by_id[run_id], request.for_run())
         return picked
     finally:
         client.close()

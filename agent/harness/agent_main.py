@@ -120,7 +120,7 @@ def _contained_main(run_dir: Path, resume: bool, finalize_reason: StopReason | N
     steering = Steering.of_run(RunDir(run_dir).root, spec.run_id)
     # rg-agent pauses at its next step boundary; a vendor CLI or ARE's agent has none of labkube's: at once
     steps_itself = spec.agent == "rg-agent" and spec.family != "gaia2"
-    before = steering.halt_now(steps_itself) or ("pause" if steering.control.paused is not None else None)
+    before = steering.halt_now(steps_itself=False)  # before a start, any pause holds it at once
     if before is not None:  # it was cancelled or paused before this start (or while its supervisor started it)
         steering.halt = before
         return _halted(run_dir, steering)

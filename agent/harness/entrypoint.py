@@ -252,7 +252,7 @@ async def run_agent(run_dir: Path, resume: bool = False, steering: Steering | No
     provider.restore(ckpt.provider_state)
     jobs = JobManager(rd.root / "jobs")
     jobs.restore(ckpt.jobs)
-    tracker = BudgetTracker(steering.refresh().budgets(spec.budgets), ckpt.spend)
+    tracker = BudgetTracker(spec.budgets, ckpt.spend)  # as extended so far (above)
 
     def time_left() -> float | None:
         if tracker.budgets.wall_seconds is None:

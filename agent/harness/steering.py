@@ -18,16 +18,15 @@ counted in the run's telemetry; `Checkpoint.interventions_seen` keeps which, acr
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from labkube.agent.messages import Message
 from labkube.agent.transcript import now_iso
 from labkube.budgets import Budgets
-from labkube.control import read_control, run_control_path
+from labkube.control import ControlFile, run_control_path
 from labkube.interventions import Intervention, InterventionKind, RunControl, pause_line
 
 if TYPE_CHECKING:
@@ -56,33 +55,21 @@ class RunPaused(BaseException):
 class Steering:
     """The harness's view of its run's control file, re-read when it changes."""
 
-    path: Path | None
-    run_id: str
+    file: ControlFile
     halt: Halt | None = None
-    control: RunControl = field(init=False)
-    _stamp: tuple[int, int] | None = field(default=None, init=False)
-
-    def __post_init__(self) -> None:
-        self.control = RunControl(run_id=self.run_id)
-        self.refresh()
 
     @classmethod
     def of_run(cls, run_dir: Path, run_id: str) -> Steering:
-        return cls(run_control_path(run_dir), run_id)
+        return cls(ControlFile(run_control_path(run_dir), run_id))
+
+    @property
+    def control(self) -> RunControl:
+        """The control as last read."""
+        return self.file.control
 
     def refresh(self) -> RunControl:
-        """The control as the file says now (re-read only when its size or mtime changed)."""
-        if self.path is None:
-            return self.control
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return self.control
-        stamp = (st.st_mtime_ns, st.st_size)
-        if stamp != self._stamp:
-            self._stamp = stamp
-            self.control = read_control(self.path, self.run_id)
-        return self.control
+        """The control as the file says now."""
+        return self.file.read()
 
     def halt_now(self, steps_itself: bool) -> Halt | None:
         """What must stop the run at once: a cancel; a pause with `now`, or any pause of a run with no step boundary
@@ -99,7 +86,7 @@ class Steering:
         """Cancel `task` (the run) when an intervention must stop it at once; `halt` says which."""
         while True:
             await asyncio.sleep(every_s)
-            halt = await asyncio.to_thread(self.halt_now, steps_itself)
+            halt = self.halt_now(steps_itself)  # a stat, mostly: on the loop, as the step boundary's read is
             if halt is not None:
                 self.halt = halt
                 task.cancel()

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from conftest import NAMESPACE, Cluster, eventually, tiny_task
+from prometheus_client import CollectorRegistry
 from test_cli_k8s import kubeconfig, labkube_async
 
 from labkube.control import PAUSED_EXIT
@@ -31,6 +32,7 @@ from labkube.operator.k8s_control import CONTROL_KEY, config_map_name, steer
 from labkube.operator.k8s_models import OperatorConfig, PodOptions
 from labkube.operator.k8s_submit import run_rows
 from labkube.operator.kube import KubeError, KubeTarget
+from labkube.operator.telemetry import OperatorMetrics
 from labkube.store import CampaignDir
 
 pytestmark = pytest.mark.slow
@@ -186,7 +188,8 @@ async def test_cancelling_one_run_of_three_ends_it_cancelled_and_the_others_fini
     task = tiny_task(cluster.root, "cancelling", [WRITE, sleep(3), sleep(3), READ])
     cluster.campaign("cx", tasks=[str(task)], models=["oracle"], seeds=3, concurrency=3)
     before = len(spec_patches(cluster))
-    async with cluster.operator(config=config(cluster)):
+    metrics = OperatorMetrics()
+    async with cluster.operator(metrics, config=config(cluster)):
         await eventually(lambda: len(cluster.runs("cx")) == 3, 60, what="three Runs")
         ids = sorted(r["spec"]["run_id"] for r in cluster.runs("cx"))
         await past_first_step(cluster, "cx", ids[0])
@@ -229,6 +232,11 @@ async def test_cancelling_one_run_of_three_ends_it_cancelled_and_the_others_fini
     with pytest.raises(ControlError, match="has finished"):
         await steer_on(cluster, request(ControlVerb.cancel, "cx", ids[1]))
     assert len(spec_patches(cluster)) == before + 1
+    # the operator's campaign series counts it, from the Runs' records
+    registry = CollectorRegistry()
+    registry.register(metrics)  # type: ignore[arg-type]
+    counted = {"namespace": NAMESPACE, "campaign": "cx", "kind": "cancel"}
+    assert registry.get_sample_value("labkube_campaign_interventions_total", counted) == 1.0
 
 
 def test_a_cluster_that_does_not_answer_is_one_line() -> None:
