@@ -57,8 +57,16 @@ def run_control_path(run_dir: Path) -> Path | None:
 
 def read_control(path: Path, run_id: str) -> RunControl:
     """A run's control; none yet (or a file that is not one, which only its owner could have written) reads as no
-    interventions."""
-    control = read_model(path, RunControl, limit=8 << 20)
+    interventions. A link is followed within its own folder only: that is how the kubelet projects a ConfigMap (each
+    key a link to `..data/KEY`, `..data` a link to the folder of the current copy, swapped at each update), and the
+    mount is read-only to the pod; a link out of the folder is refused."""
+    try:
+        target = path.resolve(strict=True)
+    except (OSError, RuntimeError):  # missing, or a loop of links
+        return RunControl(run_id=run_id)
+    if not target.is_relative_to(path.parent.resolve()):
+        return RunControl(run_id=run_id)
+    control = read_model(target, RunControl, limit=8 << 20)
     return control if control is not None and control.run_id == run_id else RunControl(run_id=run_id)
 
 

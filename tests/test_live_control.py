@@ -15,7 +15,7 @@ from tinytask import make_run_dir, make_tiny_task
 from labkube.agent.harness.entrypoint import run_agent
 from labkube.agent.harness.steering import RunPaused
 from labkube.budgets import Budgets, Spend, StopReason
-from labkube.control import PAUSED_EXIT, add_interventions, run_control
+from labkube.control import PAUSED_EXIT, add_interventions, read_control, run_control
 from labkube.interventions import (
     BudgetChange,
     ControlError,
@@ -232,3 +232,20 @@ def test_requests_that_cannot_apply_are_refused_naming_the_run() -> None:
 
 def test_a_run_without_a_control_file_reads_as_untouched(tmp_path: Path) -> None:
     assert run_control(tmp_path, "nope").interventions == []
+
+
+def test_a_projected_configmap_is_read_through_its_links_and_a_link_out_of_its_folder_is_not(tmp_path: Path) -> None:
+    """The kubelet's layout of a ConfigMap volume (each key a link to `..data/KEY`, `..data` a link to the current
+    copy) is read; a link that leaves the folder (to a file the agent could write) is refused."""
+    mount = tmp_path / "mount"
+    (mount / "..2026_12_07").mkdir(parents=True)
+    control = RunControl(run_id="r", interventions=[Intervention(kind=InterventionKind.pause, by="alice")])
+    (mount / "..2026_12_07" / "control.json").write_text(control.model_dump_json())
+    (mount / "..data").symlink_to("..2026_12_07")
+    (mount / "control.json").symlink_to("..data/control.json")
+    assert read_control(mount / "control.json", "r").paused is not None
+    outside = tmp_path / "agent-written.json"
+    outside.write_text(control.model_dump_json())
+    (mount / "elsewhere.json").symlink_to(outside)
+    assert read_control(mount / "elsewhere.json", "r").interventions == []
+    assert read_control(mount / "missing.json", "r").interventions == []

@@ -100,6 +100,7 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -129,12 +130,28 @@ class StartError(Exception):
 
 
 def _write_config_map(folder: Path, cm: dict[str, Any] | None) -> None:
+    """The ConfigMap's keys into a pod's volume as the kubelet's atomic writer lays them out, not as plain files (a
+    fake that wrote plain files let a reader that refuses links pass here and read nothing on a real node): the
+    data in a timestamped folder `..<time>`, `..data` a link to it (swapped by a rename at each update), and each key
+    a link to `..data/<key>`."""
     folder.mkdir(parents=True, exist_ok=True)
-    for key, value in ((cm or {}).get("data") or {}).items():
-        temp = folder / f".{key}.new"
-        temp.write_text(value, encoding="utf-8")
-        temp.chmod(0o644)
-        os.replace(temp, folder / key)
+    data = (cm or {}).get("data") or {}
+    version = folder / f"..{time.strftime('%Y_%m_%d_%H_%M_%S')}.{time.monotonic_ns()}"
+    version.mkdir()
+    for key, value in data.items():
+        (version / key).write_text(value, encoding="utf-8")
+        (version / key).chmod(0o644)
+    old = os.readlink(folder / "..data") if (folder / "..data").is_symlink() else None
+    temp = folder / "..data_tmp"
+    with contextlib.suppress(FileNotFoundError):
+        temp.unlink()
+    temp.symlink_to(version.name)
+    os.replace(temp, folder / "..data")
+    for key in data:
+        if not (folder / key).is_symlink():
+            (folder / key).symlink_to(f"..data/{key}")
+    if old is not None:
+        shutil.rmtree(folder / old, ignore_errors=True)
 
 
 @dataclass
