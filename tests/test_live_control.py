@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 
 import pytest
 from fakellm import FakeLLM, Reply, Usage
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector
 from tinytask import make_run_dir, make_tiny_task
 
 from labkube.agent.harness.entrypoint import run_agent
@@ -35,9 +38,11 @@ WRITE_5 = {"tool": "bash", "args": {"command": "echo 5 > result.txt"}}
 SLEEP = {"tool": "bash", "args": {"command": "sleep 0.3"}}
 
 
-async def agent(run_dir: Path, *extra: str) -> int:
+async def agent(run_dir: Path, *extra: str, env: dict[str, str] | None = None) -> int:
     """`labkube agent` for the run, as its supervisor starts it; its exit code."""
-    proc = await asyncio.create_subprocess_exec(*agent_command(run_dir, *extra), cwd=run_dir)
+    proc = await asyncio.create_subprocess_exec(
+        *agent_command(run_dir, *extra), cwd=run_dir, env={**os.environ, **(env or {})}
+    )
     return await proc.wait()
 
 
@@ -82,7 +87,9 @@ async def test_an_extend_while_it_runs_lets_a_run_go_past_its_step_budget(tmp_pa
 async def test_a_cancel_ends_the_run_at_once_and_it_is_graded_as_it_stands(tmp_path: Path) -> None:
     task = make_tiny_task(tmp_path, [WRITE_5, {"tool": "bash", "args": {"command": "sleep 30", "timeout": 600}}])
     run_dir = make_run_dir(tmp_path, task)
-    code = asyncio.create_task(agent(run_dir))
+    series = tmp_path / "metrics"  # the campaign driver's multiprocess folder
+    series.mkdir()
+    code = asyncio.create_task(agent(run_dir, env={"LABKUBE_METRICS_DIR": str(series)}))
     await at_step(run_dir, 1)
     made = intervene(run_dir, kind=InterventionKind.cancel, reason="looping")
     assert await asyncio.wait_for(code, timeout=20) == 0  # not the 30 s the command would have taken
@@ -93,6 +100,11 @@ async def test_a_cancel_ends_the_run_at_once_and_it_is_graded_as_it_stands(tmp_p
     assert result.score_curve[-1].score == 0.5  # the grading as it stood is kept in the curve
     assert [i.id for i in result.interventions] == [made.id]
     assert result.message is not None and "cancel by tester@here (looping)" in result.message
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(series))
+    counted = {"campaign": "t", "run_id": run_dir.name, "kind": "cancel"}
+    found = [x for m in registry.collect() for x in m.samples if x.name == "labkube_run_interventions_total"]
+    assert [x.value for x in found if counted.items() <= x.labels.items()] == [1.0], found
 
 
 async def test_a_cancel_with_no_grade_grades_nothing(tmp_path: Path) -> None:
