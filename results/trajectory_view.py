@@ -447,10 +447,12 @@ def intervention_steps(
     charged time (`html_report.intervention_seconds`) on the score curve's gradings, step against charged seconds."""
     import numpy as np
 
+    recorded = {i.id for i in interventions}
+    # only the transcript lines of interventions the record holds: the transcript is the agent's to write in a pod
     logged = {
-        e.record_id or e.anchor: float(e.step)
+        str(e.record_id): float(e.step)
         for e in trajectory.events
-        if e.type == "intervention" and e.step is not None
+        if e.type == "intervention" and e.step is not None and e.record_id in recorded
     }
     placed = list(logged.items())
     curve = result.score_curve if result is not None else []
@@ -564,6 +566,8 @@ def render_run_html(run_dir: Path) -> str:
     for event in trajectory.events:
         if event.type == "intervention" and event.record_id in described:
             event.title = f"Intervention: {described[event.record_id].describe()}"
+        elif event.type == "intervention":
+            event.title = f"{event.title}: NOT in the run's record of interventions (the transcript's word only)"
     flags = build_flags(integrity, trajectory)
     has_steps = bool(trajectory.steps)
     spend = result.spend if result else (status.spend if status else None)

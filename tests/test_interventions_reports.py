@@ -9,6 +9,7 @@ import csv
 import io
 import json
 import re
+import shutil
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -311,3 +312,17 @@ def test_the_viewer_places_an_intervention_the_transcript_lacks_by_its_charged_t
     assert placed[cancel.id] == pytest.approx(2 + 2 * 300 / 900)
     told = dict(intervention_steps(result.interventions, result, build_trajectory(transcript(CANCELLED))))
     assert told == {pause.id: 1.0, resume.id: 2.0, cancel.id: 3.0}
+
+
+def test_the_viewer_takes_no_intervention_from_the_transcript_alone(campaign: Path, tmp_path: Path) -> None:
+    """In a pod the transcript is the agent's to write: a line claiming an intervention the run's record (the result's
+    `interventions`, from the operator's account) does not hold is shown as that claim, and drawn on no curve."""
+    copied = shutil.copytree(campaign, tmp_path / "camp")  # the module's campaign stays as the other tests see it
+    run_dir = CampaignDir(copied).run_dir(UNTOUCHED)
+    forged = {"type": "intervention", "ts": "2026-12-07T10:00:00+00:00", "step": 1, "id": "forged0000001",
+              "kind": "extend", "by": "alice@host", "reason": "the agent's own"}  # fmt: skip
+    with (run_dir / "transcript.jsonl").open("a") as out:
+        out.write(json.dumps(forged) + "\n")
+    html = render_run_html(run_dir)
+    assert "NOT in the run&#39;s record of interventions" in html or "NOT in the run's record of interventions" in html
+    assert 'id="intervention-score-forged0000001"' not in html
