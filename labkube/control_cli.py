@@ -97,8 +97,13 @@ def steer(verb: ControlVerb, kind: InterventionKind, params: dict[str, Any], **f
         held = True
     else:
         picked, held = steer_local(Path(campaign), request)
+    when = WHEN[verb]
+    if request.intervention.now:
+        when = "stops now (the step under way runs again on resume), its slot and GPUs freed"
+    elif verb is ControlVerb.cancel and not request.intervention.grade:
+        when = "ends now, not graded (--no-grade)"
     for run_id in picked:
-        console.print(f"{PAST[verb]}: {run_id} {WHEN[verb]}", highlight=False, soft_wrap=True)
+        console.print(f"{PAST[verb]}: {run_id} {when}", highlight=False, soft_wrap=True)
     if not held:
         console.print(
             "no labkube run is running this campaign: this takes effect at its next `labkube run` (a paused run stays "
