@@ -276,3 +276,22 @@ def test_a_request_that_cannot_apply_is_one_line_and_changes_nothing(
     proc = labkube("runs", *(a.format(out=out) for a in args), cwd=tmp_path, env=ENV, timeout=60)
     assert said.format(out=out) in one_line_error(proc)
     assert not any(control_path(out, rid).exists() for rid in ("done--s0", "live--s0", "world--s0"))
+
+
+@pytest.mark.parametrize(
+    ("args", "said", "fields"),
+    [
+        (("pause", "--now"), "paused: live--s0 stops now", {"kind": "pause", "now": True}),
+        (("cancel", "--no-grade"), "cancelled: live--s0 ends now, not graded", {"kind": "cancel", "grade": False}),
+        (("pause",), "paused: live--s0 pauses at its next step", {"kind": "pause", "now": False}),
+    ],
+)
+def test_a_request_says_what_it_does_and_is_recorded_as_asked(
+    tmp_path: Path, args: tuple[str, ...], said: str, fields: dict[str, object]
+) -> None:
+    out = made_campaign(tmp_path)
+    proc = labkube("runs", args[0], str(out), "live--s0", *args[1:], "--reason", "why", cwd=tmp_path, env=ENV)
+    assert proc.returncode == 0, proc.stderr
+    assert said in proc.stdout and "no labkube run is running this campaign" in proc.stdout
+    (made,) = run_control(out, "live--s0").interventions
+    assert made.model_dump(mode="json", include=set(fields)) == fields and made.reason == "why"
